@@ -1,0 +1,35 @@
+# The front door: every target is idempotent and incremental.
+#   make build   install missing Debian packages, fetch the pinned llama.cpp, configure, build
+#   make demo    build, then synthesize the default model and inspect it
+#   make test    build, then run the whole test suite
+BUILD_DIR  ?= build
+JOBS       ?= $(shell nproc)
+CMAKE_ARGS ?=
+DEMO_DIR   ?= demo
+
+.PHONY: build deps llama configure demo test clean
+
+build: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target moeprune llama-peers moeprune_tests
+
+deps:
+	@bash scripts/install-deps.sh
+
+llama: deps
+	@if ! echo "$(CMAKE_ARGS)" | grep -q MOEPRUNE_LLAMA_DIR; then bash scripts/fetch-llama.sh third_party/llama.cpp; fi
+
+configure: llama
+	@if [ ! -f $(BUILD_DIR)/CMakeCache.txt ]; then \
+	  cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS); \
+	fi
+
+demo: build
+	@mkdir -p $(DEMO_DIR)
+	$(BUILD_DIR)/bin/moeprune synth --arch qwen3moe --layers 4 --experts 16 --used 4 --dead 2 --specialists --json -o $(DEMO_DIR)/default.gguf
+	$(BUILD_DIR)/bin/moeprune inspect $(DEMO_DIR)/default.gguf --at-k 8,12
+
+test: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+
+clean:
+	rm -rf $(BUILD_DIR) $(DEMO_DIR)

@@ -1,0 +1,107 @@
+#include "cli/commands.h"
+#include "core/atomic_file.h"
+#include "core/errors.h"
+#include "formats/keep_map.h"
+#include "formats/stats.h"
+#include "formats/trace.h"
+
+#include <cstdio>
+#include <memory>
+
+namespace moeprune::cli {
+
+void add_trace(CLI::App & app, Action & action) {
+    CLI::App * sub = app.add_subcommand("trace", "Read router traces");
+    sub->require_subcommand(1);
+
+    auto info_file = std::make_shared<std::string>();
+    auto info_json = std::make_shared<bool>(false);
+    CLI::App * info = sub->add_subcommand("info", "Tokens, layers, experts, top-M, phases and sequences of a trace");
+    info->add_option("file", *info_file, "Trace file (moeprune or Q4RT v1)")->required();
+    info->add_flag("--json", *info_json, "JSON output");
+    info->callback([=, &action] {
+        action = [=] {
+            const TraceReader r = TraceReader::open(*info_file);
+            const nlohmann::json j = trace_info_json(r);
+            if (*info_json) {
+                std::printf("%s\n", j.dump(1).c_str());
+                return 0;
+            }
+            std::printf("format     %s\ntokens     %llu\nlayers     %u\nexperts    %u\ntop-M      %u\n", r.format().c_str(),
+                        (unsigned long long) r.n_tokens(), r.header().n_layer, r.header().n_expert, r.header().top_m);
+            std::printf("phases     prefill %s, decode %s\nsequences  %s\n", j["phases"]["prefill"].dump().c_str(),
+                        j["phases"]["decode"].dump().c_str(), j["n_sequences"].dump().c_str());
+            for (const auto & [name, n] : j["domains"].items()) {
+                std::printf("domain     %s: %s tokens\n", name.c_str(), n.dump().c_str());
+            }
+            if (r.truncated_tail()) {
+                std::printf("note       an incomplete last block was ignored (the writer was interrupted)\n");
+            }
+            return 0;
+        };
+    });
+
+    auto exp_file = std::make_shared<std::string>();
+    auto exp_dir = std::make_shared<std::string>();
+    CLI::App * exp = sub->add_subcommand("export", "Write a trace as numpy arrays");
+    exp->add_option("file", *exp_file, "Trace file")->required();
+    exp->add_option("--npy", *exp_dir, "Directory for ids.npy, logits.npy, token.npy, pos.npy, seq.npy, domain.npy, phase.npy")
+        ->required();
+    exp->callback([=, &action] {
+        action = [=] {
+            const TraceReader r = TraceReader::open(*exp_file);
+            export_trace_npy(r, *exp_dir);
+            std::printf("exported %llu tokens to %s\n", (unsigned long long) r.n_tokens(), exp_dir->c_str());
+            return 0;
+        };
+    });
+}
+
+void add_merge(CLI::App & app, Action & action) {
+    auto inputs = std::make_shared<std::vector<std::string>>();
+    auto output = std::make_shared<std::string>();
+    CLI::App * sub = app.add_subcommand("merge", "Add saliency statistics collected over disjoint tokens");
+    sub->add_option("inputs", *inputs, "Statistics files (moeprune-stats)")->required()->expected(2, -1);
+    sub->add_option("-o,--output", *output, "Merged statistics file")->required();
+    sub->callback([=, &action] {
+        action = [=] {
+            std::vector<std::filesystem::path> in_paths(inputs->begin(), inputs->end());
+            refuse_overwrite_of_inputs(*output, in_paths);
+            SaliencyStats merged = read_stats(inputs->front());
+            nlohmann::json sources = nlohmann::json::array({inputs->front()});
+            for (size_t i = 1; i < inputs->size(); ++i) {
+                merge_stats(merged, read_stats((*inputs)[i]), inputs->front(), (*inputs)[i]);
+                sources.push_back((*inputs)[i]);
+            }
+            merged.settings["merged_from"] = sources;
+            write_stats(*output, merged);
+            std::printf("merged %zu files, %llu tokens -> %s\n", inputs->size(), (unsigned long long) merged.n_tokens,
+                        output->c_str());
+            return 0;
+        };
+    });
+}
+
+void add_keep(CLI::App & app, Action & action) {
+    CLI::App * sub = app.add_subcommand("keep", "Keep maps");
+    sub->require_subcommand(1);
+    auto file = std::make_shared<std::string>();
+    auto output = std::make_shared<std::string>();
+    CLI::App * check = sub->add_subcommand("check", "Validate a keep map (either form) and optionally rewrite it in moeprune-keep form");
+    check->add_option("file", *file, "Keep map JSON")->required();
+    check->add_option("-o,--output", *output, "Write the normalized moeprune-keep form here");
+    check->callback([=, &action] {
+        action = [=] {
+            const KeepMap km = read_keep_map(*file);
+            std::printf("%s: %zu layers, k = %lld, digest %s\n", file->c_str(), km.layers.size(), (long long) km.k,
+                        keep_map_digest(km).c_str());
+            if (!output->empty()) {
+                refuse_overwrite_of_inputs(*output, {*file});
+                write_keep_map(*output, km);
+            }
+            return 0;
+        };
+    });
+}
+
+} // namespace moeprune::cli

@@ -1,0 +1,60 @@
+#include "cli/commands.h"
+#include "synth/synth.h"
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+
+namespace moeprune::cli {
+
+void add_synth(CLI::App & app, Action & action) {
+    auto opt = std::make_shared<SynthOptions>();
+    auto type = std::make_shared<std::string>("f32");
+    auto json_out = std::make_shared<bool>(false);
+    CLI::App * sub = app.add_subcommand("synth", "Build a small real-format MoE model through llama.cpp");
+    sub->add_option("--arch", opt->arch, "Architecture: qwen3moe, qwen2moe (shared expert), qwen4exp (hybrid, shared expert)")
+        ->capture_default_str();
+    sub->add_option("--layers", opt->n_layer, "Transformer blocks")->capture_default_str();
+    sub->add_option("--experts", opt->n_expert, "Routed experts per layer")->capture_default_str();
+    sub->add_option("--used", opt->n_expert_used, "Experts used per token (top-k)")->capture_default_str();
+    sub->add_option("--embd", opt->n_embd, "Embedding width (multiple of 32)")->capture_default_str();
+    sub->add_option("--ff", opt->n_ff, "Routed-expert FFN width")->capture_default_str();
+    sub->add_option("--type", *type, "ggml type of routed-expert tensors (f32, f16, q8_0, q4_K, iq4_nl, ...)")
+        ->capture_default_str();
+    sub->add_flag("--gate-up", opt->gate_up, "Merged ffn_gate_up_exps tensors (qwen4exp)");
+    sub->add_flag("--expert-scales", opt->expert_scales, "Per-expert ffn_*_exps.scale tensors");
+    sub->add_option("--split", opt->split, "Write N shards in gguf-split layout")->capture_default_str();
+    sub->add_option("--seed", opt->seed, "Random seed")->capture_default_str();
+    sub->add_option("--dead", opt->dead, "Plant N experts per layer that no input can route to")->capture_default_str();
+    sub->add_flag("--specialists", opt->specialists, "Plant one expert per layer for CJK text and one for source code");
+    sub->add_option("--vocab", opt->vocab, "GGUF whose tokenizer to copy (default: the pinned llama.cpp's Qwen2 vocabulary)");
+    sub->add_option("-o,--output", opt->output, "Output .gguf (shards are NAME-0000i-of-0000N.gguf)")->required();
+    sub->add_flag("--json", *json_out, "Print what was planted and written as JSON");
+    sub->callback([=, &action] {
+        action = [=] {
+            opt->expert_type = parse_ggml_type(*type);
+            const auto t0 = std::chrono::steady_clock::now();
+            const SynthResult r = synthesize(*opt);
+            const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            if (*json_out) {
+                nlohmann::json j = r.planted;
+                std::vector<std::string> files;
+                for (const auto & f : r.files) {
+                    files.push_back(f.string());
+                }
+                j["files"] = files;
+                j["bytes"] = r.bytes;
+                j["seconds"] = secs;
+                std::printf("%s\n", j.dump(1).c_str());
+            } else {
+                for (const auto & f : r.files) {
+                    std::printf("wrote %s\n", f.c_str());
+                }
+                std::printf("%.1f MiB in %.2f s\n", double(r.bytes) / (1 << 20), secs);
+            }
+            return 0;
+        };
+    });
+}
+
+} // namespace moeprune::cli

@@ -1,0 +1,17 @@
+#pragma once
+// Each subcommand registers its flags on the app and returns the action to run.
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace moeprune::cli {
+
+using Action = std::function<int()>;
+
+void add_synth(CLI::App & app, Action & action);
+void add_inspect(CLI::App & app, Action & action);
+void add_trace(CLI::App & app, Action & action);
+void add_merge(CLI::App & app, Action & action);
+void add_keep(CLI::App & app, Action & action);
+
+} // namespace moeprune::cli

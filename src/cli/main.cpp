@@ -1,0 +1,23 @@
+#include "cli/commands.h"
+#include "core/errors.h"
+
+#include <cstdio>
+
+int main(int argc, char ** argv) {
+    CLI::App app{"moeprune: measure, select, slice and stream the experts of MoE GGUF models"};
+    app.set_version_flag("--version", MOEPRUNE_VERSION);
+    app.require_subcommand(1);
+    moeprune::cli::Action action;
+    moeprune::cli::add_synth(app, action);
+    moeprune::cli::add_inspect(app, action);
+    moeprune::cli::add_trace(app, action);
+    moeprune::cli::add_merge(app, action);
+    moeprune::cli::add_keep(app, action);
+    CLI11_PARSE(app, argc, argv);
+    try {
+        return action();
+    } catch (const std::exception & e) {
+        std::fprintf(stderr, "moeprune: error: %s\n", e.what());
+        return 1;
+    }
+}

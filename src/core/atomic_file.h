@@ -1,0 +1,37 @@
+#pragma once
+// Outputs are written under a temporary name beside the destination and renamed
+// only once complete, so a crash or an error never leaves a valid-looking broken
+// file, and an existing file at the destination survives until the new one is whole.
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace moeprune {
+
+class AtomicOutput {
+public:
+    explicit AtomicOutput(std::filesystem::path final_path);
+    ~AtomicOutput();  // removes the temporary file unless commit() ran
+    AtomicOutput(const AtomicOutput &) = delete;
+    AtomicOutput & operator=(const AtomicOutput &) = delete;
+
+    const std::filesystem::path & temp_path() const { return temp_; }
+    const std::filesystem::path & final_path() const { return final_; }
+    void commit();
+
+private:
+    std::filesystem::path final_;
+    std::filesystem::path temp_;
+    bool committed_ = false;
+};
+
+// Writes a whole text or binary blob atomically.
+void write_file_atomic(const std::filesystem::path & path, const std::string & contents);
+
+// Refuses to write `output` when it is one of `inputs` (same inode, links included).
+void refuse_overwrite_of_inputs(const std::filesystem::path & output,
+                                const std::vector<std::filesystem::path> & inputs);
+
+std::string read_text_file(const std::filesystem::path & path);
+
+} // namespace moeprune

@@ -1,0 +1,166 @@
+#include "formats/keep_map.h"
+#include "core/atomic_file.h"
+#include "core/errors.h"
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+namespace moeprune {
+
+using nlohmann::json;
+
+static int parse_layer_key(const std::string & key, const std::string & origin) {
+    if (key.empty() || key.size() > 6 || key.find_first_not_of("0123456789") != std::string::npos) {
+        fail_file(origin, "layer key \"" + key + "\" is not a layer number");
+    }
+    return std::stoi(key);
+}
+
+static std::vector<int32_t> parse_ids(const json & arr, const std::string & origin, int layer) {
+    if (!arr.is_array()) {
+        fail_file(origin, fmt::format("layer {}: expected an array of expert ids", layer));
+    }
+    std::vector<int32_t> ids;
+    ids.reserve(arr.size());
+    for (const auto & v : arr) {
+        if (!v.is_number_integer()) {
+            fail_file(origin, fmt::format("layer {}: expert id {} is not an integer", layer, v.dump()));
+        }
+        const int64_t id = v.get<int64_t>();
+        if (id < 0 || id > INT32_MAX) {
+            fail_file(origin, fmt::format("layer {}: expert id {} is out of range", layer, id));
+        }
+        ids.push_back(int32_t(id));
+    }
+    return ids;
+}
+
+KeepMap parse_keep_map(const std::string & text, const std::string & origin) {
+    json j;
+    try {
+        j = json::parse(text);
+    } catch (const json::parse_error & e) {
+        fail_file(origin, std::string("not valid JSON: ") + e.what());
+    }
+    if (!j.is_object()) {
+        fail_file(origin, "a keep map must be a JSON object");
+    }
+    KeepMap km;
+    const json * layers = &j;
+    if (j.contains("format")) {
+        if (j["format"] != "moeprune-keep") {
+            fail_file(origin, "format is " + j["format"].dump() + ", expected \"moeprune-keep\"");
+        }
+        if (!j.contains("version") || j["version"] != 1) {
+            fail_file(origin, "unsupported moeprune-keep version " + j.value("version", json()).dump());
+        }
+        for (const char * key : {"n_expert", "k", "layers"}) {
+            if (!j.contains(key)) {
+                fail_file(origin, std::string("missing \"") + key + "\"");
+            }
+        }
+        if (!j["n_expert"].is_number_integer() || !j["k"].is_number_integer()) {
+            fail_file(origin, "\"n_expert\" and \"k\" must be integers");
+        }
+        km.n_expert = j["n_expert"].get<int64_t>();
+        km.k = j["k"].get<int64_t>();
+        km.metric = j.value("metric", "");
+        km.source = j.value("source", json::object());
+        layers = &j["layers"];
+        if (!layers->is_object()) {
+            fail_file(origin, "\"layers\" must be an object of layer number -> ids");
+        }
+    }
+    for (const auto & [key, arr] : layers->items()) {
+        const int layer = parse_layer_key(key, origin);
+        km.layers[layer] = parse_ids(arr, origin, layer);
+    }
+    if (km.layers.empty()) {
+        fail_file(origin, "the keep map lists no layers");
+    }
+    if (km.k == 0) {
+        km.k = int64_t(km.layers.begin()->second.size());
+    }
+    validate_keep_map(km, origin);
+    return km;
+}
+
+KeepMap read_keep_map(const std::filesystem::path & path) {
+    return parse_keep_map(read_text_file(path), path.string());
+}
+
+void validate_keep_map(const KeepMap & km, const std::string & origin) {
+    if (km.k <= 0) {
+        fail_file(origin, fmt::format("k is {}; a keep map must keep at least one expert", km.k));
+    }
+    if (km.n_expert > 0 && km.k > km.n_expert) {
+        fail_file(origin, fmt::format("k is {} but the model has only {} experts", km.k, km.n_expert));
+    }
+    for (const auto & [layer, ids] : km.layers) {
+        if (int64_t(ids.size()) != km.k) {
+            fail_file(origin, fmt::format("layer {} keeps {} experts but k is {}; every layer must keep the same number",
+                                          layer, ids.size(), km.k));
+        }
+        for (size_t i = 0; i < ids.size(); ++i) {
+            if (km.n_expert > 0 && ids[i] >= km.n_expert) {
+                fail_file(origin, fmt::format("layer {}: expert id {} is not below n_expert {}", layer, ids[i], km.n_expert));
+            }
+            if (i > 0 && ids[i] == ids[i - 1]) {
+                fail_file(origin, fmt::format("layer {}: expert id {} is listed twice", layer, ids[i]));
+            }
+            if (i > 0 && ids[i] < ids[i - 1]) {
+                fail_file(origin, fmt::format("layer {}: ids are not in ascending order ({} after {})", layer, ids[i], ids[i - 1]));
+            }
+        }
+    }
+}
+
+void validate_keep_map_for_model(const KeepMap & km, const std::string & origin, int64_t n_expert,
+                                 const std::vector<int> & moe_layers) {
+    if (km.n_expert != 0 && km.n_expert != n_expert) {
+        fail_file(origin, fmt::format("made for a model with {} experts, this model has {}", km.n_expert, n_expert));
+    }
+    KeepMap checked = km;
+    checked.n_expert = n_expert;
+    validate_keep_map(checked, origin);
+    for (int layer : moe_layers) {
+        if (!km.layers.count(layer)) {
+            fail_file(origin, fmt::format("layer {} is missing; the model has MoE layers {}..{}", layer,
+                                          moe_layers.front(), moe_layers.back()));
+        }
+    }
+    for (const auto & [layer, ids] : km.layers) {
+        if (std::find(moe_layers.begin(), moe_layers.end(), layer) == moe_layers.end()) {
+            fail_file(origin, fmt::format("layer {} is not a MoE layer of this model", layer));
+        }
+    }
+}
+
+json keep_map_to_json(const KeepMap & km) {
+    json layers = json::object();
+    for (const auto & [layer, ids] : km.layers) {
+        layers[std::to_string(layer)] = ids;
+    }
+    return {{"format", "moeprune-keep"}, {"version", 1}, {"n_expert", km.n_expert}, {"k", km.k},
+            {"metric", km.metric}, {"source", km.source}, {"layers", layers}};
+}
+
+void write_keep_map(const std::filesystem::path & path, const KeepMap & km) {
+    validate_keep_map(km, path.string());
+    write_file_atomic(path, keep_map_to_json(km).dump(1) + "\n");
+}
+
+std::string keep_map_digest(const KeepMap & km) {
+    XXH64_state_t * st = XXH64_createState();
+    XXH64_reset(st, 0);
+    for (const auto & [layer, ids] : km.layers) {
+        const int32_t header[2] = {layer, int32_t(ids.size())};
+        XXH64_update(st, header, sizeof(header));
+        XXH64_update(st, ids.data(), ids.size() * sizeof(int32_t));
+    }
+    const uint64_t h = XXH64_digest(st);
+    XXH64_freeState(st);
+    return fmt::format("xxh64:{:016x}", h);
+}
+
+} // namespace moeprune

@@ -1,0 +1,39 @@
+#pragma once
+// Keep map: which routed experts each layer keeps. Written by select, read by slice,
+// replay and eval. See docs/formats.md.
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace moeprune {
+
+struct KeepMap {
+    int64_t n_expert = 0;   // experts in the source model; 0 when read from the seed's bare form
+    int64_t k = 0;          // experts kept in every layer
+    std::string metric;
+    nlohmann::json source = nlohmann::json::object();
+    std::map<int, std::vector<int32_t>> layers;  // ascending expert ids
+};
+
+// Parses the moeprune-keep form or the seed pipeline's bare {"0": [...], ...} form.
+// `origin` names the input in errors.
+KeepMap parse_keep_map(const std::string & text, const std::string & origin);
+KeepMap read_keep_map(const std::filesystem::path & path);
+
+// Checks ids sorted, unique, in range and the same K in every layer; errors name the layer.
+void validate_keep_map(const KeepMap & km, const std::string & origin);
+// Also checks the map against a model: its expert count and exactly its MoE layers.
+void validate_keep_map_for_model(const KeepMap & km, const std::string & origin, int64_t n_expert,
+                                 const std::vector<int> & moe_layers);
+
+nlohmann::json keep_map_to_json(const KeepMap & km);
+void write_keep_map(const std::filesystem::path & path, const KeepMap & km);
+
+// Order-independent digest of the layers, recorded by consumers as provenance.
+std::string keep_map_digest(const KeepMap & km);
+
+} // namespace moeprune

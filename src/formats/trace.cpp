@@ -1,0 +1,513 @@
+#include "formats/trace.h"
+#include "core/errors.h"
+
+#include "ggml.h"
+
+#include <fmt/format.h>
+#include <zstd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace moeprune {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr char kFileMagic[4] = {'M', 'P', 'T', 'R'};
+constexpr char kBlockMagic[4] = {'M', 'P', 'B', 'K'};
+constexpr uint32_t kVersion = 1;
+constexpr uint32_t kCodecRaw = 0;
+constexpr uint32_t kCodecZstd = 1;
+constexpr size_t kMetaBytes = 16;            // per token: token, pos, seq (i32), domain (u16), phase (u8), pad
+constexpr size_t kBlockHeaderFixed = 16;     // magic, n_tokens, codec, n_sections
+constexpr size_t kQ4rtHeader = 16;
+
+template <typename T> void put(std::vector<uint8_t> & buf, T v) {
+    const auto * p = reinterpret_cast<const uint8_t *>(&v);
+    buf.insert(buf.end(), p, p + sizeof(T));
+}
+template <typename T> T get(const uint8_t * p) {
+    T v;
+    std::memcpy(&v, p, sizeof(T));
+    return v;
+}
+
+void pread_exact(int fd, void * dst, size_t size, uint64_t offset, const fs::path & path) {
+    auto * out = static_cast<uint8_t *>(dst);
+    while (size > 0) {
+        const size_t chunk = std::min<size_t>(size, size_t(1) << 30);
+        const ssize_t got = ::pread(fd, out, chunk, off_t(offset));
+        if (got < 0 && errno == EINTR) {
+            continue;
+        }
+        if (got <= 0) {
+            fail_file(path.string(), got == 0 ? fmt::format("unexpected end of file at offset {}", offset)
+                                              : fmt::format("read failed at offset {}: {}", offset, std::strerror(errno)));
+        }
+        out += got;
+        offset += uint64_t(got);
+        size -= size_t(got);
+    }
+}
+
+void fwrite_exact(FILE * f, const void * data, size_t size, const fs::path & path) {
+    if (std::fwrite(data, 1, size, f) != size) {
+        fail_file(path.string(), std::string("write failed: ") + std::strerror(errno));
+    }
+}
+
+size_t record_bytes(uint32_t top_m) { return size_t(top_m) * 4; }  // top_m u16 ids + top_m f16 logits
+
+} // namespace
+
+// ---------------------------------------------------------------- writer
+
+TraceWriter::TraceWriter(const fs::path & path, TraceHeader header, uint32_t block_tokens, int zstd_level)
+    : path_(path), header_(std::move(header)), block_tokens_(block_tokens), zstd_level_(zstd_level) {
+    if (header_.n_layer == 0 || header_.top_m == 0 || header_.n_expert == 0) {
+        fail_file(path.string(), "trace header needs n_layer, n_expert and top_m > 0");
+    }
+    if (header_.n_expert > 65536 || header_.top_m > header_.n_expert) {
+        fail_file(path.string(), fmt::format("top_m {} of {} experts cannot be stored as 16-bit ids", header_.top_m,
+                                             header_.n_expert));
+    }
+    file_ = std::fopen(path.c_str(), "wb");
+    if (!file_) {
+        fail_file(path.string(), std::string("cannot create: ") + std::strerror(errno));
+    }
+    const std::string meta = json{{"domains", header_.domains}, {"meta", header_.meta}}.dump();
+    std::vector<uint8_t> buf(kFileMagic, kFileMagic + 4);
+    put<uint32_t>(buf, kVersion);
+    put<uint32_t>(buf, header_.n_layer);
+    put<uint32_t>(buf, header_.n_expert);
+    put<uint32_t>(buf, header_.top_m);
+    put<uint32_t>(buf, uint32_t(meta.size()));
+    buf.insert(buf.end(), meta.begin(), meta.end());
+    fwrite_exact(file_, buf.data(), buf.size(), path_);
+    std::fflush(file_);
+}
+
+TraceWriter::~TraceWriter() {
+    try {
+        close();
+    } catch (const std::exception &) {
+        // The blocks already written stay readable; the caller saw no close() error
+        // only if it never called close(), which is its own choice.
+    }
+}
+
+void TraceWriter::append(const TraceTokenMeta & meta, const uint16_t * ids, const float * logits) {
+    const uint32_t m = header_.top_m;
+    pending_meta_.push_back(meta);
+    for (uint32_t l = 0; l < header_.n_layer; ++l) {
+        for (uint32_t i = 0; i < m; ++i) {
+            if (ids[l * m + i] >= header_.n_expert) {
+                fail_file(path_.string(), fmt::format("expert id {} at layer {} is not below n_expert {}", ids[l * m + i], l,
+                                                      header_.n_expert));
+            }
+            put<uint16_t>(pending_records_, ids[l * m + i]);
+        }
+        for (uint32_t i = 0; i < m; ++i) {
+            put<uint16_t>(pending_records_, ggml_fp32_to_fp16(logits[l * m + i]));
+        }
+    }
+    if (pending_meta_.size() >= block_tokens_) {
+        flush();
+    }
+}
+
+void TraceWriter::flush() {
+    if (!file_ || pending_meta_.empty()) {
+        return;
+    }
+    const uint32_t n = uint32_t(pending_meta_.size());
+    const size_t rec = record_bytes(header_.top_m);
+    std::vector<std::vector<uint8_t>> sections;
+    std::vector<uint8_t> meta;
+    for (const auto & t : pending_meta_) {
+        put<int32_t>(meta, t.token);
+        put<int32_t>(meta, t.pos);
+        put<int32_t>(meta, t.seq);
+        put<uint16_t>(meta, t.domain);
+        put<uint8_t>(meta, uint8_t(t.phase));
+        put<uint8_t>(meta, 0);
+    }
+    sections.push_back(std::move(meta));
+    for (uint32_t l = 0; l < header_.n_layer; ++l) {
+        std::vector<uint8_t> layer(size_t(n) * rec);
+        for (uint32_t t = 0; t < n; ++t) {
+            std::memcpy(layer.data() + t * rec, pending_records_.data() + (size_t(t) * header_.n_layer + l) * rec, rec);
+        }
+        sections.push_back(std::move(layer));
+    }
+    const uint32_t codec = zstd_level_ > 0 ? kCodecZstd : kCodecRaw;
+    if (codec == kCodecZstd) {
+        for (auto & s : sections) {
+            std::vector<uint8_t> z(ZSTD_compressBound(s.size()));
+            const size_t zn = ZSTD_compress(z.data(), z.size(), s.data(), s.size(), zstd_level_);
+            if (ZSTD_isError(zn)) {
+                fail_file(path_.string(), std::string("zstd compression failed: ") + ZSTD_getErrorName(zn));
+            }
+            z.resize(zn);
+            s = std::move(z);
+        }
+    }
+    std::vector<uint8_t> block(kBlockMagic, kBlockMagic + 4);
+    put<uint32_t>(block, n);
+    put<uint32_t>(block, codec);
+    put<uint32_t>(block, uint32_t(sections.size()));
+    for (const auto & s : sections) {
+        put<uint64_t>(block, s.size());
+    }
+    for (const auto & s : sections) {
+        block.insert(block.end(), s.begin(), s.end());
+    }
+    // One write per block and a flush, so a killed writer leaves whole blocks plus at most one torn tail.
+    fwrite_exact(file_, block.data(), block.size(), path_);
+    if (std::fflush(file_) != 0) {
+        fail_file(path_.string(), std::string("write failed: ") + std::strerror(errno));
+    }
+    n_written_ += n;
+    pending_meta_.clear();
+    pending_records_.clear();
+}
+
+void TraceWriter::close() {
+    if (!file_) {
+        return;
+    }
+    flush();
+    FILE * f = file_;
+    file_ = nullptr;
+    if (std::fclose(f) != 0) {
+        fail_file(path_.string(), std::string("close failed: ") + std::strerror(errno));
+    }
+}
+
+// ---------------------------------------------------------------- reader
+
+TraceReader::~TraceReader() {
+    if (fd_ >= 0) {
+        ::close(fd_);
+    }
+}
+
+TraceReader::TraceReader(TraceReader && o) noexcept
+    : path_(std::move(o.path_)), fd_(o.fd_), format_(std::move(o.format_)), header_(std::move(o.header_)),
+      n_tokens_(o.n_tokens_), truncated_tail_(o.truncated_tail_), q4rt_(o.q4rt_), blocks_(std::move(o.blocks_)) {
+    o.fd_ = -1;
+}
+
+TraceReader TraceReader::open(const fs::path & path) {
+    TraceReader r;
+    r.path_ = path;
+    r.fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (r.fd_ < 0) {
+        fail_file(path.string(), std::string("cannot open: ") + std::strerror(errno));
+    }
+    struct stat st {};
+    if (::fstat(r.fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+        fail_file(path.string(), "not a regular file");
+    }
+    const uint64_t file_size = uint64_t(st.st_size);
+    if (file_size < 16) {
+        fail_file(path.string(), fmt::format("too short for a trace header ({} bytes)", file_size));
+    }
+    uint8_t head[24];
+    pread_exact(r.fd_, head, 16, 0, path);
+
+    if (std::memcmp(head, "Q4RT", 4) == 0) {
+        r.q4rt_ = true;
+        const uint16_t version = get<uint16_t>(head + 4);
+        if (version != 1) {
+            fail_file(path.string(), fmt::format("Q4RT version {} is not supported (only 1)", version));
+        }
+        r.header_.n_layer = get<uint16_t>(head + 6);
+        r.header_.n_expert = get<uint16_t>(head + 8);
+        r.header_.top_m = get<uint16_t>(head + 10);
+        const uint32_t header_count = get<uint32_t>(head + 12);
+        if (r.header_.n_layer == 0 || r.header_.top_m == 0 || r.header_.top_m > r.header_.n_expert) {
+            fail_file(path.string(), fmt::format("Q4RT header is inconsistent: {} layers, {} experts, top-{}",
+                                                 r.header_.n_layer, r.header_.n_expert, r.header_.top_m));
+        }
+        const uint64_t per_token = uint64_t(r.header_.n_layer) * record_bytes(r.header_.top_m);
+        const uint64_t complete = (file_size - kQ4rtHeader) / per_token;
+        // The seed writer only filled the count at a clean exit, so 0 means "derive it".
+        if (header_count == 0) {
+            r.n_tokens_ = complete;
+        } else if (header_count > complete) {
+            fail_file(path.string(), fmt::format("Q4RT header says {} tokens but the file holds only {} complete tokens",
+                                                 header_count, complete));
+        } else {
+            r.n_tokens_ = header_count;
+        }
+        r.truncated_tail_ = (file_size - kQ4rtHeader) % per_token != 0;
+        r.header_.domains = {"default"};
+        r.format_ = "Q4RT v1";
+        return r;
+    }
+
+    if (std::memcmp(head, kFileMagic, 4) != 0) {
+        fail_file(path.string(), "not a router trace (magic is neither MPTR nor Q4RT)");
+    }
+    pread_exact(r.fd_, head, 24, 0, path);
+    const uint32_t version = get<uint32_t>(head + 4);
+    if (version != kVersion) {
+        fail_file(path.string(), fmt::format("trace version {} is not supported (only {})", version, kVersion));
+    }
+    r.header_.n_layer = get<uint32_t>(head + 8);
+    r.header_.n_expert = get<uint32_t>(head + 12);
+    r.header_.top_m = get<uint32_t>(head + 16);
+    const uint32_t meta_len = get<uint32_t>(head + 20);
+    if (r.header_.n_layer == 0 || r.header_.n_layer > 100000 || r.header_.top_m == 0 ||
+        r.header_.top_m > r.header_.n_expert || r.header_.n_expert > 65536) {
+        fail_file(path.string(), fmt::format("trace header is inconsistent: {} layers, {} experts, top-{}",
+                                             r.header_.n_layer, r.header_.n_expert, r.header_.top_m));
+    }
+    if (24 + uint64_t(meta_len) > file_size) {
+        fail_file(path.string(), "trace header is truncated");
+    }
+    std::string meta(meta_len, '\0');
+    pread_exact(r.fd_, meta.data(), meta_len, 24, path);
+    try {
+        const json j = json::parse(meta);
+        r.header_.domains = j.at("domains").get<std::vector<std::string>>();
+        r.header_.meta = j.value("meta", json::object());
+    } catch (const json::exception & e) {
+        fail_file(path.string(), std::string("trace header metadata is not valid: ") + e.what());
+    }
+    r.format_ = "moeprune-trace v1";
+
+    const uint32_t n_sections = r.header_.n_layer + 1;
+    const size_t header_bytes = kBlockHeaderFixed + 8 * size_t(n_sections);
+    std::vector<uint8_t> bh(header_bytes);
+    uint64_t offset = 24 + meta_len;
+    while (offset < file_size) {
+        if (offset + header_bytes > file_size) {
+            r.truncated_tail_ = true;
+            break;
+        }
+        pread_exact(r.fd_, bh.data(), header_bytes, offset, path);
+        if (std::memcmp(bh.data(), kBlockMagic, 4) != 0) {
+            fail_file(path.string(), fmt::format("corrupt trace: no block marker at offset {} (after {} tokens)", offset,
+                                                 r.n_tokens_));
+        }
+        Block b;
+        b.first_token = r.n_tokens_;
+        b.n_tokens = get<uint32_t>(bh.data() + 4);
+        b.codec = get<uint32_t>(bh.data() + 8);
+        if (get<uint32_t>(bh.data() + 12) != n_sections || b.n_tokens == 0 || b.codec > kCodecZstd) {
+            fail_file(path.string(), fmt::format("corrupt trace: bad block header at offset {}", offset));
+        }
+        uint64_t pos = offset + header_bytes;
+        for (uint32_t s = 0; s < n_sections; ++s) {
+            const uint64_t size = get<uint64_t>(bh.data() + kBlockHeaderFixed + 8 * s);
+            if (s == 0) {
+                b.meta_offset = pos;
+                b.meta_size = size;
+            } else {
+                b.layer_offset.push_back(pos);
+                b.layer_size.push_back(size);
+            }
+            pos += size;
+        }
+        if (pos > file_size) {
+            r.truncated_tail_ = true;  // the writer died inside this block
+            break;
+        }
+        r.n_tokens_ += b.n_tokens;
+        r.blocks_.push_back(std::move(b));
+        offset = pos;
+    }
+    return r;
+}
+
+std::vector<uint8_t> TraceReader::read_section(uint64_t offset, uint64_t size, uint32_t codec, uint64_t raw_size) const {
+    std::vector<uint8_t> stored(size);
+    pread_exact(fd_, stored.data(), size, offset, path_);
+    if (codec == kCodecRaw) {
+        if (size != raw_size) {
+            fail_file(path_.string(), fmt::format("corrupt trace: section at offset {} has {} bytes, expected {}", offset,
+                                                  size, raw_size));
+        }
+        return stored;
+    }
+    std::vector<uint8_t> raw(raw_size);
+    const size_t n = ZSTD_decompress(raw.data(), raw.size(), stored.data(), stored.size());
+    if (ZSTD_isError(n) || n != raw_size) {
+        fail_file(path_.string(), fmt::format("corrupt trace: zstd section at offset {} does not decompress to {} bytes",
+                                              offset, raw_size));
+    }
+    return raw;
+}
+
+std::vector<TraceTokenMeta> TraceReader::token_meta() const {
+    std::vector<TraceTokenMeta> out;
+    out.reserve(n_tokens_);
+    if (q4rt_) {
+        for (uint64_t t = 0; t < n_tokens_; ++t) {
+            TraceTokenMeta m;
+            m.pos = int32_t(t);
+            out.push_back(m);
+        }
+        return out;
+    }
+    for (const auto & b : blocks_) {
+        const auto raw = read_section(b.meta_offset, b.meta_size, b.codec, uint64_t(b.n_tokens) * kMetaBytes);
+        for (uint32_t t = 0; t < b.n_tokens; ++t) {
+            const uint8_t * p = raw.data() + t * kMetaBytes;
+            TraceTokenMeta m;
+            m.token = get<int32_t>(p);
+            m.pos = get<int32_t>(p + 4);
+            m.seq = get<int32_t>(p + 8);
+            m.domain = get<uint16_t>(p + 12);
+            m.phase = TracePhase(p[14]);
+            if (m.phase != TracePhase::Prefill && m.phase != TracePhase::Decode) {
+                fail_file(path_.string(), fmt::format("corrupt trace: token {} has phase {}", b.first_token + t, p[14]));
+            }
+            if (m.domain >= header_.domains.size()) {
+                fail_file(path_.string(), fmt::format("corrupt trace: token {} has domain {} of {}", b.first_token + t,
+                                                      m.domain, header_.domains.size()));
+            }
+            out.push_back(m);
+        }
+    }
+    return out;
+}
+
+void TraceReader::read_layer(uint32_t layer, std::vector<uint16_t> & ids, std::vector<float> & logits) const {
+    if (layer >= header_.n_layer) {
+        fail_file(path_.string(), fmt::format("layer {} requested but the trace has {} layers", layer, header_.n_layer));
+    }
+    const uint32_t m = header_.top_m;
+    const size_t rec = record_bytes(m);
+    ids.resize(n_tokens_ * m);
+    logits.resize(n_tokens_ * m);
+    const auto decode = [&](const uint8_t * p, uint64_t t) {
+        for (uint32_t i = 0; i < m; ++i) {
+            ids[t * m + i] = get<uint16_t>(p + 2 * i);
+            logits[t * m + i] = ggml_fp16_to_fp32(get<ggml_fp16_t>(p + 2 * (m + i)));
+        }
+    };
+    if (q4rt_) {
+        const uint64_t per_token = uint64_t(header_.n_layer) * rec;
+        constexpr uint64_t kChunk = 1024;
+        std::vector<uint8_t> buf;
+        for (uint64_t t0 = 0; t0 < n_tokens_; t0 += kChunk) {
+            const uint64_t n = std::min(kChunk, n_tokens_ - t0);
+            buf.resize(n * per_token);
+            pread_exact(fd_, buf.data(), buf.size(), kQ4rtHeader + t0 * per_token, path_);
+            for (uint64_t t = 0; t < n; ++t) {
+                decode(buf.data() + t * per_token + layer * rec, t0 + t);
+            }
+        }
+        return;
+    }
+    for (const auto & b : blocks_) {
+        const auto raw = read_section(b.layer_offset[layer], b.layer_size[layer], b.codec, uint64_t(b.n_tokens) * rec);
+        for (uint32_t t = 0; t < b.n_tokens; ++t) {
+            decode(raw.data() + t * rec, b.first_token + t);
+        }
+    }
+}
+
+// ---------------------------------------------------------------- export and info
+
+static void write_npy(const fs::path & path, const char * descr, const std::vector<uint64_t> & shape, const void * data,
+                      size_t bytes) {
+    std::string shape_s = "(";
+    for (size_t i = 0; i < shape.size(); ++i) {
+        shape_s += std::to_string(shape[i]) + (shape.size() == 1 || i + 1 < shape.size() ? "," : "");
+        if (i + 1 < shape.size()) {
+            shape_s += " ";
+        }
+    }
+    shape_s += ")";
+    std::string header = fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': {}, }}", descr, shape_s);
+    const size_t total = 10 + header.size() + 1;
+    header.append((64 - total % 64) % 64, ' ');
+    header += '\n';
+    std::vector<uint8_t> out = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0};
+    put<uint16_t>(out, uint16_t(header.size()));
+    out.insert(out.end(), header.begin(), header.end());
+    const auto * p = static_cast<const uint8_t *>(data);
+    out.insert(out.end(), p, p + bytes);
+    FILE * f = std::fopen(path.c_str(), "wb");
+    if (!f) {
+        fail_file(path.string(), std::string("cannot create: ") + std::strerror(errno));
+    }
+    const bool ok = std::fwrite(out.data(), 1, out.size(), f) == out.size();
+    if (std::fclose(f) != 0 || !ok) {
+        fail_file(path.string(), std::string("write failed: ") + std::strerror(errno));
+    }
+}
+
+void export_trace_npy(const TraceReader & reader, const fs::path & dir) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) {
+        fail_file(dir.string(), "cannot create directory: " + ec.message());
+    }
+    const auto & h = reader.header();
+    const uint64_t n = reader.n_tokens();
+    const uint64_t m = h.top_m;
+    std::vector<uint16_t> ids(n * h.n_layer * m);
+    std::vector<float> logits(n * h.n_layer * m);
+    std::vector<uint16_t> lid;
+    std::vector<float> llog;
+    for (uint32_t l = 0; l < h.n_layer; ++l) {
+        reader.read_layer(l, lid, llog);
+        for (uint64_t t = 0; t < n; ++t) {
+            std::memcpy(&ids[(t * h.n_layer + l) * m], &lid[t * m], m * sizeof(uint16_t));
+            std::memcpy(&logits[(t * h.n_layer + l) * m], &llog[t * m], m * sizeof(float));
+        }
+    }
+    write_npy(dir / "ids.npy", "<u2", {n, h.n_layer, m}, ids.data(), ids.size() * 2);
+    write_npy(dir / "logits.npy", "<f4", {n, h.n_layer, m}, logits.data(), logits.size() * 4);
+    const auto meta = reader.token_meta();
+    std::vector<int32_t> token(n), pos(n), seq(n);
+    std::vector<uint16_t> domain(n);
+    std::vector<uint8_t> phase(n);
+    for (uint64_t t = 0; t < n; ++t) {
+        token[t] = meta[t].token;
+        pos[t] = meta[t].pos;
+        seq[t] = meta[t].seq;
+        domain[t] = meta[t].domain;
+        phase[t] = uint8_t(meta[t].phase);
+    }
+    write_npy(dir / "token.npy", "<i4", {n}, token.data(), n * 4);
+    write_npy(dir / "pos.npy", "<i4", {n}, pos.data(), n * 4);
+    write_npy(dir / "seq.npy", "<i4", {n}, seq.data(), n * 4);
+    write_npy(dir / "domain.npy", "<u2", {n}, domain.data(), n * 2);
+    write_npy(dir / "phase.npy", "|u1", {n}, phase.data(), n);
+}
+
+json trace_info_json(const TraceReader & reader) {
+    const auto meta = reader.token_meta();
+    uint64_t prefill = 0, decode = 0;
+    std::vector<uint64_t> per_domain(reader.header().domains.size(), 0);
+    std::vector<int32_t> seqs;
+    for (const auto & m : meta) {
+        (m.phase == TracePhase::Prefill ? prefill : decode)++;
+        per_domain[m.domain]++;
+        seqs.push_back(m.seq);
+    }
+    std::sort(seqs.begin(), seqs.end());
+    const size_t n_seq = size_t(std::unique(seqs.begin(), seqs.end()) - seqs.begin());
+    json domains = json::object();
+    for (size_t d = 0; d < per_domain.size(); ++d) {
+        domains[reader.header().domains[d]] = per_domain[d];
+    }
+    return {{"format", reader.format()}, {"n_tokens", reader.n_tokens()}, {"n_layer", reader.header().n_layer},
+            {"n_expert", reader.header().n_expert}, {"top_m", reader.header().top_m},
+            {"phases", {{"prefill", prefill}, {"decode", decode}}}, {"n_sequences", n_seq}, {"domains", domains},
+            {"truncated_tail", reader.truncated_tail()}, {"meta", reader.header().meta}};
+}
+
+} // namespace moeprune

@@ -1,0 +1,102 @@
+#pragma once
+// Router trace: per token, every MoE layer's top-M router candidates (expert ids and
+// logits, best first) plus where the token came from. Written as a stream of
+// self-describing blocks so a killed writer loses at most its last block, and laid
+// out per layer inside each block so one layer reads without the others.
+// Also reads the seed pipeline's Q4RT v1 files. See docs/formats.md.
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace moeprune {
+
+enum class TracePhase : uint8_t { Prefill = 0, Decode = 1 };
+
+struct TraceTokenMeta {
+    int32_t token = -1;     // -1 when unknown (Q4RT files carry no token ids)
+    int32_t pos = 0;
+    int32_t seq = 0;
+    uint16_t domain = 0;    // index into TraceHeader::domains
+    TracePhase phase = TracePhase::Prefill;
+};
+
+struct TraceHeader {
+    uint32_t n_layer = 0;
+    uint32_t n_expert = 0;
+    uint32_t top_m = 0;
+    std::vector<std::string> domains;
+    nlohmann::json meta = nlohmann::json::object();  // model, settings: whatever produced the trace
+};
+
+class TraceWriter {
+public:
+    // Blocks of `block_tokens` tokens; each layer section is zstd-compressed when `zstd_level` > 0.
+    TraceWriter(const std::filesystem::path & path, TraceHeader header, uint32_t block_tokens = 256, int zstd_level = 0);
+    ~TraceWriter();
+    TraceWriter(const TraceWriter &) = delete;
+    TraceWriter & operator=(const TraceWriter &) = delete;
+
+    // ids and logits: [n_layer][top_m], best candidate first.
+    void append(const TraceTokenMeta & meta, const uint16_t * ids, const float * logits);
+    void flush();  // writes the pending block, if any
+    void close();
+    uint64_t n_tokens() const { return n_written_ + pending_meta_.size(); }
+
+private:
+    std::filesystem::path path_;
+    TraceHeader header_;
+    uint32_t block_tokens_;
+    int zstd_level_;
+    FILE * file_ = nullptr;
+    uint64_t n_written_ = 0;
+    std::vector<TraceTokenMeta> pending_meta_;
+    std::vector<uint8_t> pending_records_;  // [token][layer] records of top_m ids then top_m f16 logits
+};
+
+class TraceReader {
+public:
+    static TraceReader open(const std::filesystem::path & path);
+    ~TraceReader();
+    TraceReader(TraceReader &&) noexcept;
+    TraceReader(const TraceReader &) = delete;
+
+    const TraceHeader & header() const { return header_; }
+    uint64_t n_tokens() const { return n_tokens_; }
+    const std::string & format() const { return format_; }   // "moeprune-trace v1" or "Q4RT v1"
+    bool truncated_tail() const { return truncated_tail_; }   // an incomplete last block was ignored
+
+    std::vector<TraceTokenMeta> token_meta() const;
+    // One layer for all tokens: ids and logits are [n_tokens][top_m].
+    void read_layer(uint32_t layer, std::vector<uint16_t> & ids, std::vector<float> & logits) const;
+
+private:
+    TraceReader() = default;
+    struct Block {
+        uint64_t first_token;
+        uint32_t n_tokens;
+        uint32_t codec;
+        uint64_t meta_offset, meta_size;
+        std::vector<uint64_t> layer_offset, layer_size;
+    };
+    std::vector<uint8_t> read_section(uint64_t offset, uint64_t size, uint32_t codec, uint64_t raw_size) const;
+
+    std::filesystem::path path_;
+    int fd_ = -1;
+    std::string format_;
+    TraceHeader header_;
+    uint64_t n_tokens_ = 0;
+    bool truncated_tail_ = false;
+    bool q4rt_ = false;
+    std::vector<Block> blocks_;
+};
+
+// Writes numpy .npy files (ids, logits, token, pos, seq, domain, phase) into `dir`.
+void export_trace_npy(const TraceReader & reader, const std::filesystem::path & dir);
+
+nlohmann::json trace_info_json(const TraceReader & reader);
+
+} // namespace moeprune

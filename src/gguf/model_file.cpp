@@ -1,0 +1,190 @@
+#include "gguf/model_file.h"
+#include "core/errors.h"
+
+#include "gguf.h"
+#include "llama.h"
+
+#include <regex>
+
+namespace moeprune {
+
+namespace fs = std::filesystem;
+
+void GgufDeleter::operator()(gguf_context * ctx) const { gguf_free(ctx); }
+
+GgufPtr open_gguf_metadata(const fs::path & path) {
+    std::error_code ec;
+    if (!fs::is_regular_file(path, ec)) {
+        fail_file(path.string(), fs::exists(path, ec) ? "not a regular file" : "no such file");
+    }
+    gguf_init_params params{/*no_alloc=*/true, /*ctx=*/nullptr};
+    GgufPtr ctx(gguf_init_from_file(path.c_str(), params));
+    if (!ctx) {
+        fail_file(path.string(), "not a valid GGUF file (bad magic, version or truncated header)");
+    }
+    return ctx;
+}
+
+const char * tensor_role_name(TensorRole role) {
+    switch (role) {
+        case TensorRole::Expert:        return "expert";
+        case TensorRole::Router:        return "router";
+        case TensorRole::SelectionBias: return "selection_bias";
+        case TensorRole::Shared:        return "shared";
+        case TensorRole::Other:         return "other";
+    }
+    return "other";
+}
+
+TensorClass classify_tensor(const std::string & name) {
+    static const std::regex blk_re(R"(^blk\.(\d+)\.(.+)$)");
+    static const std::regex expert_re(R"(^ffn_[a-z_]*_exps\.(weight|bias|scale)$)");
+    static const std::regex router_re(R"(^ffn_gate_inp\.(weight|bias)$)");
+    static const std::regex selbias_re(R"(^exp_probs_b(\.bias)?$)");
+    std::smatch m;
+    TensorClass c;
+    if (!std::regex_match(name, m, blk_re)) {
+        return c;
+    }
+    c.layer = std::stoi(m[1].str());
+    const std::string rest = m[2].str();
+    if (rest.find("shexp") != std::string::npos) {
+        c.role = TensorRole::Shared;
+    } else if (std::regex_match(rest, expert_re)) {
+        c.role = TensorRole::Expert;
+    } else if (std::regex_match(rest, router_re)) {
+        c.role = TensorRole::Router;
+    } else if (std::regex_match(rest, selbias_re)) {
+        c.role = TensorRole::SelectionBias;
+    }
+    return c;
+}
+
+fs::path split_shard_path(const fs::path & prefix, int split_no, int split_count) {
+    char buf[4096];
+    llama_split_path(buf, sizeof(buf), prefix.c_str(), split_no - 1, split_count);  // llama.cpp counts from 0
+    return fs::path(buf);
+}
+
+static void read_tensors(const gguf_context * ctx, int shard, std::vector<TensorEntry> & out) {
+    const size_t data_offset = gguf_get_data_offset(ctx);
+    for (int64_t i = 0; i < gguf_get_n_tensors(ctx); ++i) {
+        TensorEntry t;
+        t.name = gguf_get_tensor_name(ctx, i);
+        t.type = gguf_get_tensor_type(ctx, i);
+        const int64_t * ne = gguf_get_tensor_ne(ctx, i);
+        t.n_dims = 1;
+        for (int d = 0; d < GGML_MAX_DIMS; ++d) {
+            t.ne[d] = ne[d];
+            if (ne[d] != 1) {
+                t.n_dims = d + 1;
+            }
+        }
+        t.nbytes = gguf_get_tensor_size(ctx, i);
+        t.shard = shard;
+        t.file_offset = data_offset + gguf_get_tensor_offset(ctx, i);
+        t.cls = classify_tensor(t.name);
+        out.push_back(std::move(t));
+    }
+}
+
+GgufModel GgufModel::open(const fs::path & path) {
+    GgufModel m;
+    m.meta_ = open_gguf_metadata(path);
+    m.shard_paths_.push_back(path);
+    std::error_code ec;
+    m.file_bytes_ = fs::file_size(path, ec);
+    read_tensors(m.meta_.get(), 0, m.tensors_);
+
+    const int64_t split_count = m.get_int("split.count").value_or(1);
+    if (split_count > 1 && m.get_int("split.no").value_or(0) != 0) {
+        fail_file(path.string(), "is shard " + std::to_string(*m.get_int("split.no") + 1) + " of " +
+                  std::to_string(split_count) + "; give the first shard");
+    }
+    const auto arch = m.get_string("general.architecture");
+    if (!arch) {
+        fail_file(path.string(), "missing general.architecture: not a llama.cpp model");
+    }
+    m.arch_ = *arch;
+
+    if (split_count > 1) {
+        char prefix[4096];
+        if (llama_split_prefix(prefix, sizeof(prefix), path.c_str(), 0, (int) split_count) == 0) {
+            fail_file(path.string(), "split.count is " + std::to_string(split_count) +
+                      " but the name does not end in -00001-of-" + std::to_string(split_count) + ".gguf");
+        }
+        for (int i = 1; i < split_count; ++i) {
+            const fs::path shard = split_shard_path(prefix, i + 1, (int) split_count);
+            if (!fs::exists(shard, ec)) {
+                fail_file(shard.string(), "missing shard " + std::to_string(i + 1) + " of " +
+                          std::to_string(split_count) + " of " + path.string());
+            }
+            GgufPtr sctx = open_gguf_metadata(shard);
+            const int64_t no_id = gguf_find_key(sctx.get(), "split.no");
+            if (no_id < 0 || gguf_get_val_u16(sctx.get(), no_id) != i) {
+                fail_file(shard.string(), "split.no does not say shard " + std::to_string(i + 1));
+            }
+            read_tensors(sctx.get(), i, m.tensors_);
+            m.file_bytes_ += fs::file_size(shard, ec);
+            m.shard_paths_.push_back(shard);
+        }
+        if (const auto count = m.get_int("split.tensors.count"); count && *count != (int64_t) m.tensors_.size()) {
+            fail_file(path.string(), "split.tensors.count is " + std::to_string(*count) + " but the shards hold " +
+                      std::to_string(m.tensors_.size()) + " tensors");
+        }
+    }
+    return m;
+}
+
+std::optional<int64_t> GgufModel::get_int(const std::string & key) const {
+    const int64_t id = gguf_find_key(meta_.get(), key.c_str());
+    if (id < 0) {
+        return std::nullopt;
+    }
+    switch (gguf_get_kv_type(meta_.get(), id)) {
+        case GGUF_TYPE_UINT8:  return gguf_get_val_u8(meta_.get(), id);
+        case GGUF_TYPE_INT8:   return gguf_get_val_i8(meta_.get(), id);
+        case GGUF_TYPE_UINT16: return gguf_get_val_u16(meta_.get(), id);
+        case GGUF_TYPE_INT16:  return gguf_get_val_i16(meta_.get(), id);
+        case GGUF_TYPE_UINT32: return gguf_get_val_u32(meta_.get(), id);
+        case GGUF_TYPE_INT32:  return gguf_get_val_i32(meta_.get(), id);
+        case GGUF_TYPE_UINT64: return (int64_t) gguf_get_val_u64(meta_.get(), id);
+        case GGUF_TYPE_INT64:  return gguf_get_val_i64(meta_.get(), id);
+        case GGUF_TYPE_BOOL:   return gguf_get_val_bool(meta_.get(), id) ? 1 : 0;
+        default:
+            fail_file(shard_paths_[0].string(), "metadata key " + key + " is not an integer");
+    }
+}
+
+std::optional<double> GgufModel::get_float(const std::string & key) const {
+    const int64_t id = gguf_find_key(meta_.get(), key.c_str());
+    if (id < 0) {
+        return std::nullopt;
+    }
+    switch (gguf_get_kv_type(meta_.get(), id)) {
+        case GGUF_TYPE_FLOAT32: return gguf_get_val_f32(meta_.get(), id);
+        case GGUF_TYPE_FLOAT64: return gguf_get_val_f64(meta_.get(), id);
+        default: {
+            const auto v = get_int(key);
+            return v ? std::optional<double>(double(*v)) : std::nullopt;
+        }
+    }
+}
+
+std::optional<bool> GgufModel::get_bool(const std::string & key) const {
+    const auto v = get_int(key);
+    return v ? std::optional<bool>(*v != 0) : std::nullopt;
+}
+
+std::optional<std::string> GgufModel::get_string(const std::string & key) const {
+    const int64_t id = gguf_find_key(meta_.get(), key.c_str());
+    if (id < 0) {
+        return std::nullopt;
+    }
+    if (gguf_get_kv_type(meta_.get(), id) != GGUF_TYPE_STRING) {
+        fail_file(shard_paths_[0].string(), "metadata key " + key + " is not a string");
+    }
+    return std::string(gguf_get_val_str(meta_.get(), id));
+}
+
+} // namespace moeprune

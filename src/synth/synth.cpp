@@ -1,0 +1,526 @@
+#include "synth/synth.h"
+#include "core/atomic_file.h"
+#include "core/errors.h"
+#include "gguf/model_file.h"
+
+#include "ggml-backend.h"
+#include "gguf.h"
+#include "llama.h"
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <random>
+#include <regex>
+
+namespace moeprune {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+const std::vector<std::string> & synth_architectures() {
+    static const std::vector<std::string> archs = {"qwen3moe", "qwen2moe", "qwen4exp"};
+    return archs;
+}
+
+ggml_type parse_ggml_type(const std::string & name) {
+    std::string want = name;
+    std::transform(want.begin(), want.end(), want.begin(), ::tolower);
+    for (int t = 0; t < GGML_TYPE_COUNT; ++t) {
+        const char * tn = ggml_type_name(ggml_type(t));
+        if (!tn || ggml_blck_size(ggml_type(t)) == 0) {
+            continue;
+        }
+        std::string have = tn;
+        std::transform(have.begin(), have.end(), have.begin(), ::tolower);
+        if (have == want) {
+            return ggml_type(t);
+        }
+    }
+    throw Error("unknown tensor type '" + name + "' (use a ggml type name such as f32, f16, q8_0, q4_K, iq4_nl)");
+}
+
+const std::vector<std::string> & specialist_kinds() {
+    static const std::vector<std::string> kinds = {"cjk", "code"};
+    return kinds;
+}
+
+static std::vector<uint32_t> utf8_codepoints(const std::string & s, bool * valid) {
+    std::vector<uint32_t> out;
+    *valid = true;
+    for (size_t i = 0; i < s.size();) {
+        const auto c = uint8_t(s[i]);
+        int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        if (len == 0 || i + len > s.size()) {
+            *valid = false;
+            return out;
+        }
+        uint32_t cp = len == 1 ? c : c & (0x7F >> len);
+        for (int k = 1; k < len; ++k) {
+            cp = (cp << 6) | (uint8_t(s[i + k]) & 0x3F);
+        }
+        out.push_back(cp);
+        i += size_t(len);
+    }
+    return out;
+}
+
+int classify_token_text(const std::string & utf8) {
+    bool valid = false;
+    const auto cps = utf8_codepoints(utf8, &valid);
+    if (!valid) {
+        return -1;
+    }
+    for (uint32_t cp : cps) {
+        if ((cp >= 0x3040 && cp <= 0x30FF) || (cp >= 0x3400 && cp <= 0x4DBF) || (cp >= 0x4E00 && cp <= 0x9FFF) ||
+            (cp >= 0xAC00 && cp <= 0xD7AF)) {
+            return 0;
+        }
+    }
+    std::string t = utf8;
+    t.erase(0, t.find_first_not_of(" \t\n"));
+    if (t.empty()) {
+        return -1;
+    }
+    static const std::regex code_re(
+        R"(^(def|return|import|include|#include|function|const|let|var|class|struct|void|int|self|this|lambda|nullptr|std|elif|println|printf|namespace|template|typename)$|[{}();=<>\[\]]|::|->|==|!=|&&|\|\|)");
+    return std::regex_search(t, code_re) ? 1 : -1;
+}
+
+namespace {
+
+// GPT-2 byte-level BPE stores every byte as a printable code point; this undoes it.
+std::string decode_byte_level(const std::string & piece) {
+    static const std::map<uint32_t, uint8_t> decoder = [] {
+        std::map<uint32_t, uint8_t> d;
+        uint32_t extra = 0;
+        for (uint32_t b = 0; b < 256; ++b) {
+            const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+            d[printable ? b : 256 + extra++] = uint8_t(b);
+        }
+        return d;
+    }();
+    bool valid = false;
+    std::string out;
+    for (uint32_t cp : utf8_codepoints(piece, &valid)) {
+        auto it = decoder.find(cp);
+        if (it == decoder.end()) {
+            return {};
+        }
+        out.push_back(char(it->second));
+    }
+    return valid ? out : std::string();
+}
+
+struct Plan {
+    SynthOptions opt;
+    std::vector<int> token_kind;                    // per vocab entry: index into specialist_kinds() or -1
+    std::map<int, std::vector<int>> dead;           // layer -> ids
+    std::map<int, std::map<int, int>> specialists;  // layer -> id -> kind
+    int n_kind_coords = 0;                          // embedding coordinates 1..n_kind_coords mark text kinds
+};
+
+uint64_t tensor_seed(uint64_t seed, const char * name) { return XXH64(name, std::strlen(name), seed); }
+
+int layer_of(const std::string & name) {
+    static const std::regex re(R"(^blk\.(\d+)\.)");
+    std::smatch m;
+    return std::regex_search(name, m, re) ? std::stoi(m[1].str()) : -1;
+}
+
+bool ends_with(const std::string & s, const std::string & suffix) {
+    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Fills every tensor llama.cpp creates. Planting works through the residual stream:
+// embedding coordinate 0 is a constant 1 for every token and coordinate 1+k marks tokens
+// of text kind k. The other weights are small, so these survive RMS norm in every layer,
+// and router rows that weigh them strongly decide who can reach the top-k.
+void fill_tensor(ggml_tensor * t, void * ud) {
+    const Plan & plan = *static_cast<const Plan *>(ud);
+    const std::string name = t->name;
+    const int64_t n = ggml_nelements(t);
+    const int64_t row = t->ne[0];
+    std::mt19937_64 rng(tensor_seed(plan.opt.seed, t->name));
+    std::vector<float> v(size_t(n), 0.0f);
+    const auto normal = [&](float sigma) {
+        std::normal_distribution<float> d(0.0f, sigma);
+        for (auto & x : v) {
+            x = d(rng);
+        }
+    };
+
+    if (name == "token_embd.weight") {
+        normal(0.1f);
+        for (int64_t tok = 0; tok < t->ne[1]; ++tok) {
+            float * r = &v[size_t(tok * row)];
+            for (int c = 0; c <= plan.n_kind_coords; ++c) {
+                r[c] = 0.0f;
+            }
+            r[0] = 1.0f;
+            const int kind = tok < int64_t(plan.token_kind.size()) ? plan.token_kind[size_t(tok)] : -1;
+            if (kind >= 0 && plan.n_kind_coords > 0) {
+                r[1 + kind] = 1.0f;
+            }
+        }
+    } else if (ends_with(name, "norm.weight") || ends_with(name, ".scale")) {
+        std::fill(v.begin(), v.end(), 1.0f);
+        static const std::regex expert_scale_re(R"(ffn_[a-z_]+_exps\.scale$)");
+        if (plan.opt.expert_scales && std::regex_search(name, expert_scale_re)) {
+            std::uniform_real_distribution<float> d(0.5f, 1.5f);
+            for (auto & x : v) {
+                x = d(rng);
+            }
+        }
+    } else if (ends_with(name, "ffn_gate_inp.weight")) {
+        normal(0.5f);
+        const int layer = layer_of(name);
+        for (int64_t e = 0; e < t->ne[1]; ++e) {
+            float * r = &v[size_t(e * row)];
+            for (int c = 0; c <= plan.n_kind_coords; ++c) {
+                r[c] = 0.0f;
+            }
+            const auto dl = plan.dead.find(layer);
+            const bool is_dead = dl != plan.dead.end() && std::count(dl->second.begin(), dl->second.end(), int(e));
+            const auto sl = plan.specialists.find(layer);
+            const bool is_spec = sl != plan.specialists.end() && sl->second.count(int(e));
+            if (is_dead || is_spec) {
+                std::fill(r, r + row, 0.0f);
+                r[0] = -3.0f;
+            }
+            if (is_spec) {
+                r[1 + sl->second.at(int(e))] = 6.0f;
+            }
+        }
+    } else if (ends_with(name, "ssm_a") || ends_with(name, "ssm_dt.bias") || ends_with(name, "exp_probs_b.bias")) {
+        std::fill(v.begin(), v.end(), ends_with(name, "ssm_a") ? -1.0f : 0.0f);
+    } else if (name == "output.weight") {
+        normal(0.1f);
+    } else if (name.find("_exps") != std::string::npos) {
+        normal(0.05f);
+    } else {
+        normal(0.02f);
+    }
+
+    std::vector<uint8_t> data(ggml_nbytes(t));
+    if (t->type == GGML_TYPE_F32) {
+        std::memcpy(data.data(), v.data(), data.size());
+    } else if (t->type == GGML_TYPE_F16) {
+        ggml_fp32_to_fp16_row(v.data(), reinterpret_cast<ggml_fp16_t *>(data.data()), n);
+    } else {
+        ggml_quantize_chunk(t->type, v.data(), data.data(), 0, n / row, row, nullptr);
+    }
+    ggml_backend_tensor_set(t, data.data(), 0, data.size());
+}
+
+void set_u32(gguf_context * ctx, const std::string & key, uint32_t v) { gguf_set_val_u32(ctx, key.c_str(), v); }
+void set_f32(gguf_context * ctx, const std::string & key, float v) { gguf_set_val_f32(ctx, key.c_str(), v); }
+
+void add_type_override(gguf_context * ctx, const std::string & name, ggml_type type) {
+    ggml_tensor t;
+    std::memset(&t, 0, sizeof(t));
+    t.type = type;
+    ggml_set_name(&t, name.c_str());
+    gguf_add_tensor(ctx, &t);
+}
+
+fs::path default_vocab() { return fs::path(MOEPRUNE_LLAMA_DIR) / "models" / "ggml-vocab-qwen2.gguf"; }
+
+void check_options(const SynthOptions & o) {
+    const auto & archs = synth_architectures();
+    if (std::find(archs.begin(), archs.end(), o.arch) == archs.end()) {
+        throw Error("synth: unsupported --arch " + o.arch + " (supported: qwen3moe, qwen2moe, qwen4exp)");
+    }
+    if (o.n_layer < 1 || o.n_expert < 2 || o.n_expert_used < 1 || o.n_expert_used > o.n_expert) {
+        throw Error(fmt::format("synth: need layers >= 1 and 1 <= used ({}) <= experts ({})", o.n_expert_used, o.n_expert));
+    }
+    if (o.n_expert > 65535) {
+        throw Error("synth: at most 65535 experts");
+    }
+    if (o.n_embd < 32 || o.n_embd % 32 != 0 || o.n_ff < 1) {
+        throw Error(fmt::format("synth: --embd must be a multiple of 32 and at least 32 (got {})", o.n_embd));
+    }
+    const int64_t blck = ggml_blck_size(o.expert_type);
+    if (o.n_embd % blck != 0 || o.n_ff % blck != 0) {
+        throw Error(fmt::format("synth: type {} packs {} values per block, so --embd ({}) and --ff ({}) must be multiples of it",
+                                ggml_type_name(o.expert_type), blck, o.n_embd, o.n_ff));
+    }
+    if (ggml_quantize_requires_imatrix(o.expert_type)) {
+        throw Error(fmt::format("synth: type {} needs an importance matrix to quantize; use another type (e.g. iq4_nl)",
+                                ggml_type_name(o.expert_type)));
+    }
+    if (o.gate_up && o.arch != "qwen4exp") {
+        throw Error("synth: --gate-up: llama.cpp loads merged ffn_gate_up_exps only for qwen4exp among the synth architectures");
+    }
+    if (o.split < 1 || o.split > 99) {
+        throw Error("synth: --split must be between 1 and 99");
+    }
+    if (o.dead < 0) {
+        throw Error("synth: --dead must be >= 0");
+    }
+    const int planted = o.dead + (o.specialists ? int(specialist_kinds().size()) : 0);
+    if (o.n_expert - planted < o.n_expert_used) {
+        throw Error(fmt::format("synth: {} planted experts leave {} ordinary experts, fewer than --used {}", planted,
+                                o.n_expert - planted, o.n_expert_used));
+    }
+    if ((o.dead > 0 || o.specialists) && o.arch == "qwen4exp") {
+        throw Error("synth: --dead and --specialists are planted for qwen3moe and qwen2moe; qwen4exp's hyper-connections "
+                    "mix the residual streams, so the planted coordinates are not guaranteed there");
+    }
+    if (o.output.empty() || o.output.extension() != ".gguf") {
+        throw Error("synth: -o must name a .gguf file");
+    }
+}
+
+void add_arch_metadata(gguf_context * meta, const SynthOptions & o) {
+    const std::string a = o.arch;
+    const uint32_t head_dim = 32;
+    const uint32_t n_head = uint32_t(o.n_embd) / head_dim;
+    gguf_set_val_str(meta, "general.architecture", a.c_str());
+    gguf_set_val_str(meta, "general.name", ("moeprune-synth-" + a).c_str());
+    set_u32(meta, a + ".context_length", 4096);
+    set_u32(meta, a + ".embedding_length", uint32_t(o.n_embd));
+    set_u32(meta, a + ".block_count", uint32_t(o.n_layer));
+    set_u32(meta, a + ".feed_forward_length", uint32_t(o.n_ff));
+    set_u32(meta, a + ".attention.head_count", n_head);
+    set_u32(meta, a + ".attention.head_count_kv", std::max(1u, n_head / 2));
+    set_f32(meta, a + ".attention.layer_norm_rms_epsilon", 1e-6f);
+    set_f32(meta, a + ".rope.freq_base", 1000000.0f);
+    set_u32(meta, a + ".expert_count", uint32_t(o.n_expert));
+    set_u32(meta, a + ".expert_used_count", uint32_t(o.n_expert_used));
+    set_u32(meta, a + ".expert_feed_forward_length", uint32_t(o.n_ff));
+    if (a == "qwen2moe" || a == "qwen4exp") {
+        set_u32(meta, a + ".expert_shared_feed_forward_length", uint32_t(o.n_ff));
+    }
+    if (a == "qwen4exp") {
+        // The geometry llama.cpp's own test-llama-archs uses for this architecture.
+        set_u32(meta, a + ".ssm.conv_kernel", 4);
+        set_u32(meta, a + ".ssm.state_size", 128);
+        set_u32(meta, a + ".ssm.time_step_rank", n_head);
+        set_u32(meta, a + ".ssm.group_count", 2);
+        set_u32(meta, a + ".ssm.inner_size", 128 * n_head);
+        set_u32(meta, a + ".hyper_connection.count", 4);
+        set_u32(meta, a + ".hyper_connection.low_rank", 8);
+        set_u32(meta, a + ".attention.indexer.head_count", 4);
+        set_u32(meta, a + ".attention.indexer.key_length", head_dim);
+        set_u32(meta, a + ".attention.indexer.top_k", 8);
+        set_u32(meta, a + ".full_attention_interval", 2);
+        const uint32_t sections[4] = {head_dim / 4, head_dim / 4, head_dim / 4, head_dim / 4};
+        gguf_set_arr_data(meta, (a + ".rope.dimension_sections").c_str(), GGUF_TYPE_UINT32, sections, 4);
+        std::vector<uint32_t> ratios(size_t(o.n_layer), 4);
+        gguf_set_arr_data(meta, (a + ".attention.compress_ratios").c_str(), GGUF_TYPE_UINT32, ratios.data(), ratios.size());
+    }
+}
+
+Plan make_plan(const SynthOptions & o, const gguf_context * vocab, const fs::path & vocab_path) {
+    Plan p;
+    p.opt = o;
+    if (o.specialists) {
+        p.n_kind_coords = int(specialist_kinds().size());
+        const int64_t id = gguf_find_key(vocab, "tokenizer.ggml.tokens");
+        if (id < 0) {
+            fail_file(vocab_path.string(), "has no tokenizer.ggml.tokens");
+        }
+        const size_t n = gguf_get_arr_n(vocab, id);
+        p.token_kind.assign(n, -1);
+        for (size_t i = 0; i < n; ++i) {
+            p.token_kind[i] = classify_token_text(decode_byte_level(gguf_get_arr_str(vocab, id, i)));
+        }
+    }
+    std::mt19937_64 rng(o.seed ^ 0x5eedULL);
+    for (int layer = 0; layer < o.n_layer; ++layer) {
+        std::vector<int> ids(size_t(o.n_expert));
+        for (int e = 0; e < o.n_expert; ++e) {
+            ids[size_t(e)] = e;
+        }
+        std::shuffle(ids.begin(), ids.end(), rng);
+        size_t next = 0;
+        if (o.dead > 0) {
+            std::vector<int> dead(ids.begin(), ids.begin() + o.dead);
+            std::sort(dead.begin(), dead.end());
+            p.dead[layer] = dead;
+            next = size_t(o.dead);
+        }
+        if (o.specialists) {
+            for (int k = 0; k < p.n_kind_coords; ++k) {
+                p.specialists[layer][ids[next++]] = k;
+            }
+        }
+    }
+    return p;
+}
+
+json planted_json(const Plan & p) {
+    json dead = json::object(), spec = json::object();
+    for (const auto & [layer, ids] : p.dead) {
+        dead[std::to_string(layer)] = ids;
+    }
+    for (const auto & [layer, m] : p.specialists) {
+        json l = json::object();
+        for (const auto & [id, kind] : m) {
+            l[std::to_string(id)] = specialist_kinds()[size_t(kind)];
+        }
+        spec[std::to_string(layer)] = l;
+    }
+    size_t kind_tokens = 0;
+    for (int k : p.token_kind) {
+        kind_tokens += k >= 0;
+    }
+    return {{"dead", dead}, {"specialists", spec}, {"kinds", p.opt.specialists ? specialist_kinds() : std::vector<std::string>{}},
+            {"kind_tokens", kind_tokens}};
+}
+
+// Which of llama.cpp's tensors the output keeps, and how merged gate_up is split when
+// the user did not ask for it. llama.cpp creates every optional tensor when a model
+// is built from metadata (all .scale tensors, merged gate_up), so the requested layout
+// is carved out of what it saved.
+struct OutTensor {
+    std::string name;
+    const ggml_tensor * src;   // copied as is, or split from when half >= 0
+    int half = -1;             // 0 = gate rows, 1 = up rows of a merged gate_up slab
+};
+
+std::vector<OutTensor> choose_tensors(const SynthOptions & o, ggml_context * data_ctx, const gguf_context * saved) {
+    static const std::regex expert_scale_re(R"(ffn_[a-z_]+_exps\.scale$)");
+    std::vector<OutTensor> out;
+    for (int64_t i = 0; i < gguf_get_n_tensors(saved); ++i) {
+        const std::string name = gguf_get_tensor_name(saved, i);
+        const ggml_tensor * t = ggml_get_tensor(data_ctx, name.c_str());
+        if (ends_with(name, ".scale") && !(o.expert_scales && std::regex_search(name, expert_scale_re))) {
+            continue;
+        }
+        if (!o.gate_up && name.find("ffn_gate_up_exps.weight") != std::string::npos) {
+            const std::string prefix = name.substr(0, name.find("ffn_gate_up_exps"));
+            out.push_back({prefix + "ffn_gate_exps.weight", t, 0});
+            out.push_back({prefix + "ffn_up_exps.weight", t, 1});
+            continue;
+        }
+        out.push_back({name, t, -1});
+    }
+    return out;
+}
+
+// A tensor of the output that owns its bytes (the halves of a split gate_up).
+struct HalfTensor {
+    ggml_tensor * tensor;
+    std::vector<uint8_t> bytes;
+};
+
+} // namespace
+
+SynthResult synthesize(const SynthOptions & o) {
+    check_options(o);
+    const fs::path vocab_path = o.vocab.empty() ? default_vocab() : o.vocab;
+    GgufPtr vocab = open_gguf_metadata(vocab_path);
+    Plan plan = make_plan(o, vocab.get(), vocab_path);
+
+    GgufPtr meta(gguf_init_empty());
+    gguf_set_kv(meta.get(), vocab.get());
+    add_arch_metadata(meta.get(), o);
+    for (int il = 0; il < o.n_layer; ++il) {
+        for (const char * base : {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_up_exps"}) {
+            add_type_override(meta.get(), fmt::format("blk.{}.{}.weight", il, base), o.expert_type);
+        }
+    }
+    // The vocabulary matrices dominate a small model; q8_0 keeps them small and loadable everywhere.
+    add_type_override(meta.get(), "token_embd.weight", GGML_TYPE_Q8_0);
+    add_type_override(meta.get(), "output.weight", GGML_TYPE_Q8_0);
+
+    llama_log_set([](ggml_log_level level, const char * text, void *) {
+        if (level == GGML_LOG_LEVEL_ERROR) {
+            std::fputs(text, stderr);
+        }
+    }, nullptr);
+    llama_backend_init();
+    llama_model_params mp = llama_model_default_params();
+    mp.n_gpu_layers = 0;
+    llama_model * model = llama_model_init_from_user(meta.get(), fill_tensor, &plan, mp);
+    if (!model) {
+        throw Error("synth: llama.cpp could not build a " + o.arch + " model from these settings");
+    }
+    AtomicOutput staged(o.output.string() + ".llama");
+    llama_model_save_to_file(model, staged.temp_path().c_str());
+    llama_model_free(model);
+
+    ggml_context * data_ctx = nullptr;
+    gguf_init_params gp{/*no_alloc=*/false, &data_ctx};
+    GgufPtr saved(gguf_init_from_file(staged.temp_path().c_str(), gp));
+    if (!saved) {
+        fail_file(staged.temp_path().string(), "llama.cpp saved a model that gguf cannot read back");
+    }
+    std::unique_ptr<ggml_context, decltype(&ggml_free)> data_guard(data_ctx, ggml_free);
+
+    SynthResult result;
+    result.planted = planted_json(plan);
+    const json settings = {{"arch", o.arch}, {"layers", o.n_layer}, {"experts", o.n_expert}, {"used", o.n_expert_used},
+                           {"embd", o.n_embd}, {"ff", o.n_ff}, {"type", ggml_type_name(o.expert_type)},
+                           {"gate_up", o.gate_up}, {"expert_scales", o.expert_scales}, {"split", o.split},
+                           {"seed", o.seed}, {"dead", o.dead}, {"specialists", o.specialists}};
+
+    const std::vector<OutTensor> chosen = choose_tensors(o, data_ctx, saved.get());
+    // Split halves need tensors of their own shape; they live in this context.
+    ggml_init_params ip{ggml_tensor_overhead() * (chosen.size() + 1), nullptr, /*no_alloc=*/true};
+    std::unique_ptr<ggml_context, decltype(&ggml_free)> half_ctx(ggml_init(ip), ggml_free);
+    std::vector<HalfTensor> halves;
+    halves.reserve(chosen.size());
+    std::vector<const ggml_tensor *> tensors;
+    for (const auto & c : chosen) {
+        if (c.half < 0) {
+            tensors.push_back(c.src);
+            continue;
+        }
+        const int64_t n_ff = c.src->ne[1] / 2;
+        ggml_tensor * h = ggml_new_tensor_3d(half_ctx.get(), c.src->type, c.src->ne[0], n_ff, c.src->ne[2]);
+        ggml_set_name(h, c.name.c_str());
+        const size_t row = ggml_row_size(c.src->type, c.src->ne[0]);
+        HalfTensor ht{h, std::vector<uint8_t>(ggml_nbytes(h))};
+        for (int64_t e = 0; e < c.src->ne[2]; ++e) {
+            const auto * src = static_cast<const uint8_t *>(c.src->data) + e * c.src->nb[2] + c.half * n_ff * row;
+            std::memcpy(ht.bytes.data() + e * n_ff * row, src, n_ff * row);
+        }
+        h->data = ht.bytes.data();
+        halves.push_back(std::move(ht));
+        tensors.push_back(h);
+    }
+
+    const int n_split = o.split;
+    fs::path prefix = o.output;
+    prefix.replace_extension();
+    std::vector<std::unique_ptr<AtomicOutput>> outputs;
+    for (int s = 0; s < n_split; ++s) {
+        const fs::path path = n_split == 1 ? o.output : split_shard_path(prefix, s + 1, n_split);
+        GgufPtr out(gguf_init_empty());
+        if (s == 0) {
+            gguf_set_kv(out.get(), saved.get());
+            gguf_set_val_str(out.get(), "moeprune.synth.settings", settings.dump().c_str());
+            gguf_set_val_str(out.get(), "moeprune.synth.planted", result.planted.dump().c_str());
+        }
+        if (n_split > 1) {
+            gguf_set_val_u16(out.get(), "split.no", uint16_t(s));
+            gguf_set_val_u16(out.get(), "split.count", uint16_t(n_split));
+            gguf_set_val_i32(out.get(), "split.tensors.count", int32_t(tensors.size()));
+        }
+        const size_t begin = tensors.size() * size_t(s) / size_t(n_split);
+        const size_t end = tensors.size() * size_t(s + 1) / size_t(n_split);
+        for (size_t i = begin; i < end; ++i) {
+            gguf_add_tensor(out.get(), tensors[i]);
+        }
+        outputs.push_back(std::make_unique<AtomicOutput>(path));
+        if (!gguf_write_to_file(out.get(), outputs.back()->temp_path().c_str(), false)) {
+            fail_file(outputs.back()->temp_path().string(), "writing the model failed");
+        }
+    }
+    for (auto & out : outputs) {
+        out->commit();
+        std::error_code ec;
+        result.bytes += fs::file_size(out->final_path(), ec);
+        result.files.push_back(out->final_path());
+    }
+    return result;
+}
+
+} // namespace moeprune

@@ -1,0 +1,50 @@
+#pragma once
+// Small MoE models in exactly llama.cpp's format, made by llama.cpp itself
+// (llama_model_init_from_user + llama_model_save_to_file), with optional planted
+// ground truth: experts no input can reach, and experts only one kind of text reaches.
+#include <nlohmann/json.hpp>
+
+#include "ggml.h"
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace moeprune {
+
+struct SynthOptions {
+    std::string arch = "qwen3moe";
+    int n_layer = 4;
+    int n_expert = 16;
+    int n_expert_used = 4;
+    int n_embd = 64;
+    int n_ff = 64;                       // routed-expert FFN width
+    ggml_type expert_type = GGML_TYPE_F32;
+    bool gate_up = false;                // merged ffn_gate_up_exps
+    bool expert_scales = false;          // per-expert ffn_*_exps.scale tensors
+    int split = 1;                       // shards in gguf-split layout
+    uint64_t seed = 42;
+    int dead = 0;                        // experts per layer that no input can route to
+    bool specialists = false;            // plant one expert per layer per text kind
+    std::filesystem::path vocab;         // defaults to the pinned llama.cpp's Qwen2 vocabulary
+    std::filesystem::path output;
+};
+
+struct SynthResult {
+    std::vector<std::filesystem::path> files;
+    nlohmann::json planted;  // {"dead": {"L": [ids]}, "specialists": {"L": {"ID": "kind"}}, "kinds": [...]}
+    uint64_t bytes = 0;
+};
+
+const std::vector<std::string> & synth_architectures();
+ggml_type parse_ggml_type(const std::string & name);  // "q4_K", "f16", ... as ggml names them
+
+// The text kinds specialists are planted for, and how a token is classified.
+const std::vector<std::string> & specialist_kinds();
+// Returns the index into specialist_kinds() of a token's decoded UTF-8 text, or -1.
+int classify_token_text(const std::string & utf8);
+
+SynthResult synthesize(const SynthOptions & opt);
+
+} // namespace moeprune

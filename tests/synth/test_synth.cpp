@@ -1,0 +1,184 @@
+#include "core/errors.h"
+#include "gguf/model_file.h"
+#include "inspect/inspect.h"
+#include "synth/synth.h"
+#include "support/test_support.h"
+
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <tuple>
+
+using namespace moeprune;
+namespace fs = std::filesystem;
+
+namespace {
+
+SynthOptions small(const std::string & arch, const fs::path & out) {
+    SynthOptions o;
+    o.arch = arch;
+    o.n_layer = 2;
+    o.n_expert = 8;
+    o.n_expert_used = 2;
+    o.output = out;
+    return o;
+}
+
+fs::path first_file(const SynthResult & r) { return r.files.front(); }
+
+void expect_perplexity_runs(const fs::path & model, const fs::path & dir) {
+    const fs::path text = dir / "text.txt";
+    test::write_text(text, test::mixed_text());
+    const auto r = test::run_command(fmt::format("{} -m {} -f {} -c 128 -b 128 -t 2", test::bin("llama-perplexity").string(),
+                                                 model.string(), text.string()));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("Final estimate: PPL"), std::string::npos) << r.output;
+}
+
+using Case = std::tuple<std::string, std::string, int>;  // arch, expert type, shards
+
+class SynthLoads : public ::testing::TestWithParam<Case> {};
+
+} // namespace
+
+// llama.cpp's own perplexity tool loads and runs every architecture, type and layout synth makes,
+// and inspect reports exactly what synth was asked for.
+TEST_P(SynthLoads, ByLlamaPerplexityAndInspectAgrees) {
+    const auto & [arch, type_name, shards] = GetParam();
+    test::TempDir dir;
+    SynthOptions o = small(arch, dir / "m.gguf");
+    o.expert_type = parse_ggml_type(type_name);
+    // K-quants pack 256 values per block.
+    o.n_embd = o.n_ff = ggml_blck_size(o.expert_type) > 32 ? 256 : 64;
+    o.split = shards;
+    const SynthResult r = synthesize(o);
+    ASSERT_EQ(int(r.files.size()), shards);
+    if (shards > 1) {
+        EXPECT_EQ(r.files[0].filename().string(), fmt::format("m-00001-of-{:05d}.gguf", shards));
+        EXPECT_EQ(r.files[1].filename().string(), fmt::format("m-00002-of-{:05d}.gguf", shards));
+    }
+
+    const InspectReport rep = inspect_model(GgufModel::open(first_file(r)), {4});
+    EXPECT_TRUE(rep.problems.empty());
+    EXPECT_EQ(rep.arch, arch);
+    EXPECT_EQ(rep.n_layer, 2);
+    EXPECT_EQ(rep.n_expert, 8);
+    EXPECT_EQ(rep.n_expert_used, 2);
+    EXPECT_EQ(int(rep.shards.size()), shards);
+    EXPECT_EQ(rep.has_shared_expert_tensors, arch != "qwen3moe");
+    ASSERT_EQ(rep.layers.size(), 2u);
+    for (const auto & L : rep.layers) {
+        int experts_seen = 0;
+        uint64_t want_expert_bytes = 0;
+        for (const auto & t : L.tensors) {
+            EXPECT_EQ(t.n_expert, 8) << t.name;
+            if (t.role != TensorRole::Expert) {
+                continue;
+            }
+            ++experts_seen;
+            EXPECT_EQ(t.type, o.expert_type) << t.name;
+            // gate/up rows run along the embedding, down rows along the expert FFN width
+            const bool down = t.name.find("ffn_down_exps") != std::string::npos;
+            const uint64_t per = ggml_row_size(o.expert_type, down ? o.n_ff : o.n_embd) * uint64_t(down ? o.n_embd : o.n_ff);
+            EXPECT_EQ(t.bytes_per_expert, per) << t.name;
+            want_expert_bytes += per;
+        }
+        EXPECT_EQ(experts_seen, 3) << "gate, up and down in layer " << L.layer;
+        EXPECT_EQ(L.expert_bytes, want_expert_bytes);
+    }
+    expect_perplexity_runs(first_file(r), dir.path());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllArchitecturesTypesAndLayouts, SynthLoads,
+    ::testing::Combine(::testing::Values("qwen3moe", "qwen2moe", "qwen4exp"),
+                       ::testing::Values("f32", "f16", "q8_0", "q4_K", "iq4_nl"), ::testing::Values(1, 2)),
+    [](const auto & info) {
+        return std::get<0>(info.param) + "_" + std::get<1>(info.param) + "_split" + std::to_string(std::get<2>(info.param));
+    });
+
+TEST(Synth, SameFlagsGiveTheSameBytes) {
+    test::TempDir dir;
+    SynthOptions a = small("qwen3moe", dir / "a.gguf");
+    a.dead = 1;
+    a.specialists = true;
+    SynthOptions b = a;
+    b.output = dir / "b.gguf";
+    SynthOptions c = a;
+    c.output = dir / "c.gguf";
+    c.seed = 7;
+    synthesize(a);
+    synthesize(b);
+    synthesize(c);
+    const std::string bytes_a = test::read_bytes(dir / "a.gguf");
+    EXPECT_EQ(bytes_a, test::read_bytes(dir / "b.gguf"));
+    EXPECT_NE(bytes_a, test::read_bytes(dir / "c.gguf"));
+}
+
+TEST(Synth, MergedGateUpAndExpertScalesLoad) {
+    test::TempDir dir;
+    SynthOptions o = small("qwen4exp", dir / "m.gguf");
+    o.gate_up = true;
+    o.expert_scales = true;
+    const SynthResult r = synthesize(o);
+    const GgufModel m = GgufModel::open(first_file(r));
+    int gate_up = 0, gate = 0, scales = 0;
+    for (const auto & t : m.tensors()) {
+        gate_up += t.name.find("ffn_gate_up_exps.weight") != std::string::npos;
+        gate += t.name.find("ffn_gate_exps.weight") != std::string::npos;
+        if (t.name.find("_exps.scale") != std::string::npos) {
+            ++scales;
+            EXPECT_EQ(t.cls.role, TensorRole::Expert);
+            EXPECT_EQ(t.outer_dim(), 8);
+        }
+    }
+    EXPECT_EQ(gate_up, 2);
+    EXPECT_EQ(gate, 0);
+    EXPECT_GT(scales, 0);
+    expect_perplexity_runs(first_file(r), dir.path());
+}
+
+TEST(Synth, WithoutFlagsThereAreNoScalesAndNoMergedGateUp) {
+    test::TempDir dir;
+    const SynthResult r = synthesize(small("qwen4exp", dir / "m.gguf"));
+    const GgufModel m = GgufModel::open(first_file(r));
+    for (const auto & t : m.tensors()) {
+        EXPECT_EQ(t.name.find(".scale"), std::string::npos) << t.name;
+        EXPECT_EQ(t.name.find("gate_up"), std::string::npos) << t.name;
+    }
+}
+
+TEST(Synth, RecordsItsSettingsAndTheRealTokenizer) {
+    test::TempDir dir;
+    const SynthResult r = synthesize(small("qwen2moe", dir / "m.gguf"));
+    const GgufModel m = GgufModel::open(first_file(r));
+    const auto settings = nlohmann::json::parse(m.get_string("moeprune.synth.settings").value());
+    EXPECT_EQ(settings["arch"], "qwen2moe");
+    EXPECT_EQ(settings["experts"], 8);
+    EXPECT_EQ(m.get_string("tokenizer.ggml.model").value_or(""), "gpt2");
+    EXPECT_EQ(m.get_string("tokenizer.ggml.pre").value_or(""), "qwen2");
+}
+
+TEST(Synth, RefusesWhatLlamaCppCannotLoad) {
+    test::TempDir dir;
+    SynthOptions o = small("qwen3moe", dir / "m.gguf");
+    o.gate_up = true;
+    EXPECT_THROW(synthesize(o), Error);
+    o = small("qwen3moe", dir / "m.gguf");
+    o.expert_type = GGML_TYPE_Q4_K;  // 64 wide rows do not fill a 256-value block
+    try {
+        synthesize(o);
+        FAIL();
+    } catch (const Error & e) {
+        EXPECT_NE(std::string(e.what()).find("multiples"), std::string::npos) << e.what();
+    }
+    o = small("qwen3moe", dir / "m.gguf");
+    o.expert_type = GGML_TYPE_IQ2_XXS;
+    EXPECT_THROW(synthesize(o), Error);
+    o = small("qwen3moe", dir / "m.gguf");
+    o.dead = 7;  // leaves one ordinary expert for top-2
+    EXPECT_THROW(synthesize(o), Error);
+    EXPECT_THROW(parse_ggml_type("q9_Z"), Error);
+    EXPECT_FALSE(fs::exists(dir / "m.gguf"));
+}
