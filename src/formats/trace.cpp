@@ -94,11 +94,11 @@ TraceWriter::TraceWriter(const fs::path & path, TraceHeader header, uint32_t blo
 }
 
 TraceWriter::~TraceWriter() {
+    // A destructor cannot report a failed final write; callers that need to know call
+    // close() themselves. Either way the blocks already written stay readable.
     try {
         close();
     } catch (const std::exception &) {
-        // The blocks already written stay readable; the caller saw no close() error
-        // only if it never called close(), which is its own choice.
     }
 }
 
