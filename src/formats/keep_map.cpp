@@ -1,6 +1,7 @@
 #include "formats/keep_map.h"
 #include "core/atomic_file.h"
 #include "core/errors.h"
+#include "core/json.h"
 
 #include <fmt/format.h>
 #include <xxhash.h>
@@ -36,12 +37,7 @@ static std::vector<int32_t> parse_ids(const json & arr, const std::string & orig
 }
 
 KeepMap parse_keep_map(const std::string & text, const std::string & origin) {
-    json j;
-    try {
-        j = json::parse(text);
-    } catch (const json::parse_error & e) {
-        fail_file(origin, std::string("not valid JSON: ") + e.what());
-    }
+    const json j = parse_json(text, origin);
     if (!j.is_object()) {
         fail_file(origin, "a keep map must be a JSON object");
     }

@@ -1,6 +1,7 @@
 #include "formats/stats.h"
 #include "core/atomic_file.h"
 #include "core/errors.h"
+#include "core/json.h"
 
 #include <fmt/format.h>
 
@@ -113,12 +114,7 @@ void add_layers(std::vector<LayerStats> & a, const std::vector<LayerStats> & b) 
 } // namespace
 
 SaliencyStats parse_stats(const std::string & text, const std::string & origin) {
-    json j;
-    try {
-        j = json::parse(text);
-    } catch (const json::parse_error & e) {
-        fail_file(origin, std::string("not valid JSON: ") + e.what());
-    }
+    const json j = parse_json(text, origin);
     if (!j.is_object() || j.value("format", json()) != "moeprune-stats") {
         fail_file(origin, "not a moeprune-stats file (\"format\" must be \"moeprune-stats\")");
     }
