@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
+#include <algorithm>
+
 namespace moeprune {
 
 using nlohmann::json;

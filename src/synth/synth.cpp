@@ -442,6 +442,7 @@ SynthResult synthesize(const SynthOptions & o) {
     if (!model) {
         throw Error("synth: llama.cpp could not build a " + o.arch + " model from these settings");
     }
+    // Scratch copy of llama.cpp's own save; never committed, removed on every exit path.
     AtomicOutput staged(o.output.string() + ".llama");
     llama_model_save_to_file(model, staged.temp_path().c_str());
     llama_model_free(model);
