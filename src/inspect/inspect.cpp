@@ -43,6 +43,7 @@ InspectReport inspect_model(const GgufModel & model, const std::vector<int64_t> 
 
     std::map<int, LayerInfo> layers;
     std::set<int64_t> expert_axis_lengths;
+    uint64_t per_expert_bytes = 0, per_expert_bytes_one = 0;  // over every per-expert tensor
     for (const auto & t : model.tensors()) {
         if (t.cls.role == TensorRole::Shared) {
             r.has_shared_expert_tensors = true;
@@ -58,6 +59,8 @@ InspectReport inspect_model(const GgufModel & model, const std::vector<int64_t> 
         L.nextn = r.n_nextn > 0 && t.cls.layer >= r.n_layer - r.n_nextn;
         const uint64_t per = t.nbytes / uint64_t(std::max<int64_t>(ne_exp, 1));
         L.tensors.push_back({t.name, t.cls.role, t.type, ne_exp, t.nbytes, per});
+        per_expert_bytes += t.nbytes;
+        per_expert_bytes_one += per;
         if (t.cls.role == TensorRole::Expert) {
             L.expert_bytes += per;
             r.routed_expert_bytes += t.nbytes;
@@ -91,13 +94,6 @@ InspectReport inspect_model(const GgufModel & model, const std::vector<int64_t> 
         r.layers.push_back(std::move(L));
     }
     // Metadata and padding stay; only the per-expert tensors scale with K.
-    uint64_t per_expert_bytes = 0, per_expert_bytes_one = 0;
-    for (const auto & t : model.tensors()) {
-        if (is_per_expert(t.cls.role)) {
-            per_expert_bytes += t.nbytes;
-            per_expert_bytes_one += t.nbytes / uint64_t(std::max<int64_t>(t.outer_dim(), 1));
-        }
-    }
     for (int64_t k : at_k) {
         r.size_at_k[k] = r.file_bytes - per_expert_bytes + per_expert_bytes_one * uint64_t(k);
     }
