@@ -1,4 +1,5 @@
 #include "cli/commands.h"
+#include "core/atomic_file.h"
 #include "core/errors.h"
 
 #include <cstdio>
@@ -13,7 +14,9 @@ int main(int argc, char ** argv) {
     moeprune::cli::add_trace(app, action);
     moeprune::cli::add_merge(app, action);
     moeprune::cli::add_keep(app, action);
+    moeprune::cli::add_slice(app, action);
     CLI11_PARSE(app, argc, argv);
+    moeprune::install_cleanup_on_signals();
     try {
         return action();
     } catch (const std::exception & e) {

@@ -1,7 +1,9 @@
 #include "core/atomic_file.h"
 #include "core/errors.h"
 
+#include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -12,12 +14,59 @@ namespace moeprune {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// Temporary paths a signal handler may unlink: plain pointers in atomics, since a
+// handler may not lock or allocate.
+constexpr size_t kMaxLiveOutputs = 256;
+std::atomic<const char *> g_live_temps[kMaxLiveOutputs];
+
+void register_temp(const char * path) {
+    for (auto & slot : g_live_temps) {
+        const char * expected = nullptr;
+        if (slot.compare_exchange_strong(expected, path)) {
+            return;
+        }
+    }
+    throw Error("too many output files open at once");
+}
+
+void unregister_temp(const char * path) {
+    for (auto & slot : g_live_temps) {
+        const char * expected = path;
+        if (slot.compare_exchange_strong(expected, nullptr)) {
+            return;
+        }
+    }
+}
+
+extern "C" void remove_temps_and_die(int sig) {
+    for (auto & slot : g_live_temps) {
+        if (const char * p = slot.load()) {
+            ::unlink(p);
+        }
+    }
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+}
+
+} // namespace
+
+void install_cleanup_on_signals() {
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) {
+        std::signal(sig, remove_temps_and_die);
+    }
+    std::signal(SIGXFSZ, SIG_IGN);
+}
+
 AtomicOutput::AtomicOutput(fs::path final_path) : final_(std::move(final_path)) {
     temp_ = final_;
     temp_ += ".partial." + std::to_string(::getpid());
+    register_temp(temp_.c_str());
 }
 
 AtomicOutput::~AtomicOutput() {
+    unregister_temp(temp_.c_str());
     if (!committed_) {
         std::error_code ec;
         fs::remove(temp_, ec);

@@ -34,4 +34,10 @@ void refuse_overwrite_of_inputs(const std::filesystem::path & output,
 
 std::string read_text_file(const std::filesystem::path & path);
 
+// On SIGINT, SIGTERM, SIGHUP and SIGQUIT, removes the temporary files of every live
+// AtomicOutput and then dies of the same signal. Also ignores SIGXFSZ, so that a
+// write over the file size limit fails with EFBIG (reported, cleaned up) instead of
+// killing the process with a half-written temporary file left behind.
+void install_cleanup_on_signals();
+
 } // namespace moeprune

@@ -165,6 +165,9 @@ TEST(Inspect, ClassifiesTensorsByName) {
     EXPECT_EQ(classify_tensor("blk.3.ffn_gate_up_exps.weight").role, TensorRole::Expert);
     EXPECT_EQ(classify_tensor("blk.3.ffn_down_exps.bias").role, TensorRole::Expert);
     EXPECT_EQ(classify_tensor("blk.3.ffn_up_exps.scale").role, TensorRole::Expert);
+    EXPECT_EQ(classify_tensor("blk.3.ffn_down_exps.input_scale").role, TensorRole::Expert);
+    EXPECT_EQ(classify_tensor("blk.3.ffn_norm_exps.weight").role, TensorRole::Other);
+    EXPECT_EQ(classify_tensor("blk.3.exp_probs_b_vl.bias").role, TensorRole::SelectionBias);
     EXPECT_EQ(classify_tensor("blk.3.ffn_gate_inp.weight").role, TensorRole::Router);
     EXPECT_EQ(classify_tensor("blk.3.ffn_gate_inp.bias").role, TensorRole::Router);
     EXPECT_EQ(classify_tensor("blk.3.exp_probs_b.bias").role, TensorRole::SelectionBias);

@@ -1,0 +1,217 @@
+#include "gguf/stream_writer.h"
+#include "core/atomic_file.h"
+#include "core/errors.h"
+#include "core/file_io.h"
+#include "core/progress.h"
+#include "gguf/model_file.h"
+
+#include "gguf.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <memory>
+
+namespace moeprune {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// gguf_add_tensor lays tensors out at this alignment whatever general.alignment
+// says, so outputs use the default and drop that key.
+constexpr uint64_t kAlignment = GGUF_DEFAULT_ALIGNMENT;
+
+uint64_t tensor_bytes(const OutputTensor & t) {
+    const size_t row = ggml_row_size(t.type, t.ne[0]);
+    uint64_t n = row;
+    for (int d = 1; d < GGML_MAX_DIMS; ++d) {
+        n *= uint64_t(t.ne[d]);
+    }
+    return n;
+}
+
+uint64_t padded(uint64_t n) { return (n + kAlignment - 1) / kAlignment * kAlignment; }
+
+// Shard index of every tensor: a new shard starts when the next tensor would push
+// the current one over the limit, as gguf-split does.
+std::vector<int> assign_shards(const StreamWriteRequest & req, int & n_shards) {
+    std::vector<int> shard(req.tensors.size(), 0);
+    n_shards = 1;
+    uint64_t used = 0;
+    for (size_t i = 0; i < req.tensors.size(); ++i) {
+        const uint64_t b = padded(tensor_bytes(req.tensors[i]));
+        if (req.split_max_bytes > 0 && used > 0 && used + b > req.split_max_bytes) {
+            ++n_shards;
+            used = 0;
+        }
+        used += b;
+        shard[i] = n_shards - 1;
+    }
+    return shard;
+}
+
+fs::path split_prefix(const fs::path & output) {
+    fs::path prefix = output;
+    if (prefix.extension() == ".gguf") {
+        prefix.replace_extension();
+    }
+    return prefix;
+}
+
+struct GgmlCtxDeleter { void operator()(ggml_context * c) const { ggml_free(c); } };
+
+struct ShardMeta {
+    GgufPtr gguf;
+    std::unique_ptr<ggml_context, GgmlCtxDeleter> tensors;
+    std::vector<size_t> members;  // indices into req.tensors
+};
+
+ShardMeta build_shard_meta(const StreamWriteRequest & req, const std::vector<int> & shard_of, int shard, int n_shards) {
+    ShardMeta m;
+    m.gguf.reset(gguf_init_empty());
+    if (shard == 0) {
+        gguf_set_kv(m.gguf.get(), req.kv);
+        gguf_remove_key(m.gguf.get(), GGUF_KEY_GENERAL_ALIGNMENT);
+        for (const char * k : {"split.no", "split.count", "split.tensors.count"}) {
+            gguf_remove_key(m.gguf.get(), k);
+        }
+    }
+    if (req.split_max_bytes > 0) {
+        gguf_set_val_u16(m.gguf.get(), "split.no", uint16_t(shard));
+        gguf_set_val_u16(m.gguf.get(), "split.count", uint16_t(n_shards));
+        gguf_set_val_i32(m.gguf.get(), "split.tensors.count", int32_t(req.tensors.size()));
+    }
+    for (size_t i = 0; i < req.tensors.size(); ++i) {
+        if (shard_of[i] == shard) {
+            m.members.push_back(i);
+        }
+    }
+    ggml_init_params p{/*mem_size=*/(m.members.size() + 1) * ggml_tensor_overhead(), /*mem_buffer=*/nullptr,
+                       /*no_alloc=*/true};
+    m.tensors.reset(ggml_init(p));
+    for (size_t i : m.members) {
+        const OutputTensor & t = req.tensors[i];
+        ggml_tensor * g = ggml_new_tensor(m.tensors.get(), t.type, GGML_MAX_DIMS, t.ne.data());
+        ggml_set_name(g, t.name.c_str());
+        gguf_add_tensor(m.gguf.get(), g);
+    }
+    return m;
+}
+
+// Re-reads what was written and checks it against the intended layout.
+void verify_written(const fs::path & path, const gguf_context * intended, uint64_t expected_size) {
+    gguf_init_params params{/*no_alloc=*/true, /*ctx=*/nullptr};
+    GgufPtr got(gguf_init_from_file(path.c_str(), params));
+    if (!got) {
+        fail_file(path.string(), "the file just written does not read back as GGUF");
+    }
+    const auto mismatch = [&](const std::string & what) {
+        fail_file(path.string(), "the file just written differs from the intended layout: " + what);
+    };
+    if (gguf_get_n_tensors(got.get()) != gguf_get_n_tensors(intended) ||
+        gguf_get_n_kv(got.get()) != gguf_get_n_kv(intended)) {
+        mismatch("tensor or key count");
+    }
+    if (gguf_get_data_offset(got.get()) != gguf_get_meta_size(intended)) {
+        mismatch("data offset");
+    }
+    for (int64_t i = 0; i < gguf_get_n_tensors(intended); ++i) {
+        const char * name = gguf_get_tensor_name(intended, i);
+        if (std::strcmp(name, gguf_get_tensor_name(got.get(), i)) != 0 ||
+            gguf_get_tensor_type(got.get(), i) != gguf_get_tensor_type(intended, i) ||
+            gguf_get_tensor_offset(got.get(), i) != gguf_get_tensor_offset(intended, i) ||
+            gguf_get_tensor_size(got.get(), i) != gguf_get_tensor_size(intended, i)) {
+            mismatch(std::string("tensor ") + name);
+        }
+    }
+    const uint64_t size = fs::file_size(path);
+    if (size != expected_size) {
+        mismatch(fmt::format("size {} instead of {}", size, expected_size));
+    }
+}
+
+} // namespace
+
+std::vector<fs::path> planned_output_paths(const StreamWriteRequest & req) {
+    if (req.split_max_bytes == 0) {
+        return {req.output};
+    }
+    int n_shards = 0;
+    assign_shards(req, n_shards);
+    std::vector<fs::path> paths;
+    for (int s = 0; s < n_shards; ++s) {
+        paths.push_back(split_shard_path(split_prefix(req.output), s + 1, n_shards));
+    }
+    return paths;
+}
+
+std::vector<fs::path> write_gguf_streamed(const StreamWriteRequest & req) {
+    int n_shards = 0;
+    const std::vector<int> shard_of = assign_shards(req, n_shards);
+    const std::vector<fs::path> paths = planned_output_paths(req);
+    if (n_shards > 65535) {
+        throw Error(fmt::format("{}: {} shards is more than GGUF's split.count can hold", req.output.string(), n_shards));
+    }
+
+    for (const OutputTensor & t : req.tensors) {
+        uint64_t total = 0;
+        for (const CopyPiece & p : t.pieces) {
+            total += p.bytes;
+        }
+        if (total != tensor_bytes(t)) {
+            throw Error(fmt::format("internal: tensor {} has {} bytes of pieces for {} bytes of data", t.name, total,
+                                    tensor_bytes(t)));
+        }
+    }
+
+    std::vector<File> sources;
+    for (const fs::path & s : req.sources) {
+        sources.push_back(File::open_read(s));
+    }
+    uint64_t total_bytes = 0;
+    for (const OutputTensor & t : req.tensors) {
+        total_bytes += tensor_bytes(t);
+    }
+    Progress progress(req.progress_label, total_bytes, "MiB", 1.0 / (1024.0 * 1024.0));
+    std::vector<char> buffer(size_t(8) << 20);
+
+    std::vector<std::unique_ptr<AtomicOutput>> outputs;
+    for (int s = 0; s < n_shards; ++s) {
+        const ShardMeta meta = build_shard_meta(req, shard_of, s, n_shards);
+        outputs.push_back(std::make_unique<AtomicOutput>(paths[size_t(s)]));
+        File out = File::create_new(outputs.back()->temp_path());
+
+        std::vector<char> header(gguf_get_meta_size(meta.gguf.get()));
+        gguf_get_meta_data(meta.gguf.get(), header.data());
+        const std::array<char, 4> magic = {header[0], header[1], header[2], header[3]};
+        std::memset(header.data(), 0, magic.size());
+        out.pwrite_all(header.data(), header.size(), 0);
+
+        const uint64_t data_offset = header.size();
+        uint64_t end = data_offset;
+        for (size_t j = 0; j < meta.members.size(); ++j) {
+            const OutputTensor & t = req.tensors[meta.members[j]];
+            uint64_t at = data_offset + gguf_get_tensor_offset(meta.gguf.get(), int64_t(j));
+            for (const CopyPiece & p : t.pieces) {
+                out.copy_from(sources[size_t(p.source)], p.offset, at, p.bytes, buffer);
+                at += p.bytes;
+                progress.advance(p.bytes);
+            }
+            end = data_offset + gguf_get_tensor_offset(meta.gguf.get(), int64_t(j)) + padded(tensor_bytes(t));
+        }
+        out.truncate(end);  // the alignment padding after each tensor reads as zeros
+        out.sync();
+        out.pwrite_all(magic.data(), magic.size(), 0);
+        out.sync();
+        verify_written(out.path(), meta.gguf.get(), end);
+    }
+    progress.finish();
+    // The first shard is what a loader opens: it goes into place last.
+    for (auto it = outputs.rbegin(); it != outputs.rend(); ++it) {
+        (*it)->commit();
+    }
+    return paths;
+}
+
+} // namespace moeprune
