@@ -22,7 +22,7 @@ void add_synth(CLI::App & app, Action & action) {
     sub->add_option("--type", *type, "ggml type of routed-expert tensors (f32, f16, q8_0, q4_K, iq4_nl, ...)")
         ->capture_default_str();
     sub->add_flag("--gate-up", opt->gate_up, "Merged ffn_gate_up_exps tensors (qwen4exp)");
-    sub->add_flag("--expert-scales", opt->expert_scales, "Per-expert ffn_*_exps.scale tensors");
+    sub->add_flag("--expert-scales", opt->expert_scales, "Per-expert ffn_*_exps.scale and .input_scale tensors");
     sub->add_option("--split", opt->split, "Write N shards in gguf-split layout")->capture_default_str();
     sub->add_option("--seed", opt->seed, "Random seed")->capture_default_str();
     sub->add_option("--dead", opt->dead, "Plant N experts per layer that no input can route to")->capture_default_str();

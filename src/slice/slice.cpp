@@ -336,6 +336,20 @@ SliceResult slice_model(const SliceOptions & opt) {
     check_expert_groups(f, covered, keep_origin);
     const std::set<int> dropped(r.dropped_layers.begin(), r.dropped_layers.end());
 
+    // A shard cut short keeps a readable header; catch it before writing anything.
+    std::vector<uint64_t> shard_end(model.shard_paths().size(), 0);
+    for (const TensorEntry & t : model.tensors()) {
+        shard_end[size_t(t.shard)] = std::max(shard_end[size_t(t.shard)], t.file_offset + t.nbytes);
+    }
+    for (size_t s = 0; s < shard_end.size(); ++s) {
+        const uint64_t size = fs::file_size(model.shard_paths()[s]);
+        if (size < shard_end[s]) {
+            fail_file(model.shard_paths()[s].string(), fmt::format("is truncated: its tensors end at byte {} but the file "
+                                                                   "has {} bytes",
+                                                                   shard_end[s], size));
+        }
+    }
+
     StreamWriteRequest req;
     req.sources = model.shard_paths();
     req.output = opt.output;

@@ -136,10 +136,12 @@ bool ends_with(const std::string & s, const std::string & suffix) {
     return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+bool planting(const Plan & p) { return !p.dead.empty() || !p.specialists.empty(); }
+
 // Fills every tensor llama.cpp creates. Planting works through the residual stream:
 // embedding coordinate 0 is a constant 1 for every token and coordinate 1+k marks tokens
-// of text kind k. The other weights are small, so these survive RMS norm in every layer,
-// and router rows that weigh them strongly decide who can reach the top-k.
+// of text kind k. No layer writes into those coordinates, so they reach every layer's
+// router unchanged, and router rows that weigh them strongly decide who can reach the top-k.
 void fill_tensor(ggml_tensor * t, void * ud) {
     const Plan & plan = *static_cast<const Plan *>(ud);
     const std::string name = t->name;
@@ -167,9 +169,9 @@ void fill_tensor(ggml_tensor * t, void * ud) {
                 r[1 + kind] = 1.0f;
             }
         }
-    } else if (ends_with(name, "norm.weight") || ends_with(name, ".scale")) {
+    } else if (ends_with(name, "norm.weight") || ends_with(name, ".scale") || ends_with(name, ".input_scale")) {
         std::fill(v.begin(), v.end(), 1.0f);
-        static const std::regex expert_scale_re(R"(ffn_[a-z_]+_exps\.scale$)");
+        static const std::regex expert_scale_re(R"(ffn_[a-z_]+_exps\.(input_)?scale$)");
         if (plan.opt.expert_scales && std::regex_search(name, expert_scale_re)) {
             std::uniform_real_distribution<float> d(0.5f, 1.5f);
             for (auto & x : v) {
@@ -190,7 +192,10 @@ void fill_tensor(ggml_tensor * t, void * ud) {
             const bool is_spec = sl != plan.specialists.end() && sl->second.count(int(e));
             if (is_dead || is_spec) {
                 std::fill(r, r + row, 0.0f);
-                r[0] = -3.0f;
+                // A dead expert's logit sits so far below the rest that its softmax
+                // probability underflows to exactly 0: removing it then changes no sum,
+                // and a sliced model computes bit for bit what the original does.
+                r[0] = is_dead ? -40.0f : -3.0f;
             }
             if (is_spec) {
                 r[1 + sl->second.at(int(e))] = 6.0f;
@@ -204,6 +209,17 @@ void fill_tensor(ggml_tensor * t, void * ud) {
         normal(0.05f);
     } else {
         normal(0.02f);
+    }
+    // Nothing may write into the planted coordinates of the residual stream: at width
+    // 256, a few layers of random updates would otherwise drown them, and dead experts
+    // would start to win the top-k in deeper layers.
+    static const std::regex residual_writer_re(R"((attn_output|ffn_down|ffn_down_exps|ffn_down_shexp)\.weight$)");
+    if (planting(plan) && std::regex_search(name, residual_writer_re)) {
+        for (int64_t r = 0; r < n / row; ++r) {
+            if (r % t->ne[1] <= plan.n_kind_coords) {
+                std::fill_n(&v[size_t(r * row)], row, 0.0f);
+            }
+        }
     }
 
     std::vector<uint8_t> data(ggml_nbytes(t));
@@ -385,12 +401,15 @@ struct OutTensor {
 };
 
 std::vector<OutTensor> choose_tensors(const SynthOptions & o, ggml_context * data_ctx, const gguf_context * saved) {
-    static const std::regex expert_scale_re(R"(ffn_[a-z_]+_exps\.scale$)");
+    // llama.cpp creates every optional .scale / .input_scale tensor in this mode; only the
+    // per-expert ones asked for with --expert-scales stay.
+    static const std::regex expert_scale_re(R"(ffn_[a-z_]+_exps\.(input_)?scale$)");
     std::vector<OutTensor> out;
     for (int64_t i = 0; i < gguf_get_n_tensors(saved); ++i) {
         const std::string name = gguf_get_tensor_name(saved, i);
         const ggml_tensor * t = ggml_get_tensor(data_ctx, name.c_str());
-        if (ends_with(name, ".scale") && !(o.expert_scales && std::regex_search(name, expert_scale_re))) {
+        if ((ends_with(name, ".scale") || ends_with(name, ".input_scale")) &&
+            !(o.expert_scales && std::regex_search(name, expert_scale_re))) {
             continue;
         }
         if (!o.gate_up && name.find("ffn_gate_up_exps.weight") != std::string::npos) {

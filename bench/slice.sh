@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Slice throughput and memory, measured side by side in one run against cp and
+# llama-gguf-split --merge on the same machine, files and page cache.
+#
+#   bench/slice.sh [WORK_DIR]     (default: build/bench-slice; needs ~8 GB free)
+#
+# Last line: slice: cp_ratio=R rss_mib=M
+#   R = time of cp / time of slice for the same number of bytes (>= 0.9: as fast as copying)
+#   M = peak RSS of moeprune slice in MiB (target <= 64, whatever the tensor size)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+make -s -C "$root" build >/dev/null
+bin=$root/build/bin
+work=${1:-$root/build/bench-slice}
+mkdir -p "$work"
+cd "$work"
+
+# 8 layers x 64 experts of f32 512x1024 (6 MiB each): 3 GiB of routed experts, ~3.2 GiB in all.
+if [ ! -f m.gguf ]; then
+  echo "synthesizing a ~3.2 GiB model (once; kept in $work)" >&2
+  "$bin/moeprune" synth --layers 8 --experts 64 --used 8 --embd 512 --ff 1024 --type f32 -o m.gguf >/dev/null
+fi
+# Keep 48 of 64 experts in every layer, alternating gaps so the copy is many ranges, not one.
+{
+  printf '{"format": "moeprune-keep", "version": 1, "n_expert": 64, "k": 48, "metric": "bench", "layers": {'
+  for l in 0 1 2 3 4 5 6 7; do
+    ids=$(for e in $(seq 0 63); do [ $(( (e + l) % 4 )) -ne 0 ] && printf '%s,' "$e"; done)
+    printf '"%s": [%s]' "$l" "${ids%,}"
+    [ "$l" -lt 7 ] && printf ', '
+  done
+  printf '}}\n'
+} > keep.json
+
+now() { date +%s.%N; }
+calc() { awk "BEGIN { print $* }"; }
+secs() { calc "$2 - $1"; }
+rss_of() { grep "Maximum resident set size" "$1" | awk '{print $NF}'; }
+
+# Warm the page cache so every contender reads from memory.
+cat m.gguf > /dev/null
+
+rm -f s.gguf
+t0=$(now)
+/usr/bin/time -v -o slice.time "$bin/moeprune" slice -m m.gguf --keep keep.json -o s.gguf >/dev/null
+t1=$(now)
+slice_s=$(secs "$t0" "$t1")
+bytes=$(stat -c %s s.gguf)
+
+# cp of the same number of bytes, made durable as slice's output is (slice fsyncs).
+rm -f c.gguf
+t0=$(now)
+cp s.gguf c.gguf
+sync c.gguf
+t1=$(now)
+cp_s=$(secs "$t0" "$t1")
+
+# llama-gguf-split --merge streams a whole model the same way: our peer for GGUF rewriting.
+if [ ! -f split-00001-of-00004.gguf ]; then
+  "$bin/llama-gguf-split" --split --split-max-size 900M m.gguf split >/dev/null
+fi
+first=$(ls split-00001-of-*.gguf)
+rm -f merged.gguf
+t0=$(now)
+/usr/bin/time -v -o merge.time "$bin/llama-gguf-split" --merge "$first" merged.gguf >/dev/null
+sync merged.gguf
+t1=$(now)
+merge_s=$(secs "$t0" "$t1")
+merge_bytes=$(stat -c %s merged.gguf)
+
+# Slicing from the split input too: all shards are read from the first.
+rm -f s2.gguf
+t0=$(now)
+"$bin/moeprune" slice -m "$first" --keep keep.json -o s2.gguf >/dev/null
+t1=$(now)
+slice_split_s=$(secs "$t0" "$t1")
+
+mib() { calc "$1 / 1048576"; }
+rss_kib=$(rss_of slice.time)
+merge_rss_kib=$(rss_of merge.time)
+printf '%-34s %9s %10s %10s %9s\n' "run" "MiB" "seconds" "MiB/s" "RSS MiB"
+printf '%-34s %9.0f %10.2f %10.0f %9.1f\n' "moeprune slice (48/64 experts)" "$(mib "$bytes")" "$slice_s" "$(calc "$(mib "$bytes") / $slice_s")" "$(calc "$rss_kib / 1024")"
+printf '%-34s %9.0f %10.2f %10.0f %9s\n' "moeprune slice, split input" "$(mib "$bytes")" "$slice_split_s" "$(calc "$(mib "$bytes") / $slice_split_s")" "-"
+printf '%-34s %9.0f %10.2f %10.0f %9s\n' "cp + sync (same bytes)" "$(mib "$bytes")" "$cp_s" "$(calc "$(mib "$bytes") / $cp_s")" "-"
+printf '%-34s %9.0f %10.2f %10.0f %9.1f\n' "llama-gguf-split --merge + sync" "$(mib "$merge_bytes")" "$merge_s" "$(calc "$(mib "$merge_bytes") / $merge_s")" "$(calc "$merge_rss_kib / 1024")"
+cp_ratio=$(calc "$cp_s / $slice_s")
+merge_ratio=$(calc "($bytes / $slice_s) / ($merge_bytes / $merge_s)")
+printf 'throughput relative to gguf-split --merge: %.2f\n' "$merge_ratio"
+rm -f s.gguf s2.gguf c.gguf merged.gguf
+printf 'slice: cp_ratio=%.2f rss_mib=%.1f\n' "$cp_ratio" "$(calc "$rss_kib / 1024")"
