@@ -24,9 +24,9 @@ fi
 {
   printf '{"format": "moeprune-keep", "version": 1, "n_expert": 64, "k": 48, "metric": "bench", "layers": {'
   for l in 0 1 2 3 4 5 6 7; do
-    ids=$(for e in $(seq 0 63); do [ $(( (e + l) % 4 )) -ne 0 ] && printf '%s,' "$e"; done)
+    ids=$(for e in $(seq 0 63); do if [ $(( (e + l) % 4 )) -ne 0 ]; then printf '%s,' "$e"; fi; done)
     printf '"%s": [%s]' "$l" "${ids%,}"
-    [ "$l" -lt 7 ] && printf ', '
+    if [ "$l" -lt 7 ]; then printf ', '; fi
   done
   printf '}}\n'
 } > keep.json
@@ -36,43 +36,36 @@ calc() { awk "BEGIN { print $* }"; }
 secs() { calc "$2 - $1"; }
 rss_of() { grep "Maximum resident set size" "$1" | awk '{print $NF}'; }
 
-# Warm the page cache so every contender reads from memory.
+# Every contender runs twice from a warm page cache with no writeback pending (sync
+# first), and its faster run counts: the disk, not the order, should decide.
 cat m.gguf > /dev/null
+min() { awk "BEGIN { print ($1 < $2) ? $1 : $2 }"; }
+timed() {  # timed OUTPUT CMD...: seconds for CMD plus making OUTPUT durable
+  local out=$1; shift
+  rm -f "$out"; sync
+  local t0 t1
+  t0=$(now); "$@" >/dev/null; sync "$out"; t1=$(now)
+  secs "$t0" "$t1"
+}
 
-rm -f s.gguf
-t0=$(now)
-/usr/bin/time -v -o slice.time "$bin/moeprune" slice -m m.gguf --keep keep.json -o s.gguf >/dev/null
-t1=$(now)
-slice_s=$(secs "$t0" "$t1")
+slice_s=$(min "$(timed s.gguf /usr/bin/time -v -o slice.time "$bin/moeprune" slice -m m.gguf --keep keep.json -o s.gguf)" \
+              "$(timed s.gguf "$bin/moeprune" slice -m m.gguf --keep keep.json -o s.gguf)")
 bytes=$(stat -c %s s.gguf)
-
-# cp of the same number of bytes, made durable as slice's output is (slice fsyncs).
-rm -f c.gguf
-t0=$(now)
-cp s.gguf c.gguf
-sync c.gguf
-t1=$(now)
-cp_s=$(secs "$t0" "$t1")
+# cp of the same number of bytes (the sliced file itself, warm in the page cache).
+cp_s=$(min "$(timed c.gguf cp s.gguf c.gguf)" "$(timed c.gguf cp s.gguf c.gguf)")
 
 # llama-gguf-split --merge streams a whole model the same way: our peer for GGUF rewriting.
-if [ ! -f split-00001-of-00004.gguf ]; then
+if ! ls split-00001-of-*.gguf >/dev/null 2>&1; then
   "$bin/llama-gguf-split" --split --split-max-size 900M m.gguf split >/dev/null
 fi
 first=$(ls split-00001-of-*.gguf)
-rm -f merged.gguf
-t0=$(now)
-/usr/bin/time -v -o merge.time "$bin/llama-gguf-split" --merge "$first" merged.gguf >/dev/null
-sync merged.gguf
-t1=$(now)
-merge_s=$(secs "$t0" "$t1")
+cat split-0000*.gguf > /dev/null
+merge_s=$(min "$(timed merged.gguf /usr/bin/time -v -o merge.time "$bin/llama-gguf-split" --merge "$first" merged.gguf)" \
+              "$(timed merged.gguf "$bin/llama-gguf-split" --merge "$first" merged.gguf)")
 merge_bytes=$(stat -c %s merged.gguf)
-
 # Slicing from the split input too: all shards are read from the first.
-rm -f s2.gguf
-t0=$(now)
-"$bin/moeprune" slice -m "$first" --keep keep.json -o s2.gguf >/dev/null
-t1=$(now)
-slice_split_s=$(secs "$t0" "$t1")
+slice_split_s=$(min "$(timed s2.gguf "$bin/moeprune" slice -m "$first" --keep keep.json -o s2.gguf)" \
+                    "$(timed s2.gguf "$bin/moeprune" slice -m "$first" --keep keep.json -o s2.gguf)")
 
 mib() { calc "$1 / 1048576"; }
 rss_kib=$(rss_of slice.time)

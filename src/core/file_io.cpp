@@ -138,6 +138,9 @@ void File::copy_from(const File & src, uint64_t src_offset, uint64_t dst_offset,
         dst_offset += uint64_t(moved);
         n -= uint64_t(moved);
     }
+    if (n > 0 && buffer.empty()) {
+        buffer.resize(size_t(8) << 20);
+    }
     while (n > 0) {
         const uint64_t step = std::min<uint64_t>(n, buffer.size());
         src.pread_exact(buffer.data(), step, src_offset);

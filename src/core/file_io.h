@@ -32,7 +32,8 @@ public:
     void sync();
 
     // Copies n bytes of src at src_offset to this file at dst_offset, in the kernel
-    // (copy_file_range) where it can, else through `buffer`, which bounds memory.
+    // (copy_file_range) where it can, else through `buffer` (sized on first need), which
+    // bounds memory.
     void copy_from(const File & src, uint64_t src_offset, uint64_t dst_offset, uint64_t n,
                    std::vector<char> & buffer);
 

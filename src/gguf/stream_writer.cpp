@@ -62,25 +62,28 @@ fs::path split_prefix(const fs::path & output) {
 struct GgmlCtxDeleter { void operator()(ggml_context * c) const { ggml_free(c); } };
 
 struct ShardMeta {
-    GgufPtr gguf;
+    gguf_context * gguf = nullptr;  // the request's own context for the first shard
+    GgufPtr owned;                  // later shards
     std::unique_ptr<ggml_context, GgmlCtxDeleter> tensors;
-    std::vector<size_t> members;  // indices into req.tensors
+    std::vector<size_t> members;    // indices into req.tensors
 };
 
-ShardMeta build_shard_meta(const StreamWriteRequest & req, const std::vector<int> & shard_of, int shard, int n_shards) {
+ShardMeta build_shard_meta(StreamWriteRequest & req, const std::vector<int> & shard_of, int shard, int n_shards) {
     ShardMeta m;
-    m.gguf.reset(gguf_init_empty());
     if (shard == 0) {
-        gguf_set_kv(m.gguf.get(), req.kv);
-        gguf_remove_key(m.gguf.get(), GGUF_KEY_GENERAL_ALIGNMENT);
+        m.gguf = req.kv.get();
+        gguf_remove_key(m.gguf, GGUF_KEY_GENERAL_ALIGNMENT);
         for (const char * k : {"split.no", "split.count", "split.tensors.count"}) {
-            gguf_remove_key(m.gguf.get(), k);
+            gguf_remove_key(m.gguf, k);
         }
+    } else {
+        m.owned.reset(gguf_init_empty());
+        m.gguf = m.owned.get();
     }
     if (req.split_max_bytes > 0) {
-        gguf_set_val_u16(m.gguf.get(), "split.no", uint16_t(shard));
-        gguf_set_val_u16(m.gguf.get(), "split.count", uint16_t(n_shards));
-        gguf_set_val_i32(m.gguf.get(), "split.tensors.count", int32_t(req.tensors.size()));
+        gguf_set_val_u16(m.gguf, "split.no", uint16_t(shard));
+        gguf_set_val_u16(m.gguf, "split.count", uint16_t(n_shards));
+        gguf_set_val_i32(m.gguf, "split.tensors.count", int32_t(req.tensors.size()));
     }
     for (size_t i = 0; i < req.tensors.size(); ++i) {
         if (shard_of[i] == shard) {
@@ -94,7 +97,7 @@ ShardMeta build_shard_meta(const StreamWriteRequest & req, const std::vector<int
         const OutputTensor & t = req.tensors[i];
         ggml_tensor * g = ggml_new_tensor(m.tensors.get(), t.type, GGML_MAX_DIMS, t.ne.data());
         ggml_set_name(g, t.name.c_str());
-        gguf_add_tensor(m.gguf.get(), g);
+        gguf_add_tensor(m.gguf, g);
     }
     return m;
 }
@@ -146,7 +149,7 @@ std::vector<fs::path> planned_output_paths(const StreamWriteRequest & req) {
     return paths;
 }
 
-std::vector<fs::path> write_gguf_streamed(const StreamWriteRequest & req) {
+std::vector<fs::path> write_gguf_streamed(StreamWriteRequest & req) {
     int n_shards = 0;
     const std::vector<int> shard_of = assign_shards(req, n_shards);
     const std::vector<fs::path> paths = planned_output_paths(req);
@@ -174,7 +177,7 @@ std::vector<fs::path> write_gguf_streamed(const StreamWriteRequest & req) {
         total_bytes += tensor_bytes(t);
     }
     Progress progress(req.progress_label, total_bytes, "MiB", 1.0 / (1024.0 * 1024.0));
-    std::vector<char> buffer(size_t(8) << 20);
+    std::vector<char> buffer;  // sized only if the kernel cannot copy between these files
 
     std::vector<std::unique_ptr<AtomicOutput>> outputs;
     for (int s = 0; s < n_shards; ++s) {
@@ -182,29 +185,32 @@ std::vector<fs::path> write_gguf_streamed(const StreamWriteRequest & req) {
         outputs.push_back(std::make_unique<AtomicOutput>(paths[size_t(s)]));
         File out = File::create_new(outputs.back()->temp_path());
 
-        std::vector<char> header(gguf_get_meta_size(meta.gguf.get()));
-        gguf_get_meta_data(meta.gguf.get(), header.data());
-        const std::array<char, 4> magic = {header[0], header[1], header[2], header[3]};
-        std::memset(header.data(), 0, magic.size());
-        out.pwrite_all(header.data(), header.size(), 0);
-
-        const uint64_t data_offset = header.size();
+        std::array<char, 4> magic{};
+        uint64_t data_offset = 0;
+        {
+            std::vector<char> header(gguf_get_meta_size(meta.gguf));
+            gguf_get_meta_data(meta.gguf, header.data());
+            std::memcpy(magic.data(), header.data(), magic.size());
+            std::memset(header.data(), 0, magic.size());
+            out.pwrite_all(header.data(), header.size(), 0);
+            data_offset = header.size();
+        }
         uint64_t end = data_offset;
         for (size_t j = 0; j < meta.members.size(); ++j) {
             const OutputTensor & t = req.tensors[meta.members[j]];
-            uint64_t at = data_offset + gguf_get_tensor_offset(meta.gguf.get(), int64_t(j));
+            uint64_t at = data_offset + gguf_get_tensor_offset(meta.gguf, int64_t(j));
             for (const CopyPiece & p : t.pieces) {
                 out.copy_from(sources[size_t(p.source)], p.offset, at, p.bytes, buffer);
                 at += p.bytes;
                 progress.advance(p.bytes);
             }
-            end = data_offset + gguf_get_tensor_offset(meta.gguf.get(), int64_t(j)) + padded(tensor_bytes(t));
+            end = data_offset + gguf_get_tensor_offset(meta.gguf, int64_t(j)) + padded(tensor_bytes(t));
         }
         out.truncate(end);  // the alignment padding after each tensor reads as zeros
         out.sync();
         out.pwrite_all(magic.data(), magic.size(), 0);
         out.sync();
-        verify_written(out.path(), meta.gguf.get(), end);
+        verify_written(out.path(), meta.gguf, end);
     }
     progress.finish();
     // The first shard is what a loader opens: it goes into place last.

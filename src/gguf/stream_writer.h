@@ -11,8 +11,7 @@
 #include <vector>
 
 #include "ggml.h"
-
-struct gguf_context;
+#include "gguf/model_file.h"
 
 namespace moeprune {
 
@@ -31,7 +30,10 @@ struct OutputTensor {
 };
 
 struct StreamWriteRequest {
-    const gguf_context * kv = nullptr;  // metadata of the (first) output; split.* keys are set here
+    // Metadata of the (first) output. The writer adds split.* keys and the tensor
+    // infos to this context itself rather than to a copy: a large vocabulary makes
+    // every copy cost tens of MiB.
+    GgufPtr kv;
     std::vector<std::filesystem::path> sources;
     std::vector<OutputTensor> tensors;
     std::filesystem::path output;       // with split_max_bytes: OUT.gguf names OUT-0000i-of-0000N.gguf
@@ -44,6 +46,6 @@ struct StreamWriteRequest {
 std::vector<std::filesystem::path> planned_output_paths(const StreamWriteRequest & req);
 
 // Returns the paths written.
-std::vector<std::filesystem::path> write_gguf_streamed(const StreamWriteRequest & req);
+std::vector<std::filesystem::path> write_gguf_streamed(StreamWriteRequest & req);
 
 } // namespace moeprune

@@ -216,7 +216,6 @@ void check_expert_groups(const ModelFacts & f, const KeepMap & km, const std::st
 }
 
 struct ImatrixPlan {
-    GgufPtr kv;
     StreamWriteRequest req;
     int sliced = 0;
 };
@@ -273,14 +272,13 @@ ImatrixPlan plan_imatrix(const SliceOptions & opt, const GgufModel & model, cons
     if (p.sliced == 0) {
         fail_file(origin, "has no per-expert entries (*_exps.weight.in_sum2 / .counts): not an imatrix of this MoE model");
     }
-    p.kv.reset(gguf_init_empty());
-    gguf_set_kv(p.kv.get(), src.get());
+    p.req.kv.reset(gguf_init_empty());
+    gguf_set_kv(p.req.kv.get(), src.get());
     for (const auto & [key, value] : provenance.items()) {
         if (value.is_string()) {
-            gguf_set_val_str(p.kv.get(), ("moeprune.slice." + key).c_str(), value.get<std::string>().c_str());
+            gguf_set_val_str(p.req.kv.get(), ("moeprune.slice." + key).c_str(), value.get<std::string>().c_str());
         }
     }
-    p.req.kv = p.kv.get();
     p.req.sources = {opt.imatrix};
     p.req.output = opt.imatrix_out;
     p.req.progress_label = "slice imatrix";
@@ -436,7 +434,7 @@ SliceResult slice_model(const SliceOptions & opt) {
     gguf_set_val_str(kv.get(), "moeprune.slice.keep", keep_map_to_json(covered).dump().c_str());
     gguf_set_val_str(kv.get(), "moeprune.slice.mtp", r.provenance["mtp"].get<std::string>().c_str());
     gguf_set_val_str(kv.get(), "moeprune.slice.version", MOEPRUNE_VERSION);
-    req.kv = kv.get();
+    req.kv = std::move(kv);
 
     std::optional<ImatrixPlan> imatrix;
     if (!opt.imatrix.empty()) {
@@ -466,7 +464,6 @@ SliceResult slice_model(const SliceOptions & opt) {
     }
     r.outputs = write_gguf_streamed(req);
     if (imatrix) {
-        imatrix->req.kv = imatrix->kv.get();
         r.imatrix_outputs = write_gguf_streamed(imatrix->req);
     }
     return r;
