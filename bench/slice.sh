@@ -36,10 +36,12 @@ calc() { awk "BEGIN { print $* }"; }
 secs() { calc "$2 - $1"; }
 rss_of() { grep "Maximum resident set size" "$1" | awk '{print $NF}'; }
 
-# Every contender runs twice from a warm page cache with no writeback pending (sync
-# first), and its faster run counts: the disk, not the order, should decide.
+# Contenders alternate over five rounds from a warm page cache with no writeback
+# pending (sync first), each output made durable (slice fsyncs; cp is followed by
+# sync), and the median counts: disk writeback varies by tens of percent from one
+# run to the next, and alternating keeps that from favouring either side.
 cat m.gguf > /dev/null
-min() { awk "BEGIN { print ($1 < $2) ? $1 : $2 }"; }
+median() { printf '%s\n' "$@" | sort -g | sed -n "$(( ($# + 1) / 2 ))p"; }
 timed() {  # timed OUTPUT CMD...: seconds for CMD plus making OUTPUT durable
   local out=$1; shift
   rm -f "$out"; sync
@@ -48,11 +50,19 @@ timed() {  # timed OUTPUT CMD...: seconds for CMD plus making OUTPUT durable
   secs "$t0" "$t1"
 }
 
-slice_s=$(min "$(timed s.gguf /usr/bin/time -v -o slice.time "$bin/moeprune" slice -m m.gguf --keep keep.json -o s.gguf)" \
-              "$(timed s.gguf "$bin/moeprune" slice -m m.gguf --keep keep.json -o s.gguf)")
+/usr/bin/time -v -o slice.time "$bin/moeprune" slice -m m.gguf --keep keep.json -o s.gguf >/dev/null
 bytes=$(stat -c %s s.gguf)
-# cp of the same number of bytes (the sliced file itself, warm in the page cache).
-cp_s=$(min "$(timed c.gguf cp s.gguf c.gguf)" "$(timed c.gguf cp s.gguf c.gguf)")
+# cp's input: a file of exactly the bytes slice writes, as warm in the page cache as m.gguf.
+cp s.gguf ref.bin
+cat ref.bin > /dev/null
+slice_runs=() cp_runs=()
+for round in 1 2 3 4 5; do
+  slice_runs+=("$(timed s.gguf "$bin/moeprune" slice -m m.gguf --keep keep.json -o s.gguf)")
+  cp_runs+=("$(timed c.gguf cp ref.bin c.gguf)")
+done
+slice_s=$(median "${slice_runs[@]}")
+cp_s=$(median "${cp_runs[@]}")
+echo "slice runs: ${slice_runs[*]} s; cp runs: ${cp_runs[*]} s"
 
 # llama-gguf-split --merge streams a whole model the same way: our peer for GGUF rewriting.
 if ! ls split-00001-of-*.gguf >/dev/null 2>&1; then
@@ -60,23 +70,21 @@ if ! ls split-00001-of-*.gguf >/dev/null 2>&1; then
 fi
 first=$(ls split-00001-of-*.gguf)
 cat split-0000*.gguf > /dev/null
-merge_s=$(min "$(timed merged.gguf /usr/bin/time -v -o merge.time "$bin/llama-gguf-split" --merge "$first" merged.gguf)" \
-              "$(timed merged.gguf "$bin/llama-gguf-split" --merge "$first" merged.gguf)")
+merge_s=$(timed merged.gguf /usr/bin/time -v -o merge.time "$bin/llama-gguf-split" --merge "$first" merged.gguf)
 merge_bytes=$(stat -c %s merged.gguf)
 # Slicing from the split input too: all shards are read from the first.
-slice_split_s=$(min "$(timed s2.gguf "$bin/moeprune" slice -m "$first" --keep keep.json -o s2.gguf)" \
-                    "$(timed s2.gguf "$bin/moeprune" slice -m "$first" --keep keep.json -o s2.gguf)")
+slice_split_s=$(timed s2.gguf "$bin/moeprune" slice -m "$first" --keep keep.json -o s2.gguf)
 
 mib() { calc "$1 / 1048576"; }
 rss_kib=$(rss_of slice.time)
 merge_rss_kib=$(rss_of merge.time)
 printf '%-34s %9s %10s %10s %9s\n' "run" "MiB" "seconds" "MiB/s" "RSS MiB"
-printf '%-34s %9.0f %10.2f %10.0f %9.1f\n' "moeprune slice (48/64 experts)" "$(mib "$bytes")" "$slice_s" "$(calc "$(mib "$bytes") / $slice_s")" "$(calc "$rss_kib / 1024")"
+printf '%-34s %9.0f %10.2f %10.0f %9.1f\n' "moeprune slice 48/64, median" "$(mib "$bytes")" "$slice_s" "$(calc "$(mib "$bytes") / $slice_s")" "$(calc "$rss_kib / 1024")"
 printf '%-34s %9.0f %10.2f %10.0f %9s\n' "moeprune slice, split input" "$(mib "$bytes")" "$slice_split_s" "$(calc "$(mib "$bytes") / $slice_split_s")" "-"
-printf '%-34s %9.0f %10.2f %10.0f %9s\n' "cp + sync (same bytes)" "$(mib "$bytes")" "$cp_s" "$(calc "$(mib "$bytes") / $cp_s")" "-"
+printf '%-34s %9.0f %10.2f %10.0f %9s\n' "cp + sync (same bytes), median" "$(mib "$bytes")" "$cp_s" "$(calc "$(mib "$bytes") / $cp_s")" "-"
 printf '%-34s %9.0f %10.2f %10.0f %9.1f\n' "llama-gguf-split --merge + sync" "$(mib "$merge_bytes")" "$merge_s" "$(calc "$(mib "$merge_bytes") / $merge_s")" "$(calc "$merge_rss_kib / 1024")"
 cp_ratio=$(calc "$cp_s / $slice_s")
 merge_ratio=$(calc "($bytes / $slice_s) / ($merge_bytes / $merge_s)")
 printf 'throughput relative to gguf-split --merge: %.2f\n' "$merge_ratio"
-rm -f s.gguf s2.gguf c.gguf merged.gguf
+rm -f s.gguf s2.gguf c.gguf ref.bin merged.gguf
 printf 'slice: cp_ratio=%.2f rss_mib=%.1f\n' "$cp_ratio" "$(calc "$rss_kib / 1024")"

@@ -81,6 +81,13 @@ std::string contents_of(const std::vector<fs::path> & files) {
     return all;
 }
 
+// A temporary output left behind would be the half-written file slice promises never to leave.
+void expect_no_partial_files(const fs::path & dir) {
+    for (const auto & e : fs::directory_iterator(dir)) {
+        EXPECT_EQ(e.path().string().find(".partial."), std::string::npos) << e.path();
+    }
+}
+
 struct KldCase {
     std::string arch;
     std::string type;
@@ -467,9 +474,7 @@ protected:
         if (!out.empty() && std::find(inputs.begin(), inputs.end(), out) == inputs.end()) {
             EXPECT_FALSE(fs::exists(fs::symlink_status(out))) << out;
         }
-        for (const auto & e : fs::directory_iterator(dir())) {
-            EXPECT_EQ(e.path().string().find(".partial."), std::string::npos) << e.path();
-        }
+        expect_no_partial_files(dir());
     }
 
     std::string keep_arg(const std::string & json) {
@@ -559,9 +564,7 @@ TEST_F(SliceRefuses, DiskFullDuringTheWrite) {
     EXPECT_NE(r.output.find(out.string() + ".partial."), std::string::npos) << "the error should name the file";
     EXPECT_EQ(contents_of({m}), before);
     EXPECT_FALSE(fs::exists(out));
-    for (const auto & e : fs::directory_iterator(dir())) {
-        EXPECT_EQ(e.path().string().find(".partial."), std::string::npos) << e.path();
-    }
+    expect_no_partial_files(dir());
 }
 
 namespace {
@@ -607,9 +610,7 @@ TEST(SliceInterrupted, TermRemovesTheTemporaryFile) {
     const int status = signal_mid_write(dir.path(), SIGTERM);
     ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) << "slice ended before the signal: " << status;
     EXPECT_FALSE(fs::exists(dir / "o.gguf"));
-    for (const auto & e : fs::directory_iterator(dir.path())) {
-        EXPECT_EQ(e.path().string().find(".partial."), std::string::npos) << e.path();
-    }
+    expect_no_partial_files(dir.path());
 }
 
 // SIGKILL cannot be caught: what it leaves behind must not pass for a GGUF.
