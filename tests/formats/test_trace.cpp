@@ -82,43 +82,8 @@ void expect_trace_contents(const TraceReader & r, uint64_t n_tokens, bool with_m
 }
 
 // An f32 -> f16 conversion of our own, for values that are exact in f16, so the
-// Q4RT fixture does not share code with the library under test.
-uint16_t half_bits(float f) {
-    if (f == 0.0f) {
-        return 0;
-    }
-    uint32_t x;
-    std::memcpy(&x, &f, 4);
-    const uint32_t sign = (x >> 16) & 0x8000;
-    const int32_t exp = int32_t((x >> 23) & 0xFF) - 127 + 15;
-    const uint32_t mant = (x >> 13) & 0x3FF;
-    return uint16_t(sign | (uint32_t(exp) << 10) | mant);
-}
-
 void write_q4rt(const fs::path & path, uint64_t n_tokens, uint32_t header_count, size_t extra_tail_bytes = 0) {
-    std::ofstream out(path, std::ios::binary);
-    const auto u16 = [&](uint16_t v) { out.write(reinterpret_cast<const char *>(&v), 2); };
-    const auto u32 = [&](uint32_t v) { out.write(reinterpret_cast<const char *>(&v), 4); };
-    out.write("Q4RT", 4);
-    u16(1);
-    u16(kLayers);
-    u16(kExperts);
-    u16(kTopM);
-    u32(header_count);
-    std::vector<uint16_t> ids;
-    std::vector<float> logits;
-    for (uint64_t t = 0; t < n_tokens; ++t) {
-        token_record(t, ids, logits);
-        for (uint32_t l = 0; l < kLayers; ++l) {
-            for (uint32_t i = 0; i < kTopM; ++i) {
-                u16(ids[l * kTopM + i]);
-            }
-            for (uint32_t i = 0; i < kTopM; ++i) {
-                u16(half_bits(logits[l * kTopM + i]));
-            }
-        }
-    }
-    out << std::string(extra_tail_bytes, '\x7f');
+    test::write_q4rt(path, kLayers, kExperts, kTopM, n_tokens, header_count, token_record, extra_tail_bytes);
 }
 
 } // namespace

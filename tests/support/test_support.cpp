@@ -1,6 +1,7 @@
 #include "support/test_support.h"
 
 #include <array>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -64,6 +65,45 @@ std::string read_bytes(const fs::path & path) {
     std::ostringstream ss;
     ss << in.rdbuf();
     return ss.str();
+}
+
+static uint16_t half_bits(float f) {
+    if (f == 0.0f) {
+        return 0;
+    }
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000;
+    const int32_t exp = int32_t((x >> 23) & 0xFF) - 127 + 15;
+    const uint32_t mant = (x >> 13) & 0x3FF;
+    return uint16_t(sign | (uint32_t(exp) << 10) | mant);
+}
+
+void write_q4rt(const fs::path & path, uint32_t n_layer, uint32_t n_expert, uint32_t top_m, uint64_t n_tokens,
+                uint32_t header_count, const TokenRecordFn & record, size_t extra_tail_bytes) {
+    std::ofstream out(path, std::ios::binary);
+    const auto u16 = [&](uint16_t v) { out.write(reinterpret_cast<const char *>(&v), 2); };
+    const auto u32 = [&](uint32_t v) { out.write(reinterpret_cast<const char *>(&v), 4); };
+    out.write("Q4RT", 4);
+    u16(1);
+    u16(uint16_t(n_layer));
+    u16(uint16_t(n_expert));
+    u16(uint16_t(top_m));
+    u32(header_count);
+    std::vector<uint16_t> ids;
+    std::vector<float> logits;
+    for (uint64_t t = 0; t < n_tokens; ++t) {
+        record(t, ids, logits);
+        for (uint32_t l = 0; l < n_layer; ++l) {
+            for (uint32_t i = 0; i < top_m; ++i) {
+                u16(ids[l * top_m + i]);
+            }
+            for (uint32_t i = 0; i < top_m; ++i) {
+                u16(half_bits(logits[l * top_m + i]));
+            }
+        }
+    }
+    out << std::string(extra_tail_bytes, '\x7f');
 }
 
 } // namespace moeprune::test

@@ -1,6 +1,9 @@
 #pragma once
+#include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
+#include <vector>
 
 namespace moeprune::test {
 
@@ -30,5 +33,13 @@ std::string mixed_text();
 
 void write_text(const std::filesystem::path & path, const std::string & text);
 std::string read_bytes(const std::filesystem::path & path);
+
+// Writes a trace in the seed pipeline's Q4RT v1 layout, independently of the library's
+// reader. record(t, ids, logits) fills token t's [n_layer][top_m] candidates; logits
+// must be exact in f16. header_count is what the header claims (the seed wrote 0 when
+// killed); extra_tail_bytes appends a torn record.
+using TokenRecordFn = std::function<void(uint64_t, std::vector<uint16_t> &, std::vector<float> &)>;
+void write_q4rt(const std::filesystem::path & path, uint32_t n_layer, uint32_t n_expert, uint32_t top_m,
+                uint64_t n_tokens, uint32_t header_count, const TokenRecordFn & record, size_t extra_tail_bytes = 0);
 
 } // namespace moeprune::test

@@ -1,0 +1,293 @@
+#include "replay/policy.h"
+#include "core/errors.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace moeprune {
+
+namespace {
+
+// Residents kept in a compact array. A policy gives each expert a key (lower is
+// evicted first); keys change only for the experts a token chooses, after its loads,
+// so hits cost O(1) and only an eviction scans the C residents.
+class KeyedCache : public CachePolicy {
+public:
+    KeyedCache(int n_expert, int capacity)
+        : capacity_(capacity), slot_(size_t(n_expert), -1), key_(size_t(n_expert), 0.0), protect_(size_t(n_expert), 0) {
+        ids_.reserve(size_t(capacity));
+    }
+
+    int access(std::span<const int32_t> chosen) override {
+        ++t_;
+        for (int32_t e : chosen) {
+            protect_[size_t(e)] = 1;
+        }
+        int misses = 0;
+        for (int32_t e : chosen) {
+            if (slot_[size_t(e)] < 0) {
+                ++misses;
+                if (int(ids_.size()) == capacity_) {
+                    evict_one();
+                }
+                slot_[size_t(e)] = int32_t(ids_.size());
+                ids_.push_back(e);
+            }
+        }
+        for (int32_t e : chosen) {
+            protect_[size_t(e)] = 0;
+            key_[size_t(e)] = touched_key(e);
+        }
+        return misses;
+    }
+
+    void reset() override {
+        for (int32_t e : ids_) {
+            slot_[size_t(e)] = -1;
+        }
+        ids_.clear();
+        std::fill(key_.begin(), key_.end(), 0.0);
+        on_reset();
+    }
+
+    bool resident(int32_t e) const override { return slot_[size_t(e)] >= 0; }
+
+protected:
+    virtual double touched_key(int32_t e) = 0;  // the key of e after this token chose it
+    virtual void on_reset() {}
+    uint64_t now() const { return t_; }
+    double key(int32_t e) const { return key_[size_t(e)]; }
+
+private:
+    void evict_one() {
+        int32_t victim = -1;
+        for (int32_t e : ids_) {
+            if (!protect_[size_t(e)] &&
+                (victim < 0 || key_[size_t(e)] < key_[size_t(victim)] ||
+                 (key_[size_t(e)] == key_[size_t(victim)] && e < victim))) {
+                victim = e;
+            }
+        }
+        const int32_t s = slot_[size_t(victim)];
+        ids_[size_t(s)] = ids_.back();
+        slot_[size_t(ids_[size_t(s)])] = s;
+        ids_.pop_back();
+        slot_[size_t(victim)] = -1;
+    }
+
+    int capacity_;
+    uint64_t t_ = 0;
+    std::vector<int32_t> slot_, ids_;
+    std::vector<double> key_;
+    std::vector<char> protect_;
+};
+
+class Lru : public KeyedCache {
+public:
+    using KeyedCache::KeyedCache;
+private:
+    double touched_key(int32_t) override { return double(now()); }
+};
+
+// Frequency over the whole stream, resident or not: the key is simply the count.
+class Lfu : public KeyedCache {
+public:
+    using KeyedCache::KeyedCache;
+private:
+    double touched_key(int32_t e) override { return key(e) + 1.0; }
+};
+
+// Exponentially decayed frequency of every expert, decayed lazily: an expert's
+// score s at its last use t0 is worth s * d^(t - t0) later. Comparing those at a
+// common t is comparing ln(s) - t0 * ln(d), which no longer moves with time, so
+// that is the key, and untouched experts never need updating.
+class Ema : public KeyedCache {
+public:
+    Ema(int n_expert, int capacity, double decay)
+        : KeyedCache(n_expert, capacity), decay_(decay), log_decay_(std::log(decay)), score_(size_t(n_expert), 0.0),
+          stamp_(size_t(n_expert), 0) {}
+private:
+    double touched_key(int32_t e) override {
+        double & s = score_[size_t(e)];
+        s = s * std::pow(decay_, double(now() - stamp_[size_t(e)])) + 1.0;
+        stamp_[size_t(e)] = now();
+        return std::log(s) - double(now()) * log_decay_;
+    }
+    // Chosen experts' keys exceed -t * ln(d) > 0, so experts not chosen since the
+    // reset (key 0) rank below all of them, as a score of 0 does.
+    void on_reset() override {
+        std::fill(score_.begin(), score_.end(), 0.0);
+        std::fill(stamp_.begin(), stamp_.end(), 0);
+    }
+    double decay_, log_decay_;
+    std::vector<double> score_;
+    std::vector<uint64_t> stamp_;
+};
+
+// Belady's MIN: evict the resident whose next use is farthest; never again is farthest.
+class Belady : public KeyedCache {
+public:
+    Belady(int n_expert, int capacity, const std::vector<std::vector<int32_t>> & future) : KeyedCache(n_expert, capacity) {
+        // next_[t][j]: the token (1-based, as access() counts) that next chooses future[t][j].
+        std::vector<uint64_t> seen(size_t(n_expert), kNever);
+        next_.resize(future.size());
+        for (size_t t = future.size(); t-- > 0;) {
+            next_[t].resize(future[t].size());
+            for (size_t j = 0; j < future[t].size(); ++j) {
+                next_[t][j] = seen[size_t(future[t][j])];
+            }
+            for (int32_t e : future[t]) {
+                seen[size_t(e)] = t + 1;
+            }
+        }
+        future_ = &future;
+    }
+private:
+    static constexpr uint64_t kNever = std::numeric_limits<uint64_t>::max();
+    double touched_key(int32_t e) override {
+        const auto & row = (*future_)[size_t(now() - 1)];
+        const size_t j = size_t(std::find(row.begin(), row.end(), e) - row.begin());
+        const uint64_t next = next_[size_t(now() - 1)][j];
+        return next == kNever ? -std::numeric_limits<double>::infinity() : -double(next);
+    }
+    const std::vector<std::vector<int32_t>> * future_ = nullptr;
+    std::vector<std::vector<uint64_t>> next_;
+};
+
+// SIEVE: a FIFO of residents with a visited bit per expert and a hand walking from
+// the oldest toward the newest, clearing bits and evicting the first unvisited one.
+// Experts the current token needs are passed over untouched; a token's new experts
+// enter in ascending id order.
+class Sieve : public CachePolicy {
+public:
+    Sieve(int n_expert, int capacity)
+        : capacity_(capacity), newer_(size_t(n_expert), -1), older_(size_t(n_expert), -1), in_(size_t(n_expert), 0),
+          visited_(size_t(n_expert), 0), protect_(size_t(n_expert), 0) {}
+
+    int access(std::span<const int32_t> chosen) override {
+        sorted_.assign(chosen.begin(), chosen.end());
+        std::sort(sorted_.begin(), sorted_.end());
+        for (int32_t e : sorted_) {
+            protect_[size_t(e)] = 1;
+            if (in_[size_t(e)]) {
+                visited_[size_t(e)] = 1;
+            }
+        }
+        int misses = 0;
+        for (int32_t e : sorted_) {
+            if (in_[size_t(e)]) {
+                continue;
+            }
+            ++misses;
+            if (size_ == capacity_) {
+                evict_one();
+            }
+            push_newest(e);
+        }
+        for (int32_t e : sorted_) {
+            protect_[size_t(e)] = 0;
+        }
+        return misses;
+    }
+
+    void reset() override {
+        for (int32_t e = oldest_; e >= 0;) {
+            const int32_t next = newer_[size_t(e)];
+            in_[size_t(e)] = 0;
+            visited_[size_t(e)] = 0;
+            e = next;
+        }
+        oldest_ = newest_ = hand_ = -1;
+        size_ = 0;
+    }
+
+    bool resident(int32_t e) const override { return in_[size_t(e)] != 0; }
+
+private:
+    void push_newest(int32_t e) {
+        older_[size_t(e)] = newest_;
+        newer_[size_t(e)] = -1;
+        if (newest_ >= 0) {
+            newer_[size_t(newest_)] = e;
+        } else {
+            oldest_ = e;
+        }
+        newest_ = e;
+        in_[size_t(e)] = 1;
+        visited_[size_t(e)] = 0;
+        ++size_;
+    }
+
+    void evict_one() {
+        for (;;) {
+            if (hand_ < 0) {
+                hand_ = oldest_;
+            }
+            const int32_t e = hand_;
+            hand_ = newer_[size_t(e)];
+            if (protect_[size_t(e)]) {
+                continue;
+            }
+            if (visited_[size_t(e)]) {
+                visited_[size_t(e)] = 0;
+                continue;
+            }
+            unlink(e);
+            return;
+        }
+    }
+
+    void unlink(int32_t e) {
+        const int32_t o = older_[size_t(e)], n = newer_[size_t(e)];
+        (o >= 0 ? newer_[size_t(o)] : oldest_) = n;
+        (n >= 0 ? older_[size_t(n)] : newest_) = o;
+        in_[size_t(e)] = 0;
+        --size_;
+    }
+
+    int capacity_;
+    int size_ = 0;
+    int32_t oldest_ = -1, newest_ = -1, hand_ = -1;
+    std::vector<int32_t> newer_, older_;
+    std::vector<char> in_, visited_, protect_;
+    std::vector<int32_t> sorted_;
+};
+
+} // namespace
+
+const std::vector<std::string> & policy_names() {
+    static const std::vector<std::string> names = {"lru", "lfu", "ema", "belady", "sieve"};
+    return names;
+}
+
+std::unique_ptr<CachePolicy> make_policy(const std::string & name, int n_expert, int capacity, const PolicyParams & p,
+                                         const std::vector<std::vector<int32_t>> * future) {
+    if (name == "lru") {
+        return std::make_unique<Lru>(n_expert, capacity);
+    }
+    if (name == "lfu") {
+        return std::make_unique<Lfu>(n_expert, capacity);
+    }
+    if (name == "ema") {
+        if (!(p.ema_decay > 0.0 && p.ema_decay < 1.0)) {
+            throw Error(fmt::format("ema decay must be in (0, 1), got {}", p.ema_decay));
+        }
+        return std::make_unique<Ema>(n_expert, capacity, p.ema_decay);
+    }
+    if (name == "belady") {
+        if (!future) {
+            throw Error("belady needs the whole access sequence");
+        }
+        return std::make_unique<Belady>(n_expert, capacity, *future);
+    }
+    if (name == "sieve") {
+        return std::make_unique<Sieve>(n_expert, capacity);
+    }
+    throw Error(fmt::format("unknown policy \"{}\" (known: {})", name, fmt::join(policy_names(), ", ")));
+}
+
+} // namespace moeprune

@@ -1,0 +1,34 @@
+#pragma once
+// Expert-cache eviction policies for one cache (one layer, or one shared cache).
+// Every policy sees each token's chosen experts at once, so none can evict an
+// expert the token needs, and every tie goes to the lowest expert id.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace moeprune {
+
+struct PolicyParams {
+    double ema_decay = 0.9;     // ema: score <- score * decay + 1[chosen], for every expert each token
+};
+
+class CachePolicy {
+public:
+    virtual ~CachePolicy() = default;
+    // Chosen experts of one token (distinct ids); returns how many were not resident.
+    // Missing experts are loaded, evicting residents that are not chosen.
+    virtual int access(std::span<const int32_t> chosen) = 0;
+    virtual void reset() = 0;
+    virtual bool resident(int32_t expert) const = 0;
+};
+
+// `future` is Belady's view of the whole access sequence of this cache (one entry
+// per token, the chosen ids); online policies ignore it. It must outlive the policy.
+std::unique_ptr<CachePolicy> make_policy(const std::string & name, int n_expert, int capacity, const PolicyParams & p,
+                                         const std::vector<std::vector<int32_t>> * future = nullptr);
+
+const std::vector<std::string> & policy_names();
+
+} // namespace moeprune
