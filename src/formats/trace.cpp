@@ -381,14 +381,14 @@ std::vector<TraceTokenMeta> TraceReader::token_meta() const {
     return out;
 }
 
-void TraceReader::read_layer(uint32_t layer, std::vector<uint16_t> & ids, std::vector<float> & logits) const {
+void TraceReader::for_each_layer_chunk(uint32_t layer, const LayerChunkFn & fn) const {
     if (layer >= header_.n_layer) {
         fail_file(path_.string(), fmt::format("layer {} requested but the trace has {} layers", layer, header_.n_layer));
     }
     const uint32_t m = header_.top_m;
     const size_t rec = record_bytes(m);
-    ids.resize(n_tokens_ * m);
-    logits.resize(n_tokens_ * m);
+    std::vector<uint16_t> ids;
+    std::vector<float> logits;
     const auto decode = [&](const uint8_t * p, uint64_t t) {
         for (uint32_t i = 0; i < m; ++i) {
             ids[t * m + i] = get<uint16_t>(p + 2 * i);
@@ -402,19 +402,35 @@ void TraceReader::read_layer(uint32_t layer, std::vector<uint16_t> & ids, std::v
         for (uint64_t t0 = 0; t0 < n_tokens_; t0 += kChunk) {
             const uint64_t n = std::min(kChunk, n_tokens_ - t0);
             buf.resize(n * per_token);
+            ids.resize(n * m);
+            logits.resize(n * m);
             pread_exact(fd_, buf.data(), buf.size(), kQ4rtHeader + t0 * per_token, path_);
             for (uint64_t t = 0; t < n; ++t) {
-                decode(buf.data() + t * per_token + layer * rec, t0 + t);
+                decode(buf.data() + t * per_token + layer * rec, t);
             }
+            fn(t0, uint32_t(n), ids.data(), logits.data());
         }
         return;
     }
     for (const auto & b : blocks_) {
         const auto raw = read_section(b.layer_offset[layer], b.layer_size[layer], b.codec, uint64_t(b.n_tokens) * rec);
+        ids.resize(size_t(b.n_tokens) * m);
+        logits.resize(size_t(b.n_tokens) * m);
         for (uint32_t t = 0; t < b.n_tokens; ++t) {
-            decode(raw.data() + t * rec, b.first_token + t);
+            decode(raw.data() + t * rec, t);
         }
+        fn(b.first_token, b.n_tokens, ids.data(), logits.data());
     }
+}
+
+void TraceReader::read_layer(uint32_t layer, std::vector<uint16_t> & ids, std::vector<float> & logits) const {
+    const uint32_t m = header_.top_m;
+    ids.resize(n_tokens_ * m);
+    logits.resize(n_tokens_ * m);
+    for_each_layer_chunk(layer, [&](uint64_t first, uint32_t n, const uint16_t * chunk_ids, const float * chunk_logits) {
+        std::copy(chunk_ids, chunk_ids + size_t(n) * m, ids.begin() + long(first * m));
+        std::copy(chunk_logits, chunk_logits + size_t(n) * m, logits.begin() + long(first * m));
+    });
 }
 
 // ---------------------------------------------------------------- export and info

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -72,14 +73,18 @@ public:
     std::vector<TraceTokenMeta> token_meta() const;
     // One layer for all tokens: ids and logits are [n_tokens][top_m].
     void read_layer(uint32_t layer, std::vector<uint16_t> & ids, std::vector<float> & logits) const;
+    // One layer a chunk of tokens at a time (a block, or 1024 Q4RT tokens), in token
+    // order, so memory does not grow with the trace: ids and logits are [n][top_m].
+    using LayerChunkFn = std::function<void(uint64_t first_token, uint32_t n, const uint16_t * ids, const float * logits)>;
+    void for_each_layer_chunk(uint32_t layer, const LayerChunkFn & fn) const;
 
 private:
     TraceReader() = default;
     struct Block {
-        uint64_t first_token;
-        uint32_t n_tokens;
-        uint32_t codec;
-        uint64_t meta_offset, meta_size;
+        uint64_t first_token = 0;
+        uint32_t n_tokens = 0;
+        uint32_t codec = 0;
+        uint64_t meta_offset = 0, meta_size = 0;
         std::vector<uint64_t> layer_offset, layer_size;
     };
     std::vector<uint8_t> read_section(uint64_t offset, uint64_t size, uint32_t codec, uint64_t raw_size) const;

@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 
@@ -12,35 +13,44 @@ namespace moeprune {
 
 namespace {
 
-// Residents kept in a compact array. A policy gives each expert a key (lower is
-// evicted first); keys change only for the experts a token chooses, after its loads,
-// so hits cost O(1) and only an eviction scans the C residents.
+// Residents kept in a compact array, each with a rank: the policy's integer key and
+// the expert id packed into one int64 (key * 65536 + id), so "lowest key, then lowest
+// id" is one comparison. Keys change only for the experts a token chooses, after its
+// loads; a token that misses m experts over capacity evicts the m lowest ranks among
+// residents it does not need, found in one scan (the same victims as m evictions one
+// after another, since no rank moves in between).
 class KeyedCache : public CachePolicy {
 public:
-    KeyedCache(int n_expert, int capacity)
-        : capacity_(capacity), slot_(size_t(n_expert), -1), key_(size_t(n_expert), 0.0), protect_(size_t(n_expert), 0) {
+    KeyedCache(int n_expert, int capacity) : capacity_(capacity), slot_(size_t(n_expert), -1), key_(size_t(n_expert), 0) {
         ids_.reserve(size_t(capacity));
+        rank_.reserve(size_t(capacity));
     }
 
     int access(std::span<const int32_t> chosen) override {
         ++t_;
-        for (int32_t e : chosen) {
-            protect_[size_t(e)] = 1;
-        }
         int misses = 0;
         for (int32_t e : chosen) {
-            if (slot_[size_t(e)] < 0) {
+            const int32_t s = slot_[size_t(e)];
+            if (s < 0) {
                 ++misses;
-                if (int(ids_.size()) == capacity_) {
-                    evict_one();
-                }
-                slot_[size_t(e)] = int32_t(ids_.size());
-                ids_.push_back(e);
+            } else {
+                rank_[size_t(s)] = kProtected;  // rewritten below, once the token's loads are done
             }
         }
-        for (int32_t e : chosen) {
-            protect_[size_t(e)] = 0;
-            key_[size_t(e)] = touched_key(e);
+        const int excess = int(ids_.size()) + misses - capacity_;
+        if (excess > 0) {
+            evict_lowest(excess);
+        }
+        for (size_t j = 0; j < chosen.size(); ++j) {
+            const int32_t e = chosen[j];
+            key_[size_t(e)] = touched_key(e, j);
+            int32_t s = slot_[size_t(e)];
+            if (s < 0) {
+                s = slot_[size_t(e)] = int32_t(ids_.size());
+                ids_.push_back(e);
+                rank_.push_back(0);
+            }
+            rank_[size_t(s)] = key_[size_t(e)] * 65536 + e;
         }
         return misses;
     }
@@ -50,47 +60,62 @@ public:
             slot_[size_t(e)] = -1;
         }
         ids_.clear();
-        std::fill(key_.begin(), key_.end(), 0.0);
+        rank_.clear();
+        std::fill(key_.begin(), key_.end(), 0);
         on_reset();
     }
 
     bool resident(int32_t e) const override { return slot_[size_t(e)] >= 0; }
 
 protected:
-    virtual double touched_key(int32_t e) = 0;  // the key of e after this token chose it
+    // The key of e after this token chose it (e is chosen[j]); |key| < 2^46.
+    virtual int64_t touched_key(int32_t e, size_t j) = 0;
     virtual void on_reset() {}
     uint64_t now() const { return t_; }
-    double key(int32_t e) const { return key_[size_t(e)]; }
+    int64_t key(int32_t e) const { return key_[size_t(e)]; }
 
 private:
-    void evict_one() {
-        int32_t victim = -1;
-        for (int32_t e : ids_) {
-            if (!protect_[size_t(e)] &&
-                (victim < 0 || key_[size_t(e)] < key_[size_t(victim)] ||
-                 (key_[size_t(e)] == key_[size_t(victim)] && e < victim))) {
-                victim = e;
+    void evict_lowest(int n) {
+        // victims_[0..n) holds the n lowest ranks seen so far, ascending.
+        victims_.assign(size_t(n), kProtected);
+        int64_t worst = kProtected;
+        for (size_t s = 0; s < rank_.size(); ++s) {
+            const int64_t r = rank_[s];
+            if (r >= worst) {  // also skips the protected, whose rank is the largest there is
+                continue;
             }
+            size_t i = size_t(n) - 1;
+            while (i > 0 && victims_[i - 1] > r) {
+                victims_[i] = victims_[i - 1];
+                --i;
+            }
+            victims_[i] = r;
+            worst = victims_[size_t(n) - 1];
         }
-        const int32_t s = slot_[size_t(victim)];
-        ids_[size_t(s)] = ids_.back();
-        slot_[size_t(ids_[size_t(s)])] = s;
-        ids_.pop_back();
-        slot_[size_t(victim)] = -1;
+        for (int64_t r : victims_) {
+            const int32_t e = int32_t(((r % 65536) + 65536) % 65536);
+            const int32_t s = slot_[size_t(e)];
+            ids_[size_t(s)] = ids_.back();
+            rank_[size_t(s)] = rank_.back();
+            slot_[size_t(ids_[size_t(s)])] = s;
+            ids_.pop_back();
+            rank_.pop_back();
+            slot_[size_t(e)] = -1;
+        }
     }
 
     int capacity_;
     uint64_t t_ = 0;
     std::vector<int32_t> slot_, ids_;
-    std::vector<double> key_;
-    std::vector<char> protect_;
+    std::vector<int64_t> key_, rank_, victims_;
+    static constexpr int64_t kProtected = std::numeric_limits<int64_t>::max();
 };
 
 class Lru : public KeyedCache {
 public:
     using KeyedCache::KeyedCache;
 private:
-    double touched_key(int32_t) override { return double(now()); }
+    int64_t touched_key(int32_t, size_t) override { return int64_t(now()); }
 };
 
 // Frequency over the whole stream, resident or not: the key is simply the count.
@@ -98,34 +123,38 @@ class Lfu : public KeyedCache {
 public:
     using KeyedCache::KeyedCache;
 private:
-    double touched_key(int32_t e) override { return key(e) + 1.0; }
+    int64_t touched_key(int32_t e, size_t) override { return key(e) + 1; }
 };
 
 // Exponentially decayed frequency of every expert, decayed lazily: an expert's
 // score s at its last use t0 is worth s * d^(t - t0) later. Comparing those at a
 // common t is comparing ln(s) - t0 * ln(d), which no longer moves with time, so
-// that is the key, and untouched experts never need updating.
+// that (on a grid of 2^-20, see ema_key) is the key, and untouched experts never
+// need updating.
 class Ema : public KeyedCache {
 public:
     Ema(int n_expert, int capacity, double decay)
-        : KeyedCache(n_expert, capacity), decay_(decay), log_decay_(std::log(decay)), score_(size_t(n_expert), 0.0),
-          stamp_(size_t(n_expert), 0) {}
-private:
-    double touched_key(int32_t e) override {
-        double & s = score_[size_t(e)];
-        s = s * std::pow(decay_, double(now() - stamp_[size_t(e)])) + 1.0;
-        stamp_[size_t(e)] = now();
-        return std::log(s) - double(now()) * log_decay_;
+        : KeyedCache(n_expert, capacity), decay_(decay), score_(size_t(n_expert), 0.0), stamp_(size_t(n_expert), 0) {
+        for (size_t i = 0; i < decay_pow_.size(); ++i) {
+            decay_pow_[i] = std::pow(decay, double(i));
+        }
     }
-    // Chosen experts' keys exceed -t * ln(d) > 0, so experts not chosen since the
-    // reset (key 0) rank below all of them, as a score of 0 does.
+private:
+    int64_t touched_key(int32_t e, size_t) override {
+        double & s = score_[size_t(e)];
+        const uint64_t gap = now() - stamp_[size_t(e)];
+        s = s * (gap < decay_pow_.size() ? decay_pow_[gap] : std::pow(decay_, double(gap))) + 1.0;
+        stamp_[size_t(e)] = now();
+        return ema_key(std::log(s), now(), decay_);
+    }
     void on_reset() override {
         std::fill(score_.begin(), score_.end(), 0.0);
         std::fill(stamp_.begin(), stamp_.end(), 0);
     }
-    double decay_, log_decay_;
+    double decay_;
     std::vector<double> score_;
     std::vector<uint64_t> stamp_;
+    std::array<double, 1024> decay_pow_;
 };
 
 // Belady's MIN: evict the resident whose next use is farthest; never again is farthest.
@@ -144,17 +173,13 @@ public:
                 seen[size_t(e)] = t + 1;
             }
         }
-        future_ = &future;
     }
 private:
     static constexpr uint64_t kNever = std::numeric_limits<uint64_t>::max();
-    double touched_key(int32_t e) override {
-        const auto & row = (*future_)[size_t(now() - 1)];
-        const size_t j = size_t(std::find(row.begin(), row.end(), e) - row.begin());
+    int64_t touched_key(int32_t, size_t j) override {
         const uint64_t next = next_[size_t(now() - 1)][j];
-        return next == kNever ? -std::numeric_limits<double>::infinity() : -double(next);
+        return next == kNever ? -(int64_t(1) << 46) : -int64_t(next);
     }
-    const std::vector<std::vector<int32_t>> * future_ = nullptr;
     std::vector<std::vector<uint64_t>> next_;
 };
 
@@ -169,16 +194,14 @@ public:
           visited_(size_t(n_expert), 0), protect_(size_t(n_expert), 0) {}
 
     int access(std::span<const int32_t> chosen) override {
-        sorted_.assign(chosen.begin(), chosen.end());
-        std::sort(sorted_.begin(), sorted_.end());
-        for (int32_t e : sorted_) {
+        for (int32_t e : chosen) {
             protect_[size_t(e)] = 1;
             if (in_[size_t(e)]) {
                 visited_[size_t(e)] = 1;
             }
         }
         int misses = 0;
-        for (int32_t e : sorted_) {
+        for (int32_t e : chosen) {
             if (in_[size_t(e)]) {
                 continue;
             }
@@ -188,7 +211,7 @@ public:
             }
             push_newest(e);
         }
-        for (int32_t e : sorted_) {
+        for (int32_t e : chosen) {
             protect_[size_t(e)] = 0;
         }
         return misses;
@@ -254,10 +277,13 @@ private:
     int32_t oldest_ = -1, newest_ = -1, hand_ = -1;
     std::vector<int32_t> newer_, older_;
     std::vector<char> in_, visited_, protect_;
-    std::vector<int32_t> sorted_;
 };
 
 } // namespace
+
+int64_t ema_key(double log_score, uint64_t t, double decay) {
+    return std::llround((log_score - double(t) * std::log(decay)) * double(1 << 20));
+}
 
 const std::vector<std::string> & policy_names() {
     static const std::vector<std::string> names = {"lru", "lfu", "ema", "belady", "sieve"};

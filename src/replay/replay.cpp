@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <exception>
@@ -64,10 +65,11 @@ const std::vector<std::vector<int32_t>> & empty_future() {
 }
 
 // Each token's top-k among the candidates the keep map leaves (ids renumbered as in
-// the sliced model); `forced` gets the slots the top-M could not fill.
-std::vector<std::vector<int32_t>> choose_per_token(const std::vector<uint16_t> & ids, const std::vector<float> & logits,
-                                                   const TraceHeader & h, int k, const std::vector<int32_t> * keep,
+// the sliced model, ascending as CachePolicy::access expects), read a chunk at a time;
+// `forced` gets the slots the top-M could not fill.
+std::vector<std::vector<int32_t>> choose_per_token(const TraceReader & reader, int k, const std::vector<int32_t> * keep,
                                                    uint32_t layer, const std::string & origin, std::vector<int> & forced) {
+    const TraceHeader & h = reader.header();
     std::vector<int32_t> old_to_new(h.n_expert, -1);
     for (uint32_t e = 0; e < h.n_expert; ++e) {
         old_to_new[e] = keep ? -1 : int32_t(e);
@@ -77,22 +79,26 @@ std::vector<std::vector<int32_t>> choose_per_token(const std::vector<uint16_t> &
             old_to_new[size_t((*keep)[i])] = int32_t(i);
         }
     }
-    const size_t n_tok = ids.size() / h.top_m;
-    std::vector<std::vector<int32_t>> chosen(n_tok);
-    forced.assign(n_tok, 0);
-    for (size_t t = 0; t < n_tok; ++t) {
-        chosen[t].reserve(size_t(k));
-        for (uint32_t m = 0; m < h.top_m && chosen[t].size() < size_t(k); ++m) {
-            if (std::isnan(logits[t * h.top_m + m])) {
-                fail_file(origin, fmt::format("NaN logit at token {} layer {} rank {}", t, layer, m));
+    std::vector<std::vector<int32_t>> chosen(reader.n_tokens());
+    forced.assign(reader.n_tokens(), 0);
+    reader.for_each_layer_chunk(layer, [&](uint64_t first, uint32_t n, const uint16_t * ids, const float * logits) {
+        for (uint32_t i = 0; i < n; ++i) {
+            const uint64_t t = first + i;
+            auto & c = chosen[t];
+            c.reserve(size_t(k));
+            for (uint32_t m = 0; m < h.top_m && c.size() < size_t(k); ++m) {
+                if (std::isnan(logits[size_t(i) * h.top_m + m])) {
+                    fail_file(origin, fmt::format("NaN logit at token {} layer {} rank {}", t, layer, m));
+                }
+                const int32_t id = old_to_new[ids[size_t(i) * h.top_m + m]];
+                if (id >= 0) {
+                    c.push_back(id);
+                }
             }
-            const int32_t id = old_to_new[ids[t * h.top_m + m]];
-            if (id >= 0) {
-                chosen[t].push_back(id);
-            }
+            forced[t] = k - int(c.size());
+            std::sort(c.begin(), c.end());
         }
-        forced[t] = k - int(chosen[t].size());
-    }
+    });
     return chosen;
 }
 
@@ -159,14 +165,10 @@ ReplayReport run_replay(const ReplayOptions & opt) {
     std::exception_ptr failure;
     std::mutex failure_mutex;
     const auto worker = [&] {
-        std::vector<uint16_t> ids;
-        std::vector<float> logits;
         for (uint32_t l = next_layer++; l < h.n_layer; l = next_layer++) {
             try {
-                reader.read_layer(l, ids, logits);
                 std::vector<int> forced;
-                const auto chosen = choose_per_token(ids, logits, h, rep.k, keep.empty() ? nullptr : keep[l], l,
-                                                     trace_origin, forced);
+                const auto chosen = choose_per_token(reader, rep.k, keep.empty() ? nullptr : keep[l], l, trace_origin, forced);
                 std::vector<std::unique_ptr<CachePolicy>> policies;
                 for (const ReplayRecord & rec : per_layer[l]) {
                     policies.push_back(make_policy(rec.policy, n_expert, rec.cache, opt.params, &chosen));

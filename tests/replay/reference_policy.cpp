@@ -109,23 +109,27 @@ private:
 };
 
 // Exponentially decayed frequency of every expert, decayed eagerly: every score is
-// multiplied each token (the engine decays lazily and must agree).
+// multiplied each token (the engine decays lazily and must agree). Long double keeps
+// scores of long-unused experts from underflowing to 0 within a benchmark's length.
 class Ema : public ScoredCache {
 public:
-    Ema(int n_expert, int capacity, double decay) : ScoredCache(n_expert, capacity), decay_(decay), score_(size_t(n_expert), 0.0) {}
+    Ema(int n_expert, int capacity, double decay) : ScoredCache(n_expert, capacity), decay_(decay), score_(size_t(n_expert), 0.0L) {}
 private:
-    double keep_score(int32_t e) const override { return score_[size_t(e)]; }
+    double keep_score(int32_t e) const override {
+        const long double s = score_[size_t(e)];
+        return s == 0.0L ? 0.0 : double(ema_key(double(std::log(s)), now() - 1, decay_));
+    }
     void on_token(std::span<const int32_t> chosen) override {
-        for (double & s : score_) {
+        for (long double & s : score_) {
             s *= decay_;
         }
         for (int32_t e : chosen) {
-            score_[size_t(e)] += 1.0;
+            score_[size_t(e)] += 1.0L;
         }
     }
-    void on_reset() override { std::fill(score_.begin(), score_.end(), 0.0); }
+    void on_reset() override { std::fill(score_.begin(), score_.end(), 0.0L); }
     double decay_;
-    std::vector<double> score_;
+    std::vector<long double> score_;
 };
 
 // Belady's MIN: evict the resident whose next use is farthest (never = infinitely far).

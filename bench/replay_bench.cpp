@@ -1,0 +1,146 @@
+// Replay sweep speed, engine against the reference of the tests, on a trace shaped
+// like the seed pipeline's sweep. Prints the miss counts of both (they must agree)
+// and, last, "replay: speedup=S mreq_per_s=R".
+#include "formats/trace.h"
+#include "replay/reference_policy.h"
+#include "replay/replay.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+using namespace moeprune;
+namespace fs = std::filesystem;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+// Router-like candidates: a per-layer popularity (Zipf over a layer-specific order)
+// that drifts slowly, so caches have something to learn and something to miss.
+void write_trace(const fs::path & path, uint32_t n_tokens, uint32_t n_layer, uint32_t n_expert, uint32_t top_m, int k) {
+    TraceHeader h;
+    h.n_layer = n_layer;
+    h.n_expert = n_expert;
+    h.top_m = top_m;
+    h.domains = {"bench"};
+    h.meta = {{"n_expert_used", k}, {"source", "bench/replay_bench"}};
+    TraceWriter w(path, h, 256);
+    std::mt19937_64 rng(7);
+    std::vector<std::vector<uint16_t>> order(n_layer, std::vector<uint16_t>(n_expert));
+    for (auto & o : order) {
+        for (uint32_t e = 0; e < n_expert; ++e) {
+            o[e] = uint16_t(e);
+        }
+        std::shuffle(o.begin(), o.end(), rng);
+    }
+    // rank r with probability ~ 1/(r+1): n^U - 1 for uniform U, tabulated
+    std::vector<uint16_t> rank_of(4096);
+    for (size_t i = 0; i < rank_of.size(); ++i) {
+        rank_of[i] = uint16_t(std::min<double>(n_expert - 1, std::floor(std::pow(double(n_expert), double(i) / 4096.0)) - 1));
+    }
+    std::vector<uint16_t> ids(size_t(n_layer) * top_m);
+    std::vector<float> logits(ids.size());
+    std::vector<char> taken(n_expert);
+    for (uint32_t t = 0; t < n_tokens; ++t) {
+        for (uint32_t l = 0; l < n_layer; ++l) {
+            if (t % 64 == 0) {  // drift: neighbours in popularity swap places now and then
+                const size_t i = rng() % (n_expert - 1);
+                std::swap(order[l][i], order[l][i + 1]);
+            }
+            std::fill(taken.begin(), taken.end(), 0);
+            for (uint32_t m = 0; m < top_m; ++m) {
+                uint32_t r;
+                do {
+                    r = rank_of[rng() % rank_of.size()];
+                } while (taken[r]);
+                taken[r] = 1;
+                ids[l * top_m + m] = order[l][r];
+                logits[l * top_m + m] = 8.0f - 0.125f * float(m);
+            }
+        }
+        w.append({int32_t(t), int32_t(t), 0, 0, TracePhase::Decode}, ids.data(), logits.data());
+    }
+    w.close();
+}
+
+double seconds_since(clock_type::time_point t0) {
+    return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+} // namespace
+
+int main(int argc, char ** argv) {
+    // replay_bench write-trace PATH TOKENS LAYERS: a trace for the memory check
+    if (argc == 5 && std::string(argv[1]) == "write-trace") {
+        write_trace(argv[2], uint32_t(std::stoul(argv[3])), uint32_t(std::stoul(argv[4])), 512, 64, 10);
+        return 0;
+    }
+    // replay_bench sweep DIR [TOKENS]
+    if (argc < 3 || std::string(argv[1]) != "sweep") {
+        std::fprintf(stderr, "usage: replay_bench sweep DIR [TOKENS] | replay_bench write-trace PATH TOKENS LAYERS\n");
+        return 2;
+    }
+    const fs::path dir = argv[2];
+    const uint32_t n_tokens = argc > 3 ? uint32_t(std::stoul(argv[3])) : 16384;
+    const uint32_t n_layer = 48, n_expert = 512, top_m = 64;
+    const int k = 10;
+    fs::create_directories(dir);
+    const fs::path trace = dir / fmt::format("sweep-{}.trace", n_tokens);
+    if (!fs::exists(trace)) {
+        std::fprintf(stderr, "writing %s\n", trace.c_str());
+        write_trace(trace, n_tokens, n_layer, n_expert, top_m, k);
+    }
+
+    ReplayOptions o;
+    o.trace = trace;
+    o.policies = {"lru", "lfu", "ema", "belady", "sieve"};
+    for (int c = 16; c <= 384; c += 16) {
+        o.caches.push_back(c);  // 24 sizes x 5 policies = 120 configurations
+    }
+    o.threads = 1;  // per-core rate
+    auto t0 = clock_type::now();
+    const ReplayReport engine = run_replay(o);
+    const double engine_s = seconds_since(t0);
+    const double requests = double(n_tokens) * n_layer * k * double(engine.records.size());
+
+    // The reference, one configuration at a time, as a user of the old scripts would run them.
+    const TraceReader reader = TraceReader::open(trace);
+    t0 = clock_type::now();
+    std::vector<uint64_t> ref_misses(engine.records.size(), 0);
+    std::vector<char> no_reset(n_tokens, 0);
+    for (size_t c = 0; c < engine.records.size(); ++c) {
+        std::vector<uint16_t> ids;
+        std::vector<float> logits;
+        for (uint32_t l = 0; l < n_layer; ++l) {
+            reader.read_layer(l, ids, logits);
+            std::vector<std::vector<int32_t>> chosen(n_tokens);
+            for (uint32_t t = 0; t < n_tokens; ++t) {
+                chosen[t].assign(ids.begin() + long(t) * top_m, ids.begin() + long(t) * top_m + k);
+            }
+            for (int m : test::reference_misses(engine.records[c].policy, int(n_expert), engine.records[c].cache, o.params,
+                                                chosen, no_reset)) {
+                ref_misses[c] += uint64_t(m);
+            }
+        }
+    }
+    const double reference_s = seconds_since(t0);
+
+    int disagreements = 0;
+    std::printf("%-8s %6s %14s %14s\n", "policy", "cache", "engine misses", "reference");
+    for (size_t c = 0; c < engine.records.size(); ++c) {
+        const uint64_t got = engine.records[c].total().misses;
+        disagreements += got != ref_misses[c];
+        if (c % 6 == 0 || got != ref_misses[c]) {
+            std::printf("%-8s %6d %14llu %14llu%s\n", engine.records[c].policy.c_str(), engine.records[c].cache,
+                        (unsigned long long) got, (unsigned long long) ref_misses[c], got != ref_misses[c] ? "  DIFFERENT" : "");
+        }
+    }
+    std::printf("%u tokens x %u layers x k=%d, %zu configurations: engine %.2f s (1 thread), reference %.2f s\n", n_tokens,
+                n_layer, k, engine.records.size(), engine_s, reference_s);
+    std::printf("configurations where engine and reference disagree: %d\n", disagreements);
+    std::printf("replay: speedup=%.1f mreq_per_s=%.1f\n", reference_s / engine_s, requests / engine_s / 1e6);
+    return disagreements == 0 ? 0 : 1;
+}
