@@ -126,9 +126,6 @@ ReplayReport run_replay(const ReplayOptions & opt) {
             throw Error(fmt::format("cache of {} experts is smaller than k = {}: every token needs k resident at once",
                                     c, rep.k));
         }
-        if (uint32_t(c) > h.n_expert) {
-            throw Error(fmt::format("cache of {} experts is larger than the {} experts per layer", c, h.n_expert));
-        }
     }
     if (opt.warmup >= reader.n_tokens()) {
         fail_file(trace_origin, fmt::format("has {} tokens, not more than the warm-up of {}: nothing would be counted",
@@ -138,7 +135,12 @@ ReplayReport run_replay(const ReplayOptions & opt) {
     std::vector<const std::vector<int32_t> *> keep;
     if (!opt.keep.empty()) {
         km = read_keep_map(opt.keep);
-        validate_keep_map(km, opt.keep.string());
+        if (km.n_expert != 0 && km.n_expert != int64_t(h.n_expert)) {
+            fail_file(opt.keep.string(), fmt::format("made for {} experts per layer, the trace has {}", km.n_expert,
+                                                     h.n_expert));
+        }
+        km.n_expert = h.n_expert;
+        validate_keep_map(km, opt.keep.string());  // now also ids against the trace's experts
         keep = keep_per_trace_layer(km, h, opt.keep.string());
     }
 

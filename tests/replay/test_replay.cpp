@@ -335,6 +335,15 @@ TEST(Replay, GuardsAgainstMeaninglessConfigurations) {
     EXPECT_EQ(run_replay(o).k, 2);
     o.policies = {"fifo-of-dreams"};
     EXPECT_THROW(run_replay(o), Error);
+    o.policies = {"lru"};
+    test::write_text(dir / "keep.json", R"({"0": [0, 1, 2, 99], "1": [0, 1, 2, 3]})");
+    o.keep = dir / "keep.json";
+    try {
+        run_replay(o);
+        ADD_FAILURE() << "a keep map naming expert 99 of 16 was accepted";
+    } catch (const Error & e) {
+        EXPECT_NE(std::string(e.what()).find("layer 0: expert id 99 is not below n_expert 16"), std::string::npos) << e.what();
+    }
 }
 
 TEST(Replay, RefusesNanLogitsNamingTokenAndLayer) {
