@@ -111,13 +111,6 @@ private:
     static constexpr int64_t kProtected = std::numeric_limits<int64_t>::max();
 };
 
-class Lru : public KeyedCache {
-public:
-    using KeyedCache::KeyedCache;
-private:
-    int64_t touched_key(int32_t, size_t) override { return int64_t(now()); }
-};
-
 // Frequency over the whole stream, resident or not: the key is simply the count.
 class Lfu : public KeyedCache {
 public:
@@ -134,7 +127,8 @@ private:
 class Ema : public KeyedCache {
 public:
     Ema(int n_expert, int capacity, double decay)
-        : KeyedCache(n_expert, capacity), decay_(decay), score_(size_t(n_expert), 0.0), stamp_(size_t(n_expert), 0) {
+        : KeyedCache(n_expert, capacity), decay_(decay), log_decay_(std::log(decay)), score_(size_t(n_expert), 0.0),
+          stamp_(size_t(n_expert), 0) {
         for (size_t i = 0; i < decay_pow_.size(); ++i) {
             decay_pow_[i] = std::pow(decay, double(i));
         }
@@ -145,13 +139,13 @@ private:
         const uint64_t gap = now() - stamp_[size_t(e)];
         s = s * (gap < decay_pow_.size() ? decay_pow_[gap] : std::pow(decay_, double(gap))) + 1.0;
         stamp_[size_t(e)] = now();
-        return ema_key(std::log(s), now(), decay_);
+        return ema_key(std::log(s), now(), log_decay_);
     }
     void on_reset() override {
         std::fill(score_.begin(), score_.end(), 0.0);
         std::fill(stamp_.begin(), stamp_.end(), 0);
     }
-    double decay_;
+    double decay_, log_decay_;
     std::vector<double> score_;
     std::vector<uint64_t> stamp_;
     std::array<double, 1024> decay_pow_;
@@ -160,27 +154,77 @@ private:
 // Belady's MIN: evict the resident whose next use is farthest; never again is farthest.
 class Belady : public KeyedCache {
 public:
-    Belady(int n_expert, int capacity, const std::vector<std::vector<int32_t>> & future) : KeyedCache(n_expert, capacity) {
-        // next_[t][j]: the token (1-based, as access() counts) that next chooses future[t][j].
-        std::vector<uint64_t> seen(size_t(n_expert), kNever);
-        next_.resize(future.size());
-        for (size_t t = future.size(); t-- > 0;) {
-            next_[t].resize(future[t].size());
-            for (size_t j = 0; j < future[t].size(); ++j) {
-                next_[t][j] = seen[size_t(future[t][j])];
-            }
-            for (int32_t e : future[t]) {
-                seen[size_t(e)] = t + 1;
+    Belady(int n_expert, int capacity, const AccessSequence & future) : KeyedCache(n_expert, capacity), future_(future) {}
+private:
+    int64_t touched_key(int32_t, size_t j) override {
+        const uint64_t next = future_.next_use[size_t(now() - 1)][j];
+        return next == AccessSequence::kNeverAgain ? -(int64_t(1) << 46) : -int64_t(next);
+    }
+    const AccessSequence & future_;
+};
+
+// LRU needs no scan: residents sit in a list from least to most recently used, and a
+// token's experts go to the back in ascending id order, which keeps the list sorted
+// by (last use, id), the order every keyed policy evicts in.
+class Lru : public CachePolicy {
+public:
+    Lru(int n_expert, int capacity)
+        : capacity_(capacity), sentinel_(n_expert), prev_(size_t(n_expert) + 1, -1), next_(size_t(n_expert) + 1, -1),
+          in_(size_t(n_expert), 0) {
+        prev_[size_t(sentinel_)] = next_[size_t(sentinel_)] = sentinel_;
+    }
+
+    int access(std::span<const int32_t> chosen) override {
+        int misses = 0;
+        for (int32_t e : chosen) {
+            if (in_[size_t(e)]) {
+                unlink(e);
+            } else {
+                ++misses;
             }
         }
+        for (int excess = size_ + int(chosen.size()) - capacity_; excess > 0; --excess) {
+            const int32_t victim = next_[size_t(sentinel_)];
+            unlink(victim);
+            in_[size_t(victim)] = 0;
+        }
+        for (int32_t e : chosen) {
+            in_[size_t(e)] = 1;
+            link_back(e);
+        }
+        return misses;
     }
+
+    void reset() override {
+        for (int32_t e = next_[size_t(sentinel_)]; e != sentinel_; e = next_[size_t(e)]) {
+            in_[size_t(e)] = 0;
+        }
+        prev_[size_t(sentinel_)] = next_[size_t(sentinel_)] = sentinel_;
+        size_ = 0;
+    }
+
+    bool resident(int32_t e) const override { return in_[size_t(e)] != 0; }
+
 private:
-    static constexpr uint64_t kNever = std::numeric_limits<uint64_t>::max();
-    int64_t touched_key(int32_t, size_t j) override {
-        const uint64_t next = next_[size_t(now() - 1)][j];
-        return next == kNever ? -(int64_t(1) << 46) : -int64_t(next);
+    void unlink(int32_t e) {
+        next_[size_t(prev_[size_t(e)])] = next_[size_t(e)];
+        prev_[size_t(next_[size_t(e)])] = prev_[size_t(e)];
+        --size_;
     }
-    std::vector<std::vector<uint64_t>> next_;
+    void link_back(int32_t e) {
+        const int32_t last = prev_[size_t(sentinel_)];
+        prev_[size_t(e)] = last;
+        next_[size_t(e)] = sentinel_;
+        next_[size_t(last)] = e;
+        prev_[size_t(sentinel_)] = e;
+        ++size_;
+    }
+
+    int capacity_;
+    int size_ = 0;
+    int32_t sentinel_;
+    std::vector<int32_t> prev_, next_;
+    std::vector<char> in_;
 };
 
 // SIEVE: a FIFO of residents with a visited bit per expert and a hand walking from
@@ -281,8 +325,22 @@ private:
 
 } // namespace
 
-int64_t ema_key(double log_score, uint64_t t, double decay) {
-    return std::llround((log_score - double(t) * std::log(decay)) * double(1 << 20));
+AccessSequence::AccessSequence(std::vector<std::vector<int32_t>> chosen_ids, int n_expert) : chosen(std::move(chosen_ids)) {
+    std::vector<uint64_t> seen(size_t(n_expert), kNeverAgain);
+    next_use.resize(chosen.size());
+    for (size_t t = chosen.size(); t-- > 0;) {
+        next_use[t].resize(chosen[t].size());
+        for (size_t j = 0; j < chosen[t].size(); ++j) {
+            next_use[t][j] = seen[size_t(chosen[t][j])];
+        }
+        for (int32_t e : chosen[t]) {
+            seen[size_t(e)] = t + 1;
+        }
+    }
+}
+
+int64_t ema_key(double log_score, uint64_t t, double log_decay) {
+    return int64_t(std::floor((log_score - double(t) * log_decay) * double(1 << 20) + 0.5));
 }
 
 const std::vector<std::string> & policy_names() {
@@ -291,7 +349,7 @@ const std::vector<std::string> & policy_names() {
 }
 
 std::unique_ptr<CachePolicy> make_policy(const std::string & name, int n_expert, int capacity, const PolicyParams & p,
-                                         const std::vector<std::vector<int32_t>> * future) {
+                                         const AccessSequence * future) {
     if (name == "lru") {
         return std::make_unique<Lru>(n_expert, capacity);
     }

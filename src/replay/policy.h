@@ -25,17 +25,27 @@ public:
     virtual bool resident(int32_t expert) const = 0;
 };
 
-// `future` is Belady's view of the whole access sequence of this cache: one entry per
-// token, exactly the spans access() will be given. Online policies ignore it.
+// The whole access sequence of one cache, for offline policies: every token's chosen
+// ids (as access() will be given them) and, for each, the token (counted from 1, as
+// policies count) that next chooses that expert, or kNeverAgain. Built once and
+// shared by every configuration replaying the same layer.
+struct AccessSequence {
+    static constexpr uint64_t kNeverAgain = UINT64_MAX;
+    AccessSequence(std::vector<std::vector<int32_t>> chosen, int n_expert);
+    std::vector<std::vector<int32_t>> chosen;
+    std::vector<std::vector<uint64_t>> next_use;
+};
+
+// `future` is needed by belady only; it must outlive the policy.
 std::unique_ptr<CachePolicy> make_policy(const std::string & name, int n_expert, int capacity, const PolicyParams & p,
-                                         const std::vector<std::vector<int32_t>> * future = nullptr);
+                                         const AccessSequence * future = nullptr);
 
 const std::vector<std::string> & policy_names();
 
 // ema's eviction key for an expert whose score is exp(log_score) after token t:
-// ln(score) - t * ln(decay), which orders experts as their decayed scores do at any
+// ln(score) - t * ln(decay) (log_decay = ln(decay)), which orders experts as their decayed scores do at any
 // later time, rounded to multiples of 2^-20 so that scores equal to about one part
 // in a million are ties (lowest id first) whether decay was applied eagerly or lazily.
-int64_t ema_key(double log_score, uint64_t t, double decay);
+int64_t ema_key(double log_score, uint64_t t, double log_decay);
 
 } // namespace moeprune

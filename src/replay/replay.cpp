@@ -59,11 +59,6 @@ std::vector<const std::vector<int32_t> *> keep_per_trace_layer(const KeepMap & k
     return out;
 }
 
-const std::vector<std::vector<int32_t>> & empty_future() {
-    static const std::vector<std::vector<int32_t>> none;
-    return none;
-}
-
 // Each token's top-k among the candidates the keep map leaves (ids renumbered as in
 // the sliced model, ascending as CachePolicy::access expects), read a chunk at a time;
 // `forced` gets the slots the top-M could not fill.
@@ -153,7 +148,8 @@ ReplayReport run_replay(const ReplayOptions & opt) {
     }
     const int n_expert = keep.empty() ? int(h.n_expert) : int(km.k);
     for (const ReplayRecord & rec : rep.records) {
-        make_policy(rec.policy, 1, 1, opt.params, &empty_future());  // unknown names fail before any work
+        const AccessSequence none({}, 1);
+        make_policy(rec.policy, 1, 1, opt.params, &none);  // unknown names fail before any work
         if (rec.cache > n_expert) {
             throw Error(fmt::format("cache of {} experts is larger than the {} experts per layer{}", rec.cache, n_expert,
                                     keep.empty() ? "" : " the keep map leaves"));
@@ -170,10 +166,13 @@ ReplayReport run_replay(const ReplayOptions & opt) {
         for (uint32_t l = next_layer++; l < h.n_layer; l = next_layer++) {
             try {
                 std::vector<int> forced;
-                const auto chosen = choose_per_token(reader, rep.k, keep.empty() ? nullptr : keep[l], l, trace_origin, forced);
+                const AccessSequence seq(choose_per_token(reader, rep.k, keep.empty() ? nullptr : keep[l], l, trace_origin,
+                                                          forced),
+                                         n_expert);
+                const auto & chosen = seq.chosen;
                 std::vector<std::unique_ptr<CachePolicy>> policies;
                 for (const ReplayRecord & rec : per_layer[l]) {
-                    policies.push_back(make_policy(rec.policy, n_expert, rec.cache, opt.params, &chosen));
+                    policies.push_back(make_policy(rec.policy, n_expert, rec.cache, opt.params, &seq));
                 }
                 for (size_t t = 0; t < n_tok; ++t) {
                     const bool reset = opt.reset_on_session && t > 0 && meta[t].seq != meta[t - 1].seq;

@@ -117,7 +117,7 @@ public:
 private:
     double keep_score(int32_t e) const override {
         const long double s = score_[size_t(e)];
-        return s == 0.0L ? 0.0 : double(ema_key(double(std::log(s)), now() - 1, decay_));
+        return s == 0.0L ? 0.0 : double(ema_key(double(std::log(s)), now() - 1, std::log(decay_)));
     }
     void on_token(std::span<const int32_t> chosen) override {
         for (long double & s : score_) {
