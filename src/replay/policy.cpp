@@ -325,7 +325,11 @@ private:
 
 } // namespace
 
-AccessSequence::AccessSequence(std::vector<std::vector<int32_t>> chosen_ids, int n_expert) : chosen(std::move(chosen_ids)) {
+AccessSequence::AccessSequence(std::vector<std::vector<int32_t>> chosen_ids, int n_expert, bool with_next_use)
+    : chosen(std::move(chosen_ids)) {
+    if (!with_next_use) {
+        return;
+    }
     std::vector<uint64_t> seen(size_t(n_expert), kNeverAgain);
     next_use.resize(chosen.size());
     for (size_t t = chosen.size(); t-- > 0;) {
@@ -363,8 +367,8 @@ std::unique_ptr<CachePolicy> make_policy(const std::string & name, int n_expert,
         return std::make_unique<Ema>(n_expert, capacity, p.ema_decay);
     }
     if (name == "belady") {
-        if (!future) {
-            throw Error("belady needs the whole access sequence");
+        if (!future || future->next_use.size() != future->chosen.size()) {
+            throw Error("belady needs the whole access sequence with its next uses");
         }
         return std::make_unique<Belady>(n_expert, capacity, *future);
     }

@@ -28,10 +28,11 @@ public:
 // The whole access sequence of one cache, for offline policies: every token's chosen
 // ids (as access() will be given them) and, for each, the token (counted from 1, as
 // policies count) that next chooses that expert, or kNeverAgain. Built once and
-// shared by every configuration replaying the same layer.
+// shared by every configuration replaying the same layer; next_use (8 bytes a pick)
+// only when an offline policy will read it.
 struct AccessSequence {
     static constexpr uint64_t kNeverAgain = UINT64_MAX;
-    AccessSequence(std::vector<std::vector<int32_t>> chosen, int n_expert);
+    AccessSequence(std::vector<std::vector<int32_t>> chosen, int n_expert, bool with_next_use);
     std::vector<std::vector<int32_t>> chosen;
     std::vector<std::vector<uint64_t>> next_use;
 };

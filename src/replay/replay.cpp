@@ -148,7 +148,7 @@ ReplayReport run_replay(const ReplayOptions & opt) {
     }
     const int n_expert = keep.empty() ? int(h.n_expert) : int(km.k);
     for (const ReplayRecord & rec : rep.records) {
-        const AccessSequence none({}, 1);
+        const AccessSequence none({}, 1, true);
         make_policy(rec.policy, 1, 1, opt.params, &none);  // unknown names fail before any work
         if (rec.cache > n_expert) {
             throw Error(fmt::format("cache of {} experts is larger than the {} experts per layer{}", rec.cache, n_expert,
@@ -156,6 +156,8 @@ ReplayReport run_replay(const ReplayOptions & opt) {
         }
     }
 
+    const bool offline = std::any_of(rep.records.begin(), rep.records.end(),
+                                     [](const ReplayRecord & r) { return r.policy == "belady"; });
     // Layers are independent caches: each worker takes whole layers and advances every
     // configuration in one pass over that layer's tokens.
     std::vector<std::vector<ReplayRecord>> per_layer(h.n_layer, rep.records);
@@ -168,7 +170,7 @@ ReplayReport run_replay(const ReplayOptions & opt) {
                 std::vector<int> forced;
                 const AccessSequence seq(choose_per_token(reader, rep.k, keep.empty() ? nullptr : keep[l], l, trace_origin,
                                                           forced),
-                                         n_expert);
+                                         n_expert, offline);
                 const auto & chosen = seq.chosen;
                 std::vector<std::unique_ptr<CachePolicy>> policies;
                 for (const ReplayRecord & rec : per_layer[l]) {

@@ -132,6 +132,15 @@ const ReplayRecord & record(const ReplayReport & r, const std::string & policy, 
 
 const std::vector<std::string> kPolicies = {"lru", "lfu", "ema", "belady", "sieve"};
 
+ReplayOptions options(const fs::path & trace, std::vector<std::string> policies, std::vector<int> caches, int k) {
+    ReplayOptions o;
+    o.trace = trace;
+    o.policies = std::move(policies);
+    o.caches = std::move(caches);
+    o.k = k;
+    return o;
+}
+
 } // namespace
 
 // Five tokens of one expert each through a 2-expert cache, worked by hand.
@@ -142,11 +151,7 @@ TEST(Replay, HandWorkedSequence) {
         s.tokens.push_back({{}, {e, uint16_t((e + 3) % 4)}});
     }
     write_trace(dir / "t.trace", s);
-    ReplayOptions o;
-    o.trace = dir / "t.trace";
-    o.policies = kPolicies;
-    o.caches = {2};
-    o.k = 1;
+    ReplayOptions o = options(dir / "t.trace", kPolicies, {2}, 1);
     const ReplayReport r = run_replay(o);
     // lru: 0 1 (0 hit) 2 evicts 1, 1 evicts 0 -> 4. lfu: 2 evicts 1 (count 1 < 2), 1 evicts 2 -> 4.
     // belady: 2 evicts 0 (never used again), 1 hits -> 3. sieve: 0 is visited, so 2 evicts 1 -> 4.
@@ -182,12 +187,8 @@ TEST(Replay, EngineEqualsReferenceOnRandomTraces) {
             }
             test::write_text(dir / "keep.json", keep_map_to_json(km).dump());
         }
-        ReplayOptions o;
-        o.trace = path;
+        ReplayOptions o = options(path, kPolicies, {k, k + 1, k + 3, int(n_expert) / 2}, k);
         o.keep = with_keep ? dir / "keep.json" : fs::path();
-        o.policies = kPolicies;
-        o.caches = {k, k + 1, k + 3, int(n_expert) / 2};
-        o.k = k;
         o.warmup = seed * 7;
         o.reset_on_session = seed % 3 == 0;
         o.params.ema_decay = 0.8 + 0.02 * seed;
@@ -216,11 +217,7 @@ TEST(Replay, CyclicScanAgreesWithReferenceAndBeladyWins) {
         s.tokens.push_back({{}, {uint16_t(t % 5)}});
     }
     write_trace(dir / "scan.trace", s);
-    ReplayOptions o;
-    o.trace = dir / "scan.trace";
-    o.policies = kPolicies;
-    o.caches = {4};
-    o.k = 1;
+    ReplayOptions o = options(dir / "scan.trace", kPolicies, {4}, 1);
     const ReplayReport r = run_replay(o);
     EXPECT_EQ(record(r, "lru", 4).total().misses, 200u);
     EXPECT_LT(record(r, "belady", 4).total().misses, 60u);
@@ -233,11 +230,7 @@ TEST(Replay, BeladyIsNeverBeatenByAnOnlinePolicy) {
     test::TempDir dir;
     const TraceSpec s = random_trace(42, 4, 32, 8, 800);
     write_trace(dir / "t.trace", s);
-    ReplayOptions o;
-    o.trace = dir / "t.trace";
-    o.policies = kPolicies;
-    o.caches = {4, 8, 12, 20};
-    o.k = 4;
+    ReplayOptions o = options(dir / "t.trace", kPolicies, {4, 8, 12, 20}, 4);
     const ReplayReport r = run_replay(o);
     for (int c : o.caches) {
         const uint64_t best = record(r, "belady", c).total().misses;
@@ -251,11 +244,7 @@ TEST(Replay, SplitsPhasesAndCountsOnlyAfterWarmup) {
     test::TempDir dir;
     const TraceSpec s = random_trace(3, 2, 16, 4, 300);
     write_trace(dir / "t.trace", s);
-    ReplayOptions o;
-    o.trace = dir / "t.trace";
-    o.policies = {"lru"};
-    o.caches = {6};
-    o.k = 2;
+    ReplayOptions o = options(dir / "t.trace", {"lru"}, {6}, 2);
     o.warmup = 50;
     const ReplayRecord rec = run_replay(o).records.at(0);
     uint64_t prefill = 0, decode = 0;
@@ -280,11 +269,7 @@ TEST(Replay, Q4rtTracesReplayLikeTheirMoepruneTwin) {
                              logits[i] = 4.0f - 0.25f * float(i % s.top_m);
                          }
                      });
-    ReplayOptions o;
-    o.policies = kPolicies;
-    o.caches = {5, 9};
-    o.k = 3;
-    o.trace = dir / "t.trace";
+    ReplayOptions o = options(dir / "t.trace", kPolicies, {5, 9}, 3);
     const ReplayReport a = run_replay(o);
     o.trace = dir / "t.q4rt";
     const ReplayReport b = run_replay(o);
@@ -299,11 +284,7 @@ TEST(Replay, GuardsAgainstMeaninglessConfigurations) {
     test::TempDir dir;
     TraceSpec s = random_trace(5, 2, 16, 4, 40);
     write_trace(dir / "t.trace", s);
-    ReplayOptions o;
-    o.trace = dir / "t.trace";
-    o.policies = {"lru"};
-    o.caches = {1};
-    o.k = 2;
+    ReplayOptions o = options(dir / "t.trace", {"lru"}, {1}, 2);
     EXPECT_THROW(
         {
             try {
@@ -363,11 +344,7 @@ TEST(Replay, RefusesNanLogitsNamingTokenAndLayer) {
         }
         w.close();
     }
-    ReplayOptions o;
-    o.trace = dir / "nan.trace";
-    o.policies = {"lru"};
-    o.caches = {2};
-    o.k = 1;
+    ReplayOptions o = options(dir / "nan.trace", {"lru"}, {2}, 1);
     try {
         run_replay(o);
         ADD_FAILURE() << "NaN accepted";
@@ -387,10 +364,7 @@ TEST(Replay, CommandWritesJsonRecords) {
     EXPECT_NE(r.output.find("belady"), std::string::npos) << r.output;
     const auto j = nlohmann::json::parse(test::read_bytes(dir / "out.json"));
     ASSERT_EQ(j["records"].size(), 4u);
-    ReplayOptions o;
-    o.trace = dir / "t.trace";
-    o.policies = {"lru", "belady"};
-    o.caches = {3, 6};
+    const ReplayOptions o = options(dir / "t.trace", {"lru", "belady"}, {3, 6}, 0);
     const ReplayReport lib = run_replay(o);
     for (size_t i = 0; i < 4; ++i) {
         EXPECT_EQ(j["records"][i]["policy"], lib.records[i].policy);
