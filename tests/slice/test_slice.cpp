@@ -88,6 +88,19 @@ void expect_no_partial_files(const fs::path & dir) {
     }
 }
 
+// One layer with a single expert tensor of 4 experts, each a slab of 8192 x n_ff f32:
+// big tensors at the cost of a sparse file.
+test::FakeMoe one_big_expert_tensor(int64_t n_ff) {
+    test::FakeMoe spec;
+    spec.n_layer = 1;
+    spec.n_expert = 4;
+    spec.n_used = 1;
+    spec.n_embd = 8192;
+    spec.n_ff = n_ff;
+    spec.with_down = false;
+    return spec;
+}
+
 struct KldCase {
     std::string arch;
     std::string type;
@@ -425,14 +438,7 @@ TEST(Slice, RefusesPerExpertLookingTensorsItCannotSlice) {
 // read or write may move, and offsets beyond 32 bits.
 TEST(Slice, TensorsOver2GiB) {
     test::TempDir dir;
-    test::FakeMoe spec;
-    spec.n_layer = 1;
-    spec.n_expert = 4;
-    spec.n_used = 1;
-    spec.n_embd = 8192;
-    spec.n_ff = 24576;
-    spec.with_down = false;
-    test::write_fake_moe(dir / "m.gguf", spec);
+    test::write_fake_moe(dir / "m.gguf", one_big_expert_tensor(24576));
     const KeepMap km = test::keep_all_but(4, {{0, {3}}}, 1);
     test::write_keep(dir / "keep.json", km);
     const auto r = slice(fmt::format("-m {} --keep {} -o {}", (dir / "m.gguf").string(), (dir / "keep.json").string(),
@@ -572,14 +578,7 @@ namespace {
 // Starts a slice of a 1 GiB sparse model, waits until its data is being written and
 // sends `sig`. Returns how the process ended.
 int signal_mid_write(const fs::path & dir, int sig) {
-    test::FakeMoe spec;
-    spec.n_layer = 1;
-    spec.n_expert = 4;
-    spec.n_used = 1;
-    spec.n_embd = 8192;
-    spec.n_ff = 8192;
-    spec.with_down = false;
-    test::write_fake_moe(dir / "m.gguf", spec);
+    test::write_fake_moe(dir / "m.gguf", one_big_expert_tensor(8192));
     test::write_keep(dir / "keep.json", test::keep_all_but(4, {}, 1));
     const std::string exe = test::bin("moeprune").string();
     const std::string m = (dir / "m.gguf").string(), keep = (dir / "keep.json").string(), out = (dir / "o.gguf").string();
