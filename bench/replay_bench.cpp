@@ -2,7 +2,7 @@
 // like the seed pipeline's sweep. Prints the miss counts of both (they must agree)
 // and, last, "replay: speedup=S mreq_per_s=R".
 #include "formats/trace.h"
-#include "replay/reference_policy.h"
+#include "replay/reference_replay.h"
 #include "replay/replay.h"
 
 #include <fmt/format.h>
@@ -109,22 +109,33 @@ int main(int argc, char ** argv) {
     // The reference, one configuration at a time, as a user of the old scripts would run them.
     const TraceReader reader = TraceReader::open(trace);
     t0 = clock_type::now();
-    std::vector<uint64_t> ref_misses(engine.records.size(), 0);
-    std::vector<char> no_reset(n_tokens, 0);
-    for (size_t c = 0; c < engine.records.size(); ++c) {
+    test::RefTrace ref;
+    ref.n_layer = int(n_layer);
+    ref.n_expert = int(n_expert);
+    ref.k = k;
+    ref.ranked.assign(n_tokens, std::vector<std::vector<int32_t>>(n_layer));
+    ref.logits.assign(n_tokens, std::vector<std::vector<float>>(n_layer));
+    for (uint32_t l = 0; l < n_layer; ++l) {
         std::vector<uint16_t> ids;
         std::vector<float> logits;
-        for (uint32_t l = 0; l < n_layer; ++l) {
-            reader.read_layer(l, ids, logits);
-            std::vector<std::vector<int32_t>> chosen(n_tokens);
-            for (uint32_t t = 0; t < n_tokens; ++t) {
-                chosen[t].assign(ids.begin() + long(t) * top_m, ids.begin() + long(t) * top_m + k);
-            }
-            for (int m : test::reference_misses(engine.records[c].policy, int(n_expert), engine.records[c].cache, o.params,
-                                                chosen, no_reset)) {
-                ref_misses[c] += uint64_t(m);
-            }
+        reader.read_layer(l, ids, logits);
+        for (uint32_t t = 0; t < n_tokens; ++t) {
+            ref.ranked[t][l].assign(ids.begin() + long(t) * top_m, ids.begin() + long(t) * top_m + k);
+            ref.logits[t][l].assign(logits.begin() + long(t) * top_m, logits.begin() + long(t) * top_m + k);
         }
+    }
+    for (const TraceTokenMeta & m : reader.token_meta()) {
+        ref.seq.push_back(m.seq);
+        ref.decode.push_back(m.phase == TracePhase::Decode);
+    }
+    std::vector<uint64_t> ref_misses(engine.records.size(), 0);
+    for (size_t c = 0; c < engine.records.size(); ++c) {
+        test::RefConfig rc;
+        rc.policy = engine.records[c].policy;
+        rc.capacity = engine.records[c].slots;
+        rc.params = o.params;
+        const test::RefResult r = test::reference_replay(ref, rc);
+        ref_misses[c] = r.prefill.misses + r.decode.misses;
     }
     const double reference_s = seconds_since(t0);
 
@@ -134,7 +145,7 @@ int main(int argc, char ** argv) {
         const uint64_t got = engine.records[c].total().misses;
         disagreements += got != ref_misses[c];
         if (c % 6 == 0 || got != ref_misses[c]) {
-            std::printf("%-8s %6d %14llu %14llu%s\n", engine.records[c].policy.c_str(), engine.records[c].cache,
+            std::printf("%-8s %6d %14llu %14llu%s\n", engine.records[c].policy.c_str(), *engine.records[c].cache,
                         (unsigned long long) got, (unsigned long long) ref_misses[c], got != ref_misses[c] ? "  DIFFERENT" : "");
         }
     }

@@ -1,7 +1,8 @@
 #pragma once
-// Expert-cache eviction policies for one cache (one layer, or one shared cache).
-// Every policy sees each token's chosen experts at once, so none can evict an
-// expert the token needs, and every tie goes to the lowest expert id.
+// Expert-cache eviction policies for one cache (one layer, or one cache shared by all
+// layers). Every policy sees a request's chosen experts at once, so none can evict an
+// expert the request needs, and every tie goes to the lowest expert id. The exact
+// rules are in docs/replay.md.
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -11,30 +12,49 @@
 namespace moeprune {
 
 struct PolicyParams {
-    double ema_decay = 0.9;     // ema: score <- score * decay + 1[chosen], for every expert each token
+    double ema_decay = 0.9;        // ema family: score <- score * decay + credit, per token
+    int near_pick = 48;            // near-pick-ema: candidates ranked below this earn credit
+    double lfru_half_life = 128;   // lfru: tokens after which a use counts half
+    double slru_protected = 0.8;   // slru: share of the slots in the protected segment
+    double s3fifo_small = 0.1;     // s3fifo: share of the slots in the small FIFO
+    int requests_per_token = 1;    // a global cache sees one request per layer and token
+};
+
+// One request to one cache.
+struct Request {
+    std::span<const int32_t> chosen;   // distinct ids, ascending
+    std::span<const int32_t> ranked;   // the router's candidates, best first (unbiased order)
+    std::span<const float> logits;     // logits of `ranked`
 };
 
 class CachePolicy {
 public:
     virtual ~CachePolicy() = default;
-    // Chosen experts of one token: distinct ids in ascending order (the order in which
-    // a token's new experts enter a FIFO). Returns how many were not resident; they are
-    // loaded, evicting residents that are not chosen.
-    virtual int access(std::span<const int32_t> chosen) = 0;
+    // Returns how many chosen experts were not resident; they are loaded, evicting
+    // residents that are not chosen.
+    virtual int access(const Request & r) = 0;
     virtual void reset() = 0;
     virtual bool resident(int32_t expert) const = 0;
 };
 
-// The whole access sequence of one cache, for offline policies: every token's chosen
-// ids (as access() will be given them) and, for each, the token (counted from 1, as
-// policies count) that next chooses that expert, or kNeverAgain. Built once and
-// shared by every configuration replaying the same layer; next_use (8 bytes a pick)
-// only when an offline policy will read it.
+// The whole request sequence of one cache for offline policies: the chosen ids of
+// every request, flat, and for each pick the request (counted from 1, as policies
+// count) that next chooses that expert, or kNeverAgain.
 struct AccessSequence {
     static constexpr uint64_t kNeverAgain = UINT64_MAX;
-    AccessSequence(std::vector<std::vector<int32_t>> chosen, int n_expert, bool with_next_use);
-    std::vector<std::vector<int32_t>> chosen;
-    std::vector<std::vector<uint64_t>> next_use;
+    std::vector<uint64_t> offsets{0};   // request i's picks are [offsets[i], offsets[i+1])
+    std::vector<int32_t> ids;
+    std::vector<uint64_t> next_use;     // filled by index_next_uses()
+
+    void push(std::span<const int32_t> chosen) {
+        ids.insert(ids.end(), chosen.begin(), chosen.end());
+        offsets.push_back(ids.size());
+    }
+    size_t size() const { return offsets.size() - 1; }
+    std::span<const int32_t> chosen(size_t i) const {
+        return {ids.data() + offsets[i], size_t(offsets[i + 1] - offsets[i])};
+    }
+    void index_next_uses(int n_expert);
 };
 
 // `future` is needed by belady only; it must outlive the policy.
@@ -42,11 +62,16 @@ std::unique_ptr<CachePolicy> make_policy(const std::string & name, int n_expert,
                                          const AccessSequence * future = nullptr);
 
 const std::vector<std::string> & policy_names();
+bool policy_reads_future(const std::string & name);
 
-// ema's eviction key for an expert whose score is exp(log_score) after token t:
-// ln(score) - t * ln(decay) (log_decay = ln(decay)), which orders experts as their decayed scores do at any
-// later time, rounded to multiples of 2^-20 so that scores equal to about one part
-// in a million are ties (lowest id first) whether decay was applied eagerly or lazily.
+// The ema family's eviction key for an expert whose score is exp(log_score) after
+// request t: ln(score) - t * ln(decay), which orders experts as their decayed scores
+// do at any later time, rounded to multiples of 2^-20 so that scores equal to about
+// one part in a million are ties (lowest id first) whether decay was applied eagerly
+// or lazily.
 int64_t ema_key(double log_score, uint64_t t, double log_decay);
+
+// Per-request decay of each ema-family policy (lfru's half-life turned into one).
+double effective_decay(const std::string & name, const PolicyParams & p);
 
 } // namespace moeprune

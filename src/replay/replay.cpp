@@ -2,6 +2,8 @@
 #include "core/errors.h"
 #include "formats/keep_map.h"
 #include "formats/trace.h"
+#include "gguf/model_file.h"
+#include "inspect/inspect.h"
 
 #include <fmt/format.h>
 
@@ -9,42 +11,450 @@
 #include <atomic>
 #include <cmath>
 #include <exception>
+#include <functional>
 #include <mutex>
+#include <numeric>
+#include <set>
 #include <thread>
 
 namespace moeprune {
 
 using nlohmann::json;
 
-PhaseCounts ReplayRecord::total() const {
-    return {prefill.tokens + decode.tokens, prefill.picks + decode.picks, prefill.misses + decode.misses,
-            prefill.forced_misses + decode.forced_misses};
+void PhaseCounts::add(const PhaseCounts & o) {
+    tokens += o.tokens;
+    picks += o.picks;
+    misses += o.misses;
+    forced_misses += o.forced_misses;
+    swaps += o.swaps;
+    moved_mass += o.moved_mass;
+    predicted += o.predicted;
+    predicted_chosen += o.predicted_chosen;
+    hidden += o.hidden;
+    prefetch_loads += o.prefetch_loads;
+    rounds += o.rounds;
+    exposed_bytes += o.exposed_bytes;
+    prefetch_bytes += o.prefetch_bytes;
 }
 
-static json phase_json(const PhaseCounts & c, int n_layer) {
-    // Per token means per token of the whole model: all layers' misses together.
-    const double per_token = c.tokens ? double(c.misses + c.forced_misses) / double(c.tokens) : 0.0;
-    const double hit_rate = c.picks ? 1.0 - double(c.misses + c.forced_misses) / double(c.picks) : 0.0;
-    return {{"tokens", c.tokens}, {"picks", c.picks}, {"misses", c.misses}, {"forced_misses", c.forced_misses},
-            {"misses_per_token", per_token}, {"misses_per_token_per_layer", n_layer ? per_token / n_layer : 0.0},
-            {"hit_rate", hit_rate}};
+PhaseCounts ReplayRecord::total() const {
+    PhaseCounts t = prefill;
+    t.add(decode);
+    return t;
+}
+
+double tokens_per_second(const PhaseCounts & c, int n_layer, const ThroughputParams & p) {
+    if (c.tokens == 0) {
+        return 0.0;
+    }
+    const double tokens = double(c.tokens), bw = p.ssd_gbps * 1e9, compute = p.compute_ms * 1e-3;
+    const double io = (c.exposed_bytes / bw + double(c.rounds) * p.read_latency_us * 1e-6) / tokens;
+    const double staged = c.prefetch_bytes / (bw * tokens);
+    const double t = compute + n_layer * p.sync_us * 1e-6 + io + std::max(0.0, staged - compute);
+    return t > 0 ? 1.0 / t : std::numeric_limits<double>::infinity();
 }
 
 namespace {
 
+// One layer's tokens after the keep map, ids renumbered as in the sliced model.
+struct LayerData {
+    uint32_t width = 0;                 // candidate slots kept per token
+    std::vector<uint16_t> n_cand;       // survivors kept (<= width)
+    std::vector<int32_t> cand;          // [t * width + i], best first
+    std::vector<float> logit;
+    std::vector<uint8_t> n_unbiased;    // min(k, survivors)
+    std::vector<int32_t> unbiased;      // [t * k + j], ascending
+    std::vector<uint8_t> forced;        // k - n_unbiased
+    std::vector<double> prior_delta;    // MoCE prior: running mean of z_0 - z_{k-1}
+
+    std::span<const int32_t> unbiased_of(uint64_t t, int k) const {
+        return {unbiased.data() + t * uint64_t(k), n_unbiased[t]};
+    }
+};
+
+struct Config {
+    std::string policy;
+    std::optional<int> cache;
+    std::optional<double> cache_mib;
+    std::vector<int> slots;
+    double lambda = 0;
+};
+
+// What every layer of the run shares.
+struct Setup {
+    const TraceReader * reader = nullptr;
+    std::string origin;
+    int k = 0, n_expert = 0;            // n_expert: per layer, after the keep map
+    uint32_t n_layer = 0;
+    std::vector<std::vector<int32_t>> old_to_new;   // per layer; empty without a keep map
+    bool keep_candidates = false;
+    bool moce_prior = false;
+    std::vector<TraceTokenMeta> meta;
+    std::vector<uint64_t> batch_first;  // first token of t's prefill batch (t itself when alone)
+    std::vector<char> batch_last;       // t ends its batch (or is alone)
+    std::vector<char> batched;          // t belongs to a prefill batch
+    std::vector<double> expert_bytes;   // per layer; empty when unknown
+    PolicyParams params;                // the options', with the requests per token of this scope
+};
+
+LayerData load_layer(const Setup & s, uint32_t layer) {
+    const TraceHeader & h = s.reader->header();
+    const uint64_t n_tok = s.reader->n_tokens();
+    const int k = s.k;
+    LayerData d;
+    d.width = s.keep_candidates ? h.top_m : uint32_t(k);
+    d.n_cand.assign(n_tok, 0);
+    d.cand.assign(n_tok * d.width, -1);
+    d.logit.assign(n_tok * d.width, 0.0f);
+    d.n_unbiased.assign(n_tok, 0);
+    d.unbiased.assign(n_tok * uint64_t(k), -1);
+    d.forced.assign(n_tok, 0);
+    if (s.moce_prior) {
+        d.prior_delta.assign(n_tok, 0.0);
+    }
+    const std::vector<int32_t> * remap = s.old_to_new.empty() ? nullptr : &s.old_to_new[layer];
+    double gap_sum = 0;
+    uint64_t gap_n = 0;
+    s.reader->for_each_layer_chunk(layer, [&](uint64_t first, uint32_t n, const uint16_t * ids, const float * logits) {
+        for (uint32_t i = 0; i < n; ++i) {
+            const uint64_t t = first + i;
+            uint32_t kept = 0, survivors = 0;
+            for (uint32_t m = 0; m < h.top_m; ++m) {
+                const float z = logits[size_t(i) * h.top_m + m];
+                if (std::isnan(z)) {
+                    fail_file(s.origin, fmt::format("NaN logit at token {} layer {} rank {}", t, layer, m));
+                }
+                const uint16_t old = ids[size_t(i) * h.top_m + m];
+                const int32_t id = remap ? (*remap)[old] : int32_t(old);
+                if (id < 0) {
+                    continue;
+                }
+                ++survivors;
+                if (kept < d.width) {
+                    d.cand[t * d.width + kept] = id;
+                    d.logit[t * d.width + kept] = z;
+                    ++kept;
+                }
+            }
+            d.n_cand[t] = uint16_t(kept);
+            const uint32_t nu = std::min<uint32_t>(survivors, uint32_t(k));
+            d.n_unbiased[t] = uint8_t(nu);
+            d.forced[t] = uint8_t(uint32_t(k) - nu);
+            int32_t * u = d.unbiased.data() + t * uint64_t(k);
+            std::copy_n(d.cand.data() + t * d.width, nu, u);
+            std::sort(u, u + nu);
+            if (s.moce_prior) {
+                if (survivors >= uint32_t(k)) {
+                    gap_sum += double(d.logit[t * d.width]) - double(d.logit[t * d.width + uint32_t(k) - 1]);
+                    ++gap_n;
+                }
+                d.prior_delta[t] = gap_n ? gap_sum / double(gap_n) : 0.0;
+            }
+        }
+    });
+    return d;
+}
+
+// Layer l's experts predicted from layer l-1's unbiased routing by co-occurrence counts
+// of earlier tokens: [t * n + i] with n_pred[t] valid, ascending.
+struct Predictions {
+    int n = 0;
+    std::vector<uint8_t> n_pred;
+    std::vector<int32_t> ids;
+    std::span<const int32_t> of(uint64_t t) const { return {ids.data() + t * uint64_t(n), n_pred[t]}; }
+};
+
+Predictions predict_layer(const LayerData & prev, const LayerData & cur, int k, int n_expert, int n_predict) {
+    const uint64_t n_tok = cur.n_unbiased.size();
+    Predictions p;
+    p.n = n_predict;
+    p.n_pred.assign(n_tok, 0);
+    p.ids.assign(n_tok * uint64_t(n_predict), -1);
+    std::vector<uint32_t> together(size_t(n_expert) * size_t(n_expert), 0);
+    std::vector<uint64_t> score(static_cast<size_t>(n_expert));
+    std::vector<int32_t> order;
+    for (uint64_t t = 0; t < n_tok; ++t) {
+        std::fill(score.begin(), score.end(), 0);
+        for (int32_t a : prev.unbiased_of(t, k)) {
+            const uint32_t * row = together.data() + size_t(a) * size_t(n_expert);
+            for (int b = 0; b < n_expert; ++b) {
+                score[size_t(b)] += row[b];
+            }
+        }
+        order.clear();
+        for (int b = 0; b < n_expert; ++b) {
+            if (score[size_t(b)] > 0) {
+                order.push_back(b);
+            }
+        }
+        const size_t take = std::min(order.size(), size_t(n_predict));
+        std::partial_sort(order.begin(), order.begin() + long(take), order.end(), [&](int32_t x, int32_t y) {
+            return score[size_t(x)] != score[size_t(y)] ? score[size_t(x)] > score[size_t(y)] : x < y;
+        });
+        std::sort(order.begin(), order.begin() + long(take));
+        std::copy_n(order.begin(), take, p.ids.begin() + long(t * uint64_t(n_predict)));
+        p.n_pred[t] = uint8_t(take);
+        for (int32_t a : prev.unbiased_of(t, k)) {
+            for (int32_t b : cur.unbiased_of(t, k)) {
+                ++together[size_t(a) * size_t(n_expert) + size_t(b)];
+            }
+        }
+    }
+    return p;
+}
+
+// One configuration's cache (one layer's, or the global one) and its counters.
+class Runner {
+public:
+    Runner(const Setup & s, const ReplayOptions & opt, const Config & c, int slots, const AccessSequence * future,
+           int n_ids)
+        : s_(s), opt_(opt), lambda_(c.lambda), slots_(slots),
+          policy_(make_policy(c.policy, n_ids, slots, s.params, future)), credits_candidates_(
+              c.policy == "near-pick-ema" || c.policy == "inverse-router-ema"),
+          plain_(lambda_ == 0.0 && !credits_candidates_), in_union_(size_t(n_ids), 0) {}
+
+    void reset() { policy_->reset(); }
+
+    // Token t of layer l (this cache's ids start at id_base); `predicted` are the
+    // staged experts (layer ids). Counters of tokens after the warm-up go to `pc`, the
+    // counters of t's phase. A prefill batch passes each layer together: its tokens are
+    // routed and their union requested when its last token arrives, and its loads count
+    // when its first token does.
+    void token(uint64_t t, uint32_t l, const LayerData & d, int32_t id_base, std::span<const int32_t> predicted,
+               PhaseCounts & pc) {
+        if (s_.batched[t]) {
+            if (s_.batch_last[t]) {
+                request_batch(s_.batch_first[t], t, l, d, id_base, pc);
+            }
+            return;
+        }
+        const bool counted = t >= opt_.warmup;
+        if (plain_ && predicted.empty() && id_base == 0) {  // most of a sweep: nothing but the policy
+            const int misses = policy_->access({d.unbiased_of(t, s_.k), {}, {}});
+            if (counted) {
+                const int forced = d.forced[t];
+                pc.picks += uint64_t(s_.k);
+                pc.forced_misses += uint64_t(forced);
+                pc.misses += uint64_t(misses);
+                expose(l, uint64_t(misses + forced), pc);
+            }
+            return;
+        }
+        const std::span<const int32_t> chosen = route(t, d, id_base, counted, pc);
+        const int forced = d.forced[t];
+        if (counted) {
+            pc.picks += uint64_t(s_.k);
+            pc.forced_misses += uint64_t(forced);
+        }
+        uint64_t hidden = 0, loads = 0;
+        if (!predicted.empty()) {
+            size_t j = 0;
+            uint64_t hit = 0;
+            for (int32_t p : predicted) {
+                const int32_t e = id_base + p;
+                while (j < chosen.size() && chosen[j] < e) {
+                    ++j;
+                }
+                const bool is_chosen = j < chosen.size() && chosen[j] == e;
+                const bool is_resident = policy_->resident(e);
+                hit += is_chosen;
+                hidden += is_chosen && !is_resident;
+                loads += !is_resident;
+            }
+            if (counted) {
+                pc.predicted += predicted.size();
+                pc.predicted_chosen += hit;
+                pc.hidden += hidden;
+                pc.prefetch_loads += loads;
+                pc.prefetch_bytes += double(loads) * bytes(l);
+            }
+        }
+        const std::span<const int32_t> ranked = credits_candidates_ ? ranked_of(t, d, id_base) : std::span<const int32_t>{};
+        const Request req{chosen, ranked, credits_candidates_ ? std::span<const float>(d.logit.data() + t * d.width, d.n_cand[t])
+                                                              : std::span<const float>{}};
+        const int misses = policy_->access(req);
+        if (counted) {
+            pc.misses += uint64_t(misses);
+            expose(l, uint64_t(misses) - hidden + uint64_t(forced), pc);
+        }
+    }
+
+private:
+
+    double bytes(uint32_t l) const { return s_.expert_bytes.empty() ? 0.0 : s_.expert_bytes[l]; }
+
+    void expose(uint32_t l, uint64_t exposed, PhaseCounts & pc) {
+        if (exposed > 0) {
+            pc.rounds += (exposed + uint64_t(opt_.throughput.queue_depth) - 1) / uint64_t(opt_.throughput.queue_depth);
+            pc.exposed_bytes += double(exposed) * bytes(l);
+        }
+    }
+
+    void request_batch(uint64_t first, uint64_t last, uint32_t l, const LayerData & d, int32_t id_base,
+                       PhaseCounts & pc) {
+        union_.clear();
+        uint64_t forced = 0;
+        for (uint64_t t = first; t <= last; ++t) {
+            const bool counted = t >= opt_.warmup;
+            for (int32_t e : route(t, d, id_base, counted, pc)) {
+                if (in_union_[size_t(e)] != first + 1) {  // + 1: 0 marks no batch
+                    in_union_[size_t(e)] = first + 1;
+                    union_.push_back(e);
+                }
+            }
+            forced += d.forced[t];
+            if (counted) {
+                pc.picks += uint64_t(s_.k);
+                pc.forced_misses += d.forced[t];
+            }
+        }
+        std::sort(union_.begin(), union_.end());
+        uint64_t misses = 0;
+        for (size_t i = 0; i < union_.size(); i += size_t(slots_)) {
+            const size_t n = std::min(union_.size() - i, size_t(slots_));
+            misses += uint64_t(policy_->access({std::span<const int32_t>(union_.data() + i, n), {}, {}}));
+        }
+        if (first >= opt_.warmup) {
+            pc.misses += misses;
+            expose(l, misses + forced, pc);
+        }
+    }
+
+    std::span<const int32_t> ranked_of(uint64_t t, const LayerData & d, int32_t id_base) {
+        const int32_t * c = d.cand.data() + t * d.width;
+        if (id_base == 0) {
+            return {c, d.n_cand[t]};
+        }
+        ranked_.assign(c, c + d.n_cand[t]);
+        for (int32_t & e : ranked_) {
+            e += id_base;
+        }
+        return ranked_;
+    }
+
+    // The token's chosen experts (cache ids, ascending); MoCE re-routes toward
+    // residents when lambda > 0 and more than k candidates survive.
+    std::span<const int32_t> route(uint64_t t, const LayerData & d, int32_t id_base, bool counted, PhaseCounts & pc) {
+        const int k = s_.k;
+        const std::span<const int32_t> u = d.unbiased_of(t, k);
+        if (lambda_ == 0.0 || d.n_cand[t] <= uint32_t(k)) {
+            if (id_base == 0) {
+                return u;
+            }
+            chosen_.assign(u.begin(), u.end());
+            for (int32_t & e : chosen_) {
+                e += id_base;
+            }
+            return chosen_;
+        }
+        const float * z = d.logit.data() + t * d.width;
+        const int32_t * cand = d.cand.data() + t * d.width;
+        const uint32_t n = d.n_cand[t];
+        const double delta = s_.moce_prior ? d.prior_delta[t] : double(z[0]) - double(z[k - 1]);
+        const double bonus = lambda_ * delta;
+        biased_.resize(n);
+        order_.resize(n);
+        for (uint32_t i = 0; i < n; ++i) {
+            const bool favored = i < uint32_t(opt_.j) || policy_->resident(id_base + cand[i]);
+            biased_[i] = double(z[i]) + (favored ? bonus : 0.0);
+            order_[i] = i;
+        }
+        std::partial_sort(order_.begin(), order_.begin() + k, order_.end(), [&](uint32_t a, uint32_t b) {
+            return biased_[a] != biased_[b] ? biased_[a] > biased_[b] : a < b;
+        });
+        chosen_.clear();
+        uint64_t swaps = 0;
+        double kept_mass = 0, all_mass = 0;
+        std::vector<char> & picked = picked_;
+        picked.assign(size_t(k), 0);
+        for (int i = 0; i < k; ++i) {
+            const uint32_t r = order_[size_t(i)];
+            chosen_.push_back(id_base + cand[r]);
+            if (r >= uint32_t(k)) {
+                ++swaps;
+            } else {
+                picked[r] = 1;
+            }
+        }
+        for (int i = 0; i < k; ++i) {
+            const double w = std::exp(double(z[i]) - double(z[0]));
+            all_mass += w;
+            kept_mass += picked[size_t(i)] ? w : 0.0;
+        }
+        std::sort(chosen_.begin(), chosen_.end());
+        if (counted) {
+            pc.swaps += swaps;
+            pc.moved_mass += (all_mass - kept_mass) / all_mass;
+        }
+        return chosen_;
+    }
+
+    const Setup & s_;
+    const ReplayOptions & opt_;
+    double lambda_;
+    int slots_;
+    std::unique_ptr<CachePolicy> policy_;
+    bool credits_candidates_;
+    bool plain_;   // unbiased routing, no candidate credit
+    std::vector<uint64_t> in_union_;   // per expert: 1 + first token of the batch whose union holds it
+    std::vector<int32_t> chosen_, ranked_, union_;
+    std::vector<double> biased_;
+    std::vector<uint32_t> order_;
+    std::vector<char> picked_;
+};
+
+// The requests an unbiased routing makes of one cache, for Belady: per layer
+// (layers = {l}, id bases 0) or global (all layers, id base l * n_expert).
+AccessSequence unbiased_requests(const Setup & s, const std::vector<const LayerData *> & layers, int slots) {
+    AccessSequence seq;
+    const bool global = layers.size() > 1;
+    std::vector<std::vector<int32_t>> pending(layers.size());
+    std::vector<int32_t> ids;
+    const uint64_t n_tok = s.meta.size();
+    for (uint64_t t = 0; t < n_tok; ++t) {
+        for (size_t l = 0; l < layers.size(); ++l) {
+            const int32_t base = global ? int32_t(l) * s.n_expert : 0;
+            ids.clear();
+            for (int32_t e : layers[l]->unbiased_of(t, s.k)) {
+                ids.push_back(base + e);
+            }
+            if (!s.batched[t]) {
+                seq.push(ids);
+                continue;
+            }
+            pending[l].insert(pending[l].end(), ids.begin(), ids.end());
+            if (s.batch_last[t]) {
+                auto & u = pending[l];
+                std::sort(u.begin(), u.end());
+                u.erase(std::unique(u.begin(), u.end()), u.end());
+                for (size_t i = 0; i < u.size(); i += size_t(slots)) {
+                    seq.push(std::span<const int32_t>(u.data() + i, std::min(u.size() - i, size_t(slots))));
+                }
+                u.clear();
+            }
+        }
+    }
+    seq.index_next_uses(s.n_expert * int(layers.size()));
+    return seq;
+}
+
 // Trace layer l is the l-th MoE layer; a keep map names model layers, so its sorted
 // layers are matched to trace layers in order (or through meta.moe_layers when the
 // trace records them).
+std::vector<int> model_layers_of_trace(const TraceHeader & h, const std::vector<int> & fallback) {
+    if (h.meta.contains("moe_layers") && h.meta["moe_layers"].is_array()) {
+        return h.meta["moe_layers"].get<std::vector<int>>();
+    }
+    return fallback;
+}
+
 std::vector<const std::vector<int32_t> *> keep_per_trace_layer(const KeepMap & km, const TraceHeader & h,
                                                                const std::string & origin) {
-    std::vector<int> model_layers;
-    if (h.meta.contains("moe_layers") && h.meta["moe_layers"].is_array()) {
-        model_layers = h.meta["moe_layers"].get<std::vector<int>>();
-    } else {
-        for (const auto & [layer, ids] : km.layers) {
-            model_layers.push_back(layer);
-        }
+    std::vector<int> keep_layers;
+    for (const auto & [layer, ids] : km.layers) {
+        keep_layers.push_back(layer);
     }
+    const std::vector<int> model_layers = model_layers_of_trace(h, keep_layers);
     if (model_layers.size() != h.n_layer) {
         fail_file(origin, fmt::format("covers {} layers but the trace has {} MoE layers", model_layers.size(), h.n_layer));
     }
@@ -59,152 +469,122 @@ std::vector<const std::vector<int32_t> *> keep_per_trace_layer(const KeepMap & k
     return out;
 }
 
-// Each token's top-k among the candidates the keep map leaves (ids renumbered as in
-// the sliced model, ascending as CachePolicy::access expects), read a chunk at a time;
-// `forced` gets the slots the top-M could not fill.
-std::vector<std::vector<int32_t>> choose_per_token(const TraceReader & reader, int k, const std::vector<int32_t> * keep,
-                                                   uint32_t layer, const std::string & origin, std::vector<int> & forced) {
-    const TraceHeader & h = reader.header();
-    std::vector<int32_t> old_to_new(h.n_expert, -1);
-    for (uint32_t e = 0; e < h.n_expert; ++e) {
-        old_to_new[e] = keep ? -1 : int32_t(e);
-    }
-    if (keep) {
-        for (size_t i = 0; i < keep->size(); ++i) {
-            old_to_new[size_t((*keep)[i])] = int32_t(i);
+// Bytes of one routed expert per trace layer, from the model's tensor types.
+std::vector<double> expert_bytes_from_model(const std::filesystem::path & path, const TraceHeader & h) {
+    const InspectReport r = inspect_model(GgufModel::open(path), {});
+    std::vector<int> moe_layers;
+    std::map<int, uint64_t> bytes;
+    for (const LayerInfo & li : r.layers) {
+        if (!li.nextn) {
+            moe_layers.push_back(li.layer);
         }
+        bytes[li.layer] = li.expert_bytes;
     }
-    std::vector<std::vector<int32_t>> chosen(reader.n_tokens());
-    forced.assign(reader.n_tokens(), 0);
-    reader.for_each_layer_chunk(layer, [&](uint64_t first, uint32_t n, const uint16_t * ids, const float * logits) {
-        for (uint32_t i = 0; i < n; ++i) {
-            const uint64_t t = first + i;
-            auto & c = chosen[t];
-            c.reserve(size_t(k));
-            for (uint32_t m = 0; m < h.top_m && c.size() < size_t(k); ++m) {
-                if (std::isnan(logits[size_t(i) * h.top_m + m])) {
-                    fail_file(origin, fmt::format("NaN logit at token {} layer {} rank {}", t, layer, m));
-                }
-                const int32_t id = old_to_new[ids[size_t(i) * h.top_m + m]];
-                if (id >= 0) {
-                    c.push_back(id);
-                }
-            }
-            forced[t] = k - int(c.size());
-            std::sort(c.begin(), c.end());
+    const std::vector<int> layers = model_layers_of_trace(h, moe_layers);
+    if (layers.size() != h.n_layer) {
+        fail_file(path.string(), fmt::format("has {} MoE layers but the trace has {}", layers.size(), h.n_layer));
+    }
+    std::vector<double> out;
+    for (int l : layers) {
+        if (!bytes.count(l)) {
+            fail_file(path.string(), fmt::format("has no routed experts in layer {}, which the trace records", l));
         }
-    });
-    return chosen;
+        out.push_back(double(bytes[l]));
+    }
+    return out;
 }
 
-} // namespace
-
-ReplayReport run_replay(const ReplayOptions & opt) {
-    const TraceReader reader = TraceReader::open(opt.trace);
-    const TraceHeader & h = reader.header();
-    const std::string trace_origin = opt.trace.string();
-    ReplayReport rep;
-    rep.n_layer = int(h.n_layer);
-    rep.trace_tokens = reader.n_tokens();
-    rep.k = opt.k;
-    if (rep.k == 0) {
-        if (!h.meta.contains("n_expert_used") || !h.meta["n_expert_used"].is_number_integer()) {
-            fail_file(trace_origin, "does not record n_expert_used in its meta; give --k");
-        }
-        rep.k = h.meta["n_expert_used"].get<int>();
+// The warm-up must leave tokens to count, caches must hold a token's k experts, and
+// counts must not exceed what there is to cache.
+std::vector<Config> make_configs(const ReplayOptions & opt, const Setup & s, json & skipped, bool & mixed_sizes,
+                                 double & min_bytes, double & max_bytes) {
+    std::vector<Config> out;
+    const uint32_t L = s.n_layer;
+    mixed_sizes = false;
+    min_bytes = max_bytes = 0;
+    if (!s.expert_bytes.empty()) {
+        min_bytes = *std::min_element(s.expert_bytes.begin(), s.expert_bytes.end());
+        max_bytes = *std::max_element(s.expert_bytes.begin(), s.expert_bytes.end());
+        mixed_sizes = min_bytes != max_bytes;
     }
-    if (rep.k <= 0 || uint32_t(rep.k) > h.top_m) {
-        fail_file(trace_origin, fmt::format("k = {} but the trace holds the top {} candidates per token", rep.k, h.top_m));
-    }
+    const int max_slots = opt.global ? s.n_expert * int(L) : s.n_expert;
+    std::vector<Config> sizes;
     for (int c : opt.caches) {
-        if (c < rep.k) {
+        if (c < s.k) {
             throw Error(fmt::format("cache of {} experts is smaller than k = {}: every token needs k resident at once",
-                                    c, rep.k));
+                                    c, s.k));
+        }
+        if (c > max_slots) {
+            throw Error(fmt::format("cache of {} experts is larger than the {} experts {}", c, max_slots,
+                                    opt.global ? "of all layers together" : "per layer"));
+        }
+        sizes.push_back({"", c, std::nullopt, std::vector<int>(opt.global ? 1 : L, c), 0});
+    }
+    for (double mib : opt.cache_mib) {
+        if (s.expert_bytes.empty()) {
+            throw Error("--cache-mib needs the bytes of an expert: give --model or --expert-mb");
+        }
+        if (!(mib > 0)) {
+            throw Error(fmt::format("--cache-mib must be positive, got {}", mib));
+        }
+        const double budget = mib * 1048576.0;
+        Config c{"", std::nullopt, mib, {}, 0};
+        if (opt.global) {
+            const double mean = std::accumulate(s.expert_bytes.begin(), s.expert_bytes.end(), 0.0) / double(L);
+            c.slots = {std::min(max_slots, int(std::floor(budget / mean)))};
+        } else {
+            for (uint32_t l = 0; l < L; ++l) {
+                c.slots.push_back(std::min(max_slots, int(std::floor(budget / s.expert_bytes[l]))));
+            }
+        }
+        for (size_t l = 0; l < c.slots.size(); ++l) {
+            if (c.slots[l] < s.k) {
+                throw Error(fmt::format("a budget of {} MiB holds {} experts{}, fewer than k = {}", mib, c.slots[l],
+                                        opt.global ? "" : fmt::format(" of layer {}", l), s.k));
+            }
+        }
+        sizes.push_back(c);
+    }
+    for (const std::string & policy : opt.policies) {
+        for (double lambda : opt.lambdas) {
+            if (!(lambda >= 0.0) || !std::isfinite(lambda)) {
+                throw Error(fmt::format("--lambda must be finite and >= 0, got {}", lambda));
+            }
+            if (lambda > 0 && policy_reads_future(policy)) {
+                skipped.push_back({{"policy", policy}, {"lambda", lambda},
+                                   {"why", "offline optimum needs routing that does not depend on the cache"}});
+                continue;
+            }
+            for (Config c : sizes) {
+                c.policy = policy;
+                c.lambda = lambda;
+                out.push_back(c);
+            }
         }
     }
-    if (opt.warmup >= reader.n_tokens()) {
-        fail_file(trace_origin, fmt::format("has {} tokens, not more than the warm-up of {}: nothing would be counted",
-                                            reader.n_tokens(), opt.warmup));
-    }
-    KeepMap km;
-    std::vector<const std::vector<int32_t> *> keep;
-    if (!opt.keep.empty()) {
-        km = read_keep_map(opt.keep);
-        if (km.n_expert != 0 && km.n_expert != int64_t(h.n_expert)) {
-            fail_file(opt.keep.string(), fmt::format("made for {} experts per layer, the trace has {}", km.n_expert,
-                                                     h.n_expert));
-        }
-        km.n_expert = h.n_expert;
-        validate_keep_map(km, opt.keep.string());  // now also ids against the trace's experts
-        keep = keep_per_trace_layer(km, h, opt.keep.string());
-    }
+    return out;
+}
 
-    const std::vector<TraceTokenMeta> meta = reader.token_meta();
-    const size_t n_tok = meta.size();
-    for (const auto & policy : opt.policies) {
-        for (int c : opt.caches) {
-            rep.records.push_back({policy, c, {}, {}});
-        }
-    }
-    const int n_expert = keep.empty() ? int(h.n_expert) : int(km.k);
-    for (const ReplayRecord & rec : rep.records) {
-        const AccessSequence none({}, 1, true);
-        make_policy(rec.policy, 1, 1, opt.params, &none);  // unknown names fail before any work
-        if (rec.cache > n_expert) {
-            throw Error(fmt::format("cache of {} experts is larger than the {} experts per layer{}", rec.cache, n_expert,
-                                    keep.empty() ? "" : " the keep map leaves"));
-        }
-    }
-
-    const bool offline = std::any_of(rep.records.begin(), rep.records.end(),
-                                     [](const ReplayRecord & r) { return r.policy == "belady"; });
-    // Layers are independent caches: each worker takes whole layers and advances every
-    // configuration in one pass over that layer's tokens.
-    std::vector<std::vector<ReplayRecord>> per_layer(h.n_layer, rep.records);
-    std::atomic<uint32_t> next_layer{0};
+template <class Fn> void run_parallel(unsigned n_items, int threads, Fn fn) {
+    std::atomic<unsigned> next{0};
     std::exception_ptr failure;
     std::mutex failure_mutex;
     const auto worker = [&] {
-        for (uint32_t l = next_layer++; l < h.n_layer; l = next_layer++) {
+        for (unsigned i = next++; i < n_items; i = next++) {
             try {
-                std::vector<int> forced;
-                const AccessSequence seq(choose_per_token(reader, rep.k, keep.empty() ? nullptr : keep[l], l, trace_origin,
-                                                          forced),
-                                         n_expert, offline);
-                const auto & chosen = seq.chosen;
-                std::vector<std::unique_ptr<CachePolicy>> policies;
-                for (const ReplayRecord & rec : per_layer[l]) {
-                    policies.push_back(make_policy(rec.policy, n_expert, rec.cache, opt.params, &seq));
-                }
-                for (size_t t = 0; t < n_tok; ++t) {
-                    const bool reset = opt.reset_on_session && t > 0 && meta[t].seq != meta[t - 1].seq;
-                    const bool counted = t >= opt.warmup;
-                    for (size_t c = 0; c < policies.size(); ++c) {
-                        if (reset) {
-                            policies[c]->reset();
-                        }
-                        const int misses = policies[c]->access(chosen[t]);
-                        if (counted) {
-                            PhaseCounts & pc = meta[t].phase == TracePhase::Decode ? per_layer[l][c].decode
-                                                                                  : per_layer[l][c].prefill;
-                            pc.picks += uint64_t(rep.k);
-                            pc.misses += uint64_t(misses);
-                            pc.forced_misses += uint64_t(forced[t]);
-                        }
-                    }
-                }
+                fn(i);
             } catch (...) {
                 std::lock_guard<std::mutex> lock(failure_mutex);
                 if (!failure) {
                     failure = std::current_exception();
                 }
+                next = n_items;
                 return;
             }
         }
     };
-    const unsigned n_threads = std::max(1u, std::min<unsigned>(opt.threads > 0 ? unsigned(opt.threads)
-                                                                                : std::thread::hardware_concurrency(),
-                                                               h.n_layer));
+    const unsigned n_threads =
+        std::max(1u, std::min<unsigned>(threads > 0 ? unsigned(threads) : std::thread::hardware_concurrency(), n_items));
     std::vector<std::thread> pool;
     for (unsigned i = 1; i < n_threads; ++i) {
         pool.emplace_back(worker);
@@ -216,22 +596,221 @@ ReplayReport run_replay(const ReplayOptions & opt) {
     if (failure) {
         std::rethrow_exception(failure);
     }
-    for (size_t t = opt.warmup; t < n_tok; ++t) {
-        for (ReplayRecord & rec : rep.records) {
-            ++(meta[t].phase == TracePhase::Decode ? rec.decode : rec.prefill).tokens;
+}
+
+} // namespace
+
+ReplayReport run_replay(const ReplayOptions & opt) {
+    const TraceReader reader = TraceReader::open(opt.trace);
+    const TraceHeader & h = reader.header();
+    Setup s;
+    s.reader = &reader;
+    s.origin = opt.trace.string();
+    s.n_layer = h.n_layer;
+    ReplayReport rep;
+    rep.n_layer = int(h.n_layer);
+    rep.trace_tokens = reader.n_tokens();
+    s.k = opt.k;
+    if (s.k == 0) {
+        if (!h.meta.contains("n_expert_used") || !h.meta["n_expert_used"].is_number_integer()) {
+            fail_file(s.origin, "does not record n_expert_used in its meta; give --k");
         }
+        s.k = h.meta["n_expert_used"].get<int>();
     }
-    for (uint32_t l = 0; l < h.n_layer; ++l) {
-        for (size_t c = 0; c < rep.records.size(); ++c) {
-            for (auto [dst, src] : {std::pair{&rep.records[c].prefill, &per_layer[l][c].prefill},
-                                    std::pair{&rep.records[c].decode, &per_layer[l][c].decode}}) {
-                dst->picks += src->picks;
-                dst->misses += src->misses;
-                dst->forced_misses += src->forced_misses;
-            }
+    if (s.k <= 0 || uint32_t(s.k) > h.top_m || s.k > 255) {
+        fail_file(s.origin, fmt::format("k = {} but the trace holds the top {} candidates per token", s.k, h.top_m));
+    }
+    rep.k = s.k;
+    if (opt.warmup >= reader.n_tokens()) {
+        fail_file(s.origin, fmt::format("has {} tokens, not more than the warm-up of {}: nothing would be counted",
+                                        reader.n_tokens(), opt.warmup));
+    }
+    if (opt.moce != "prior" && opt.moce != "topk-gap") {
+        throw Error(fmt::format("--moce must be prior or topk-gap, got \"{}\"", opt.moce));
+    }
+    if (opt.j < 0) {
+        throw Error(fmt::format("--j must be >= 0, got {}", opt.j));
+    }
+    if (opt.prefill_union < 0) {
+        throw Error(fmt::format("--prefill-union must be >= 0, got {}", opt.prefill_union));
+    }
+    if (opt.throughput.queue_depth < 1 || !(opt.throughput.ssd_gbps > 0)) {
+        throw Error("--queue-depth must be >= 1 and the SSD bandwidth positive");
+    }
+    KeepMap km;
+    s.n_expert = int(h.n_expert);
+    if (!opt.keep.empty()) {
+        km = read_keep_map(opt.keep);
+        if (km.n_expert != 0 && km.n_expert != int64_t(h.n_expert)) {
+            fail_file(opt.keep.string(), fmt::format("made for {} experts per layer, the trace has {}", km.n_expert,
+                                                     h.n_expert));
         }
+        km.n_expert = h.n_expert;
+        validate_keep_map(km, opt.keep.string());  // now also ids against the trace's experts
+        for (const std::vector<int32_t> * ids : keep_per_trace_layer(km, h, opt.keep.string())) {
+            std::vector<int32_t> m(h.n_expert, -1);
+            for (size_t i = 0; i < ids->size(); ++i) {
+                m[size_t((*ids)[i])] = int32_t(i);
+            }
+            s.old_to_new.push_back(std::move(m));
+        }
+        s.n_expert = int(km.k);
+    }
+    if (!opt.model.empty()) {
+        s.expert_bytes = expert_bytes_from_model(opt.model, h);
+    } else if (opt.expert_mb > 0) {
+        s.expert_bytes.assign(h.n_layer, opt.expert_mb * 1e6);
+    }
+    s.params = opt.params;
+    s.params.requests_per_token = opt.global ? int(h.n_layer) : 1;
+    const bool any_moce = std::any_of(opt.lambdas.begin(), opt.lambdas.end(), [](double l) { return l > 0; });
+    s.keep_candidates = any_moce || std::any_of(opt.policies.begin(), opt.policies.end(), [](const std::string & p) {
+                            return p == "near-pick-ema" || p == "inverse-router-ema";
+                        });
+    s.moce_prior = any_moce && opt.moce == "prior";
+
+    json skipped = json::array();
+    bool mixed_sizes = false;
+    double min_bytes = 0, max_bytes = 0;
+    const std::vector<Config> configs = make_configs(opt, s, skipped, mixed_sizes, min_bytes, max_bytes);
+    AccessSequence no_future;
+    no_future.index_next_uses(1);
+    for (const Config & c : configs) {
+        make_policy(c.policy, s.n_expert, c.slots[0], s.params, &no_future);  // bad names and knobs fail before any work
     }
 
+    s.meta = reader.token_meta();
+    const uint64_t n_tok = s.meta.size();
+    s.batch_first.resize(n_tok);
+    s.batch_last.assign(n_tok, 1);
+    s.batched.assign(n_tok, 0);
+    for (uint64_t t = 0; t < n_tok; ++t) {
+        s.batch_first[t] = t;
+        if (opt.prefill_union == 0 || s.meta[t].phase != TracePhase::Prefill) {
+            continue;
+        }
+        s.batched[t] = 1;
+        const bool continues = t > 0 && s.batched[t - 1] && s.meta[t - 1].seq == s.meta[t].seq &&
+                               t - s.batch_first[t - 1] < uint64_t(opt.prefill_union);
+        if (continues) {
+            s.batch_first[t] = s.batch_first[t - 1];
+            s.batch_last[t - 1] = 0;
+        }
+    }
+    const int n_predict = opt.prefetch ? (opt.prefetch_n > 0 ? opt.prefetch_n : s.k) : 0;
+    if (n_predict > 255) {
+        throw Error(fmt::format("--prefetch-n {} is more than 255", n_predict));
+    }
+    const bool offline = std::any_of(configs.begin(), configs.end(), [](const Config & c) {
+        return policy_reads_future(c.policy);
+    });
+    // Requests depend on the cache size only where a prefill batch's union is split.
+    const auto future_key = [&](int slots) { return opt.prefill_union > 0 ? slots : 0; };
+    const auto session_reset = [&](uint64_t t) {
+        return opt.reset_on_session && t > 0 && s.meta[t].seq != s.meta[t - 1].seq;
+    };
+
+    // counts[c][phase], merged from every cache.
+    std::vector<std::array<PhaseCounts, 2>> counts(configs.size());
+    std::mutex counts_mutex;
+    const auto phase_index = [&](uint64_t t) { return s.meta[t].phase == TracePhase::Decode ? 1 : 0; };
+
+    if (!opt.global) {
+        run_parallel(h.n_layer, opt.threads, [&](unsigned l) {
+            const LayerData d = load_layer(s, l);
+            Predictions pred;
+            if (n_predict > 0 && l > 0) {
+                pred = predict_layer(load_layer(s, l - 1), d, s.k, s.n_expert, n_predict);
+            }
+            std::map<int, AccessSequence> futures;
+            if (offline) {
+                for (const Config & c : configs) {
+                    if (policy_reads_future(c.policy) && !futures.count(future_key(c.slots[l]))) {
+                        futures.emplace(future_key(c.slots[l]), unbiased_requests(s, {&d}, c.slots[l]));
+                    }
+                }
+            }
+            std::vector<Runner> runners;
+            runners.reserve(configs.size());
+            for (const Config & c : configs) {
+                const auto f = futures.find(future_key(c.slots[l]));
+                runners.emplace_back(s, opt, c, c.slots[l], f == futures.end() ? nullptr : &f->second, s.n_expert);
+            }
+            std::vector<std::array<PhaseCounts, 2>> local(configs.size());
+            for (uint64_t t = 0; t < n_tok; ++t) {
+                const bool reset = session_reset(t);
+                const std::span<const int32_t> predicted =
+                    pred.n && !s.batched[t] ? pred.of(t) : std::span<const int32_t>{};
+                for (size_t c = 0; c < runners.size(); ++c) {
+                    if (reset) {
+                        runners[c].reset();
+                    }
+                    runners[c].token(t, l, d, 0, predicted, local[c][size_t(phase_index(t))]);
+                }
+            }
+            std::lock_guard<std::mutex> lock(counts_mutex);
+            for (size_t c = 0; c < configs.size(); ++c) {
+                counts[c][0].add(local[c][0]);
+                counts[c][1].add(local[c][1]);
+            }
+        });
+    } else {
+        std::vector<LayerData> layers(h.n_layer);
+        run_parallel(h.n_layer, opt.threads, [&](unsigned l) { layers[l] = load_layer(s, l); });
+        std::vector<Predictions> preds(h.n_layer);
+        if (n_predict > 0) {
+            run_parallel(h.n_layer - 1, opt.threads, [&](unsigned i) {
+                preds[i + 1] = predict_layer(layers[i], layers[i + 1], s.k, s.n_expert, n_predict);
+            });
+        }
+        std::vector<const LayerData *> all;
+        for (const LayerData & d : layers) {
+            all.push_back(&d);
+        }
+        std::map<int, AccessSequence> futures;
+        for (const Config & c : configs) {
+            if (policy_reads_future(c.policy) && !futures.count(future_key(c.slots[0]))) {
+                futures.emplace(future_key(c.slots[0]), unbiased_requests(s, all, c.slots[0]));
+            }
+        }
+        run_parallel(unsigned(configs.size()), opt.threads, [&](unsigned c) {
+            const auto f = futures.find(future_key(configs[c].slots[0]));
+            Runner runner(s, opt, configs[c], configs[c].slots[0], f == futures.end() ? nullptr : &f->second, s.n_expert * int(h.n_layer));
+            std::array<PhaseCounts, 2> local{};
+            for (uint64_t t = 0; t < n_tok; ++t) {
+                if (session_reset(t)) {
+                    runner.reset();
+                }
+                for (uint32_t l = 0; l < h.n_layer; ++l) {
+                    const std::span<const int32_t> predicted =
+                        preds[l].n && !s.batched[t] ? preds[l].of(t) : std::span<const int32_t>{};
+                    runner.token(t, l, layers[l], int32_t(l) * s.n_expert, predicted,
+                                 local[size_t(phase_index(t))]);
+                }
+            }
+            std::lock_guard<std::mutex> lock(counts_mutex);
+            counts[c][0].add(local[0]);
+            counts[c][1].add(local[1]);
+        });
+    }
+    for (size_t c = 0; c < configs.size(); ++c) {
+        ReplayRecord rec;
+        rec.policy = configs[c].policy;
+        rec.cache = configs[c].cache;
+        rec.cache_mib = configs[c].cache_mib;
+        rec.slots = configs[c].slots;
+        rec.lambda = configs[c].lambda;
+        rec.cliff = opt.global && rec.slots[0] < int(h.n_layer) * s.k;
+        rec.prefill = counts[c][0];
+        rec.decode = counts[c][1];
+        rec.prefill.tokens = rec.decode.tokens = 0;
+        for (uint64_t t = opt.warmup; t < n_tok; ++t) {
+            ++(phase_index(t) ? rec.decode : rec.prefill).tokens;
+        }
+        rep.records.push_back(std::move(rec));
+    }
+
+    rep.bytes_known = !s.expert_bytes.empty();
     rep.inputs = {{"trace", opt.trace.string()},
                   {"trace_format", reader.format()},
                   {"trace_tokens", reader.n_tokens()},
@@ -239,39 +818,145 @@ ReplayReport run_replay(const ReplayOptions & opt) {
                   {"n_layer", h.n_layer},
                   {"n_expert", h.n_expert},
                   {"top_m", h.top_m},
-                  {"k", rep.k},
+                  {"k", s.k},
                   {"keep", opt.keep.empty() ? json() : json(opt.keep.string())},
                   {"keep_digest", opt.keep.empty() ? json() : json(keep_map_digest(km))},
+                  {"n_expert_after_keep", s.n_expert},
                   {"warmup", opt.warmup},
                   {"reset_on_session", opt.reset_on_session},
-                  {"ema_decay", opt.params.ema_decay},
-                  {"cache_scope", "per-layer"}};
+                  {"prefill_union", opt.prefill_union},
+                  {"cache_scope", opt.global ? "global" : "per-layer"},
+                  {"policy_params",
+                   {{"ema_decay", opt.params.ema_decay},
+                    {"near_pick", opt.params.near_pick},
+                    {"lfru_half_life", opt.params.lfru_half_life},
+                    {"slru_protected", opt.params.slru_protected},
+                    {"s3fifo_small", opt.params.s3fifo_small}}},
+                  {"moce", {{"mode", opt.moce}, {"j", opt.j}, {"lambdas", opt.lambdas}}},
+                  {"prefetch", opt.prefetch ? json{{"mode", "next-layer"}, {"n", n_predict}} : json()},
+                  {"skipped", skipped}};
+    if (rep.bytes_known) {
+        rep.inputs["expert_bytes"] = s.expert_bytes;
+        rep.inputs["expert_bytes_source"] = opt.model.empty() ? fmt::format("--expert-mb {}", opt.expert_mb)
+                                                              : opt.model.string();
+        if (opt.global && mixed_sizes) {
+            rep.inputs["global_slots_note"] =
+                fmt::format("slots from the mean expert size; layers' experts range from {} to {} bytes", min_bytes,
+                            max_bytes);
+        }
+        const ThroughputParams & p = opt.throughput;
+        rep.inputs["throughput"] = {{"ssd_gbps", p.ssd_gbps},       {"read_latency_us", p.read_latency_us},
+                                    {"queue_depth", p.queue_depth}, {"compute_ms", p.compute_ms},
+                                    {"sync_us", p.sync_us},         {"model", "docs/replay.md#throughput-model"}};
+    }
+    rep.throughput = opt.throughput;
     return rep;
 }
+
+namespace {
+
+json counts_json(const PhaseCounts & c, int n_layer, const ReplayReport & r) {
+    const double missed = double(c.misses + c.forced_misses);
+    const double chosen = double(c.picks - c.forced_misses);
+    json j = {{"tokens", c.tokens},
+              {"picks", c.picks},
+              {"misses", c.misses},
+              {"forced_misses", c.forced_misses},
+              {"misses_per_token", c.tokens ? missed / double(c.tokens) : 0.0},
+              {"misses_per_token_per_layer", c.tokens ? missed / double(c.tokens) / n_layer : 0.0},
+              {"hit_rate", c.picks ? 1.0 - missed / double(c.picks) : 0.0},
+              {"swap_rate", c.picks ? double(c.swaps) / double(c.picks) : 0.0},
+              {"moved_mass", c.tokens ? c.moved_mass / (double(c.tokens) * n_layer) : 0.0}};
+    if (c.predicted > 0 || r.inputs.value("prefetch", json()).is_object()) {
+        j["prefetch"] = {{"predicted", c.predicted},
+                         {"precision", c.predicted ? double(c.predicted_chosen) / double(c.predicted) : 0.0},
+                         {"recall", chosen > 0 ? double(c.predicted_chosen) / chosen : 0.0},
+                         {"hidden", c.hidden},
+                         {"prefetch_loads", c.prefetch_loads}};
+    }
+    if (r.bytes_known) {
+        j["read_bytes_per_token"] = c.tokens ? c.exposed_bytes / double(c.tokens) : 0.0;
+        j["read_rounds_per_token"] = c.tokens ? double(c.rounds) / double(c.tokens) : 0.0;
+        j["tokens_per_s"] = tokens_per_second(c, n_layer, r.throughput);
+    }
+    return j;
+}
+
+std::string cache_label(const ReplayRecord & rec) {
+    return rec.cache ? fmt::format("{}", *rec.cache) : fmt::format("{}MiB", *rec.cache_mib);
+}
+
+} // namespace
 
 json to_json(const ReplayReport & r) {
     json records = json::array();
     for (const ReplayRecord & rec : r.records) {
-        json j = phase_json(rec.total(), r.n_layer);
+        json j = counts_json(rec.total(), r.n_layer, r);
         j["policy"] = rec.policy;
-        j["cache"] = rec.cache;
-        j["prefill"] = phase_json(rec.prefill, r.n_layer);
-        j["decode"] = phase_json(rec.decode, r.n_layer);
+        j["cache"] = rec.cache ? json(*rec.cache) : json();
+        j["cache_mib"] = rec.cache_mib ? json(*rec.cache_mib) : json();
+        j["slots"] = rec.slots;
+        j["lambda"] = rec.lambda;
+        j["j"] = r.inputs["moce"]["j"];
+        if (r.inputs["cache_scope"] == "global") {
+            j["cliff"] = rec.cliff;
+        }
+        j["prefill"] = counts_json(rec.prefill, r.n_layer, r);
+        j["decode"] = counts_json(rec.decode, r.n_layer, r);
         records.push_back(j);
     }
-    return {{"format", "moeprune-replay"}, {"version", 1}, {"inputs", r.inputs}, {"records", records}};
+    return {{"format", "moeprune-replay"}, {"version", 2}, {"inputs", r.inputs}, {"records", records}};
 }
 
 std::string to_text(const ReplayReport & r) {
-    std::string s = fmt::format("{} tokens x {} layers, k = {}; misses per token count all layers\n", r.trace_tokens,
-                                r.n_layer, r.k);
-    s += fmt::format("{:<8} {:>6} {:>10} {:>12} {:>10} {:>16} {:>9}\n", "policy", "cache", "tokens", "misses", "forced",
-                     "misses/token", "hit rate");
+    std::string s = fmt::format("{} tokens x {} layers, k = {}, {} caches; misses per token count all layers\n",
+                                r.trace_tokens, r.n_layer, r.k, r.inputs["cache_scope"].get<std::string>());
+    if (r.bytes_known) {
+        const ThroughputParams & p = r.throughput;
+        s += fmt::format("throughput model: {} GB/s, {} us per read round, queue depth {}, compute {} ms/token, "
+                         "sync {} us/layer\n",
+                         p.ssd_gbps, p.read_latency_us, p.queue_depth, p.compute_ms, p.sync_us);
+    }
+    s += fmt::format("{:<19} {:>9} {:>6} {:>10} {:>12} {:>9} {:>13} {:>9} {:>7}", "policy", "cache", "lambda", "tokens",
+                     "misses", "forced", "misses/token", "hit rate", "swaps");
+    s += r.bytes_known ? fmt::format(" {:>9}\n", "tokens/s") : "\n";
     for (const ReplayRecord & rec : r.records) {
         const PhaseCounts c = rec.total();
-        const json j = phase_json(c, r.n_layer);
-        s += fmt::format("{:<8} {:>6} {:>10} {:>12} {:>10} {:>16.3f} {:>9.4f}\n", rec.policy, rec.cache, c.tokens, c.misses,
-                         c.forced_misses, j["misses_per_token"].get<double>(), j["hit_rate"].get<double>());
+        const json j = counts_json(c, r.n_layer, r);
+        s += fmt::format("{:<19} {:>9} {:>6} {:>10} {:>12} {:>9} {:>13.3f} {:>9.4f} {:>7.4f}", rec.policy,
+                         cache_label(rec) + (rec.cliff ? "!" : ""), rec.lambda, c.tokens, c.misses, c.forced_misses,
+                         j["misses_per_token"].get<double>(), j["hit_rate"].get<double>(), j["swap_rate"].get<double>());
+        s += r.bytes_known ? fmt::format(" {:>9.2f}\n", j["tokens_per_s"].get<double>()) : "\n";
+    }
+    if (std::any_of(r.records.begin(), r.records.end(), [](const ReplayRecord & x) { return x.cliff; })) {
+        s += "! below the cliff: the shared cache holds fewer experts than one token needs across all layers\n";
+    }
+    for (const json & skip : r.inputs["skipped"]) {
+        s += fmt::format("skipped {} at lambda {}: {}\n", skip["policy"].get<std::string>(), skip["lambda"].get<double>(),
+                         skip["why"].get<std::string>());
+    }
+    return s;
+}
+
+std::string to_csv(const ReplayReport & r) {
+    std::string s = "policy,cache,cache_mib,lambda,j,phase,tokens,picks,misses,forced_misses,misses_per_token,hit_rate,"
+                    "swap_rate,moved_mass,prefetch_precision,prefetch_recall,prefetch_hidden,tokens_per_s\n";
+    for (const ReplayRecord & rec : r.records) {
+        for (const auto & [phase, c] : {std::pair<const char *, PhaseCounts>{"all", rec.total()},
+                                        {"prefill", rec.prefill}, {"decode", rec.decode}}) {
+            const json j = counts_json(c, r.n_layer, r);
+            const json pf = j.value("prefetch", json::object());
+            s += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", rec.policy,
+                             rec.cache ? fmt::format("{}", *rec.cache) : "",
+                             rec.cache_mib ? fmt::format("{}", *rec.cache_mib) : "", rec.lambda,
+                             r.inputs["moce"]["j"].get<int>(), phase, c.tokens, c.picks, c.misses, c.forced_misses,
+                             j["misses_per_token"].get<double>(), j["hit_rate"].get<double>(),
+                             j["swap_rate"].get<double>(), j["moved_mass"].get<double>(),
+                             pf.contains("precision") ? fmt::format("{}", pf["precision"].get<double>()) : "",
+                             pf.contains("recall") ? fmt::format("{}", pf["recall"].get<double>()) : "",
+                             pf.contains("hidden") ? fmt::format("{}", pf["hidden"].get<uint64_t>()) : "",
+                             r.bytes_known ? fmt::format("{}", j["tokens_per_s"].get<double>()) : "");
+        }
     }
     return s;
 }

@@ -1,52 +1,86 @@
 #pragma once
-// Replays a router trace through expert caches: per layer, each token's top-k
-// (re-chosen among a keep map's survivors when one is given) is looked up in a
-// cache of C experts run by an eviction policy; misses are what an SSD must serve.
-// Layers run in parallel and every configuration advances in the same pass over a
-// layer's tokens.
+// Replays a router trace through expert caches: per layer (or in one cache shared by
+// all layers), each token's top-k, re-chosen among a keep map's survivors and
+// optionally biased toward cached experts (MoCE), is requested from a cache run by an
+// eviction policy; misses are what storage must serve. Every configuration advances
+// in one pass over a layer's tokens, layers in parallel. Semantics: docs/replay.md.
 #include "replay/policy.h"
 
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace moeprune {
 
+struct ThroughputParams {
+    double ssd_gbps = 6.8;        // sequential read bandwidth, 10^9 bytes/s
+    double read_latency_us = 80;  // per round of reads
+    int queue_depth = 32;         // reads in flight per round
+    double compute_ms = 0;        // per token, all layers
+    double sync_us = 0;           // per layer and token
+};
+
 struct ReplayOptions {
     std::filesystem::path trace;
-    std::filesystem::path keep;        // optional
+    std::filesystem::path keep;           // optional
     std::vector<std::string> policies;
-    std::vector<int> caches;           // experts per layer
-    int k = 0;                         // experts per token; 0: the trace's meta.n_expert_used
-    uint64_t warmup = 0;               // tokens replayed but not counted
-    bool reset_on_session = false;     // empty every cache when the sequence id changes
-    int threads = 0;                   // workers over layers; 0: one per core
+    std::vector<int> caches;              // slots per layer (per cache with global)
+    std::vector<double> cache_mib;        // budgets, converted with the bytes of an expert
+    std::filesystem::path model;          // bytes per expert from this GGUF
+    double expert_mb = 0;                 // or this (10^6 bytes) for every layer
+    bool global = false;
+    std::vector<double> lambdas{0.0};
+    int j = 2;
+    std::string moce = "prior";           // "prior" or "topk-gap"
+    int k = 0;                            // experts per token; 0: the trace's meta.n_expert_used
+    uint64_t warmup = 0;                  // tokens replayed but not counted
+    bool reset_on_session = false;        // empty every cache when the sequence id changes
+    int prefill_union = 0;                // prefill batch size; 0: every token its own request
+    bool prefetch = false;                // next-layer prefetch
+    int prefetch_n = 0;                   // experts staged per layer; 0: k
+    int threads = 0;                      // workers over layers; 0: one per core
     PolicyParams params;
+    ThroughputParams throughput;
 };
 
 struct PhaseCounts {
-    uint64_t tokens = 0, picks = 0, misses = 0, forced_misses = 0;
+    uint64_t tokens = 0, picks = 0, misses = 0, forced_misses = 0, swaps = 0;
+    double moved_mass = 0;                // summed over counted (token, layer) requests
+    uint64_t predicted = 0, predicted_chosen = 0, hidden = 0, prefetch_loads = 0, rounds = 0;
+    double exposed_bytes = 0, prefetch_bytes = 0;
+    void add(const PhaseCounts & o);
 };
 
 struct ReplayRecord {
     std::string policy;
-    int cache = 0;
+    std::optional<int> cache;             // slots as given
+    std::optional<double> cache_mib;      // budget as given
+    std::vector<int> slots;               // per layer, or one entry with global
+    double lambda = 0;
+    bool cliff = false;                   // global cache below one token's working set
     PhaseCounts prefill, decode;
     PhaseCounts total() const;
 };
 
 struct ReplayReport {
-    nlohmann::json inputs;   // trace, keep map, k, warmup, settings
+    nlohmann::json inputs;                // everything that produced the records
     int n_layer = 0, k = 0;
     uint64_t trace_tokens = 0;
+    bool bytes_known = false;
+    ThroughputParams throughput;
     std::vector<ReplayRecord> records;
 };
 
 ReplayReport run_replay(const ReplayOptions & opt);
 nlohmann::json to_json(const ReplayReport & r);
 std::string to_text(const ReplayReport & r);
+std::string to_csv(const ReplayReport & r);
+
+// tokens/s from a record's counters under the model of docs/replay.md.
+double tokens_per_second(const PhaseCounts & c, int n_layer, const ThroughputParams & p);
 
 } // namespace moeprune

@@ -1,7 +1,7 @@
 #include "core/errors.h"
 #include "formats/keep_map.h"
 #include "formats/trace.h"
-#include "replay/reference_policy.h"
+#include "replay/reference_replay.h"
 #include "replay/replay.h"
 #include "support/test_support.h"
 
@@ -19,10 +19,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Candidates of one token: [n_layer][top_m] expert ids, best first.
+// Candidates of one token: [n_layer][top_m] expert ids, best first, and their logits
+// (default: falling by 0.25 per rank).
 struct TokenRow {
     TraceTokenMeta meta;
     std::vector<uint16_t> ids;
+    std::vector<float> logits;
 };
 
 struct TraceSpec {
@@ -30,7 +32,8 @@ struct TraceSpec {
     std::vector<TokenRow> tokens;
 };
 
-// Logits fall by 0.25 per rank: exact in f16, and the trace order is the rank order.
+float default_logit(uint32_t rank) { return 4.0f - 0.25f * float(rank); }
+
 void write_trace(const fs::path & path, const TraceSpec & s, const nlohmann::json & meta = nlohmann::json::object()) {
     TraceHeader h;
     h.n_layer = s.n_layer;
@@ -39,17 +42,18 @@ void write_trace(const fs::path & path, const TraceSpec & s, const nlohmann::jso
     h.domains = {"all"};
     h.meta = meta;
     TraceWriter w(path, h, 64);
-    std::vector<float> logits(size_t(s.n_layer) * s.top_m);
-    for (size_t i = 0; i < logits.size(); ++i) {
-        logits[i] = 4.0f - 0.25f * float(i % s.top_m);
+    std::vector<float> fallback(size_t(s.n_layer) * s.top_m);
+    for (size_t i = 0; i < fallback.size(); ++i) {
+        fallback[i] = default_logit(uint32_t(i % s.top_m));
     }
     for (const TokenRow & t : s.tokens) {
-        w.append(t.meta, t.ids.data(), logits.data());
+        w.append(t.meta, t.ids.data(), t.logits.empty() ? fallback.data() : t.logits.data());
     }
     w.close();
 }
 
-// Skewed popularity, a few sequences, prefill then decode in each.
+// Skewed popularity with some locality, a few sequences, prefill then decode in each;
+// logits fall by random multiples of 1/64 (exact in f16) and sometimes tie.
 TraceSpec random_trace(uint32_t seed, uint32_t n_layer, uint32_t n_expert, uint32_t top_m, size_t n_tokens) {
     std::mt19937 rng(seed);
     TraceSpec s{n_layer, n_expert, top_m, {}};
@@ -57,18 +61,25 @@ TraceSpec random_trace(uint32_t seed, uint32_t n_layer, uint32_t n_expert, uint3
     for (uint32_t e = 0; e < n_expert; ++e) {
         weight[e] = 1.0 / std::pow(double(e + 1), 0.8);
     }
+    std::uniform_int_distribution<int> step(0, 24);
     for (size_t t = 0; t < n_tokens; ++t) {
         TokenRow row;
         row.meta.seq = int32_t(t / 97);
         row.meta.pos = int32_t(t % 97);
         row.meta.phase = t % 97 < 60 ? TracePhase::Prefill : TracePhase::Decode;
+        if (t % 50 == 0) {
+            std::shuffle(weight.begin(), weight.begin() + std::min<long>(6, long(n_expert)), rng);  // topic change
+        }
         for (uint32_t l = 0; l < n_layer; ++l) {
             std::vector<double> w = weight;
             std::shuffle(w.begin(), w.begin() + 3, rng);  // a little churn at the top
+            float z = 3.0f;
             for (uint32_t m = 0; m < top_m; ++m) {
                 std::discrete_distribution<uint32_t> pick(w.begin(), w.end());
                 const uint32_t e = (pick(rng) + l * 5) % n_expert;
                 row.ids.push_back(uint16_t(e));
+                row.logits.push_back(z);
+                z -= float(step(rng)) / 64.0f;
                 w[(e + n_expert - (l * 5) % n_expert) % n_expert] = 0.0;
             }
         }
@@ -77,60 +88,95 @@ TraceSpec random_trace(uint32_t seed, uint32_t n_layer, uint32_t n_expert, uint3
     return s;
 }
 
-// What replay should report, computed the obvious way: per layer, the first k
-// survivors of the keep map in rank order, misses from the reference policies.
-struct Expected {
-    uint64_t tokens = 0, picks = 0, misses = 0, forced = 0;
-};
-Expected expected(const TraceSpec & s, const std::string & policy, int cache, int k, uint64_t warmup, bool reset,
-                  const KeepMap * km, const PolicyParams & p) {
-    Expected x;
-    std::vector<char> reset_before(s.tokens.size(), 0);
-    for (size_t t = 1; t < s.tokens.size(); ++t) {
-        reset_before[t] = reset && s.tokens[t].meta.seq != s.tokens[t - 1].meta.seq;
-    }
-    int n_expert = int(s.n_expert);
-    for (uint32_t l = 0; l < s.n_layer; ++l) {
-        const std::vector<int32_t> * keep = km ? &std::next(km->layers.begin(), l)->second : nullptr;
-        if (keep) {
-            n_expert = int(keep->size());
-        }
-        std::vector<std::vector<int32_t>> chosen;
-        std::vector<int> forced;
-        for (const TokenRow & row : s.tokens) {
-            std::vector<int32_t> c;
-            for (uint32_t m = 0; m < s.top_m && int(c.size()) < k; ++m) {
-                const int32_t id = row.ids[l * s.top_m + m];
-                if (!keep) {
-                    c.push_back(id);
-                } else if (auto it = std::find(keep->begin(), keep->end(), id); it != keep->end()) {
-                    c.push_back(int32_t(it - keep->begin()));
+// The trace as the reference takes it: survivors of the keep map in rank order,
+// renumbered as in the sliced model.
+test::RefTrace to_reference(const TraceSpec & s, int k, const KeepMap * km) {
+    test::RefTrace r;
+    r.n_layer = int(s.n_layer);
+    r.n_expert = km ? int(km->k) : int(s.n_expert);
+    r.k = k;
+    for (const TokenRow & row : s.tokens) {
+        r.ranked.emplace_back(s.n_layer);
+        r.logits.emplace_back(s.n_layer);
+        for (uint32_t l = 0; l < s.n_layer; ++l) {
+            const std::vector<int32_t> * keep = km ? &std::next(km->layers.begin(), l)->second : nullptr;
+            for (uint32_t m = 0; m < s.top_m; ++m) {
+                int32_t id = row.ids[l * s.top_m + m];
+                if (keep) {
+                    const auto it = std::find(keep->begin(), keep->end(), id);
+                    id = it == keep->end() ? -1 : int32_t(it - keep->begin());
+                }
+                if (id >= 0) {
+                    r.ranked.back()[l].push_back(id);
+                    r.logits.back()[l].push_back(row.logits.empty() ? default_logit(m) : row.logits[l * s.top_m + m]);
                 }
             }
-            forced.push_back(k - int(c.size()));
-            chosen.push_back(c);
         }
-        const std::vector<int> misses = test::reference_misses(policy, n_expert, cache, p, chosen, reset_before);
-        for (size_t t = warmup; t < s.tokens.size(); ++t) {
-            x.picks += uint64_t(k);
-            x.misses += uint64_t(misses[t]);
-            x.forced += uint64_t(forced[t]);
-        }
+        r.seq.push_back(row.meta.seq);
+        r.decode.push_back(row.meta.phase == TracePhase::Decode);
     }
-    x.tokens = s.tokens.size() - warmup;
-    return x;
+    return r;
 }
 
-const ReplayRecord & record(const ReplayReport & r, const std::string & policy, int cache) {
+void expect_phase_equal(const PhaseCounts & got, const test::RefCounts & want, const std::vector<double> & bytes,
+                        const std::string & what) {
+    EXPECT_EQ(got.misses, want.misses) << what;
+    EXPECT_EQ(got.forced_misses, want.forced) << what;
+    EXPECT_EQ(got.picks, want.picks) << what;
+    EXPECT_EQ(got.tokens, want.tokens) << what;
+    EXPECT_EQ(got.swaps, want.swaps) << what;
+    EXPECT_NEAR(got.moved_mass, want.moved_mass, 1e-9 * (1 + want.moved_mass)) << what;
+    EXPECT_EQ(got.predicted, want.predicted) << what;
+    EXPECT_EQ(got.predicted_chosen, want.predicted_chosen) << what;
+    EXPECT_EQ(got.hidden, want.hidden) << what;
+    EXPECT_EQ(got.prefetch_loads, want.prefetch_loads) << what;
+    EXPECT_EQ(got.rounds, want.rounds) << what;
+    if (!bytes.empty()) {
+        double exposed = 0;
+        for (size_t l = 0; l < bytes.size(); ++l) {
+            exposed += double(want.exposed_per_layer.at(l)) * bytes[l];
+        }
+        EXPECT_NEAR(got.exposed_bytes, exposed, 1e-6 * (1 + exposed)) << what;
+    }
+}
+
+// Every record of an engine run against the reference run of that one configuration.
+// Returns the number of configurations compared.
+int expect_equals_reference(const ReplayReport & r, const ReplayOptions & o, const test::RefTrace & ref,
+                            const std::vector<double> & bytes = {}) {
+    int compared = 0;
     for (const ReplayRecord & rec : r.records) {
-        if (rec.policy == policy && rec.cache == cache) {
+        test::RefConfig c;
+        c.policy = rec.policy;
+        c.capacity = rec.slots;
+        c.global = o.global;
+        c.lambda = rec.lambda;
+        c.j = o.j;
+        c.moce = o.moce;
+        c.warmup = o.warmup;
+        c.reset_on_session = o.reset_on_session;
+        c.prefill_union = o.prefill_union;
+        c.prefetch_n = o.prefetch ? (o.prefetch_n > 0 ? o.prefetch_n : ref.k) : 0;
+        c.queue_depth = o.throughput.queue_depth;
+        c.params = o.params;
+        c.params.requests_per_token = o.global ? ref.n_layer : 1;
+        const test::RefResult want = test::reference_replay(ref, c);
+        const std::string what = fmt::format("{} slots {} lambda {}", rec.policy, rec.slots.front(), rec.lambda);
+        expect_phase_equal(rec.prefill, want.prefill, bytes, what + " prefill");
+        expect_phase_equal(rec.decode, want.decode, bytes, what + " decode");
+        ++compared;
+    }
+    return compared;
+}
+
+const ReplayRecord & record(const ReplayReport & r, const std::string & policy, int cache, double lambda = 0) {
+    for (const ReplayRecord & rec : r.records) {
+        if (rec.policy == policy && rec.cache == cache && rec.lambda == lambda) {
             return rec;
         }
     }
-    throw Error("no record " + policy);
+    throw Error(fmt::format("no record {} {} {}", policy, cache, lambda));
 }
-
-const std::vector<std::string> kPolicies = {"lru", "lfu", "ema", "belady", "sieve"};
 
 ReplayOptions options(const fs::path & trace, std::vector<std::string> policies, std::vector<int> caches, int k) {
     ReplayOptions o;
@@ -141,102 +187,244 @@ ReplayOptions options(const fs::path & trace, std::vector<std::string> policies,
     return o;
 }
 
-} // namespace
-
-// Five tokens of one expert each through a 2-expert cache, worked by hand.
-TEST(Replay, HandWorkedSequence) {
-    test::TempDir dir;
-    TraceSpec s{1, 4, 2, {}};
-    for (uint16_t e : {0, 1, 0, 2, 1}) {
-        s.tokens.push_back({{}, {e, uint16_t((e + 3) % 4)}});
+KeepMap drop_three_per_layer(uint32_t n_layer, uint32_t n_expert) {
+    KeepMap km;
+    km.n_expert = n_expert;
+    km.k = int64_t(n_expert) - 3;
+    for (uint32_t l = 0; l < n_layer; ++l) {
+        std::vector<int32_t> ids(n_expert);
+        std::iota(ids.begin(), ids.end(), 0);
+        ids.erase(ids.begin() + l, ids.begin() + l + 3);  // three popular experts
+        km.layers[int(l)] = ids;
     }
-    write_trace(dir / "t.trace", s);
-    ReplayOptions o = options(dir / "t.trace", kPolicies, {2}, 1);
-    const ReplayReport r = run_replay(o);
-    // lru: 0 1 (0 hit) 2 evicts 1, 1 evicts 0 -> 4. lfu: 2 evicts 1 (count 1 < 2), 1 evicts 2 -> 4.
-    // belady: 2 evicts 0 (never used again), 1 hits -> 3. sieve: 0 is visited, so 2 evicts 1 -> 4.
-    EXPECT_EQ(record(r, "lru", 2).total().misses, 4u);
-    EXPECT_EQ(record(r, "lfu", 2).total().misses, 4u);
-    EXPECT_EQ(record(r, "ema", 2).total().misses, 4u);
-    EXPECT_EQ(record(r, "belady", 2).total().misses, 3u);
-    EXPECT_EQ(record(r, "sieve", 2).total().misses, 4u);
-    EXPECT_EQ(record(r, "lru", 2).total().picks, 5u);
+    return km;
 }
 
-// The engine (lazy decay, keyed caches, layers in parallel, all configurations in one
-// pass) equals the reference (eager decay, full scans, one configuration) exactly.
+} // namespace
+
+// Sequences worked by hand from docs/replay.md (the working for arc, slru and s3fifo
+// is in tests/replay/reference_replay.cpp's history: each step names the list moves).
+TEST(Replay, HandWorkedSequencesOfEveryPolicy) {
+    test::TempDir dir;
+    struct Case {
+        std::string policy;
+        int cache, k;
+        std::vector<std::vector<uint16_t>> requests;
+        uint64_t misses;
+        PolicyParams params;
+    };
+    const auto singles = [](std::initializer_list<uint16_t> ids) {
+        std::vector<std::vector<uint16_t>> out;
+        for (uint16_t e : ids) {
+            out.push_back({e});
+        }
+        return out;
+    };
+    PolicyParams half_protected, half_small;
+    half_protected.slru_protected = 0.5;
+    half_small.s3fifo_small = 0.5;
+    // 0 1 0 2 1 through 2 slots: lru/lfu/ema 4 (2 evicts 1, 1 evicts 0 or 2), belady 3
+    // (2 evicts 0, never used again), sieve 4 (0 is visited, so 2 evicts 1).
+    const std::vector<Case> cases = {
+        {"lru", 2, 1, singles({0, 1, 0, 2, 1}), 4, {}},
+        {"lfu", 2, 1, singles({0, 1, 0, 2, 1}), 4, {}},
+        {"ema", 2, 1, singles({0, 1, 0, 2, 1}), 4, {}},
+        {"belady", 2, 1, singles({0, 1, 0, 2, 1}), 3, {}},
+        {"sieve", 2, 1, singles({0, 1, 0, 2, 1}), 4, {}},
+        // lfu ties: 0 0 1 2 1 2 0 -> 1 0 1 1 1 1 1.
+        {"lfu", 2, 1, singles({0, 0, 1, 2, 1, 2, 0}), 6, {}},
+        // arc: 0 0 1 2 0 1 0 2 0 -> 1 0 1 1 0 1 1 1 0 (2 replaces T1's 1 into B1, so 0 hits).
+        {"arc", 2, 1, singles({0, 0, 1, 2, 0, 1, 0, 2, 0}), 6, {}},
+        // arc through |T1| = C, the 2C drop from B2 and a B2 hit replacing from T1.
+        {"arc", 2, 1, singles({0, 1, 2, 0, 0, 1, 2, 0, 1, 3, 2, 1, 3, 2, 0, 4, 3, 0}), 15, {}},
+        // arc, two experts a token: REPLACE passes over a chosen expert -> 2 1 1 1 2 1 1 1 1.
+        {"arc", 3, 2, {{0, 1}, {1, 2}, {0, 3}, {2, 3}, {1, 4}, {0, 3}, {1, 4}, {2, 3}, {1, 4}}, 11, {}},
+        // slru, one protected slot: a promotion demotes 0 -> 1 1 0 1 0 1 1 0 1.
+        {"slru", 3, 1, singles({0, 1, 0, 2, 1, 3, 2, 1, 0}), 6, half_protected},
+        // s3fifo, two small slots: moves to M, ghost hits and drops, reinsertion with f-1.
+        {"s3fifo", 4, 1, singles({0, 1, 0, 2, 3, 4, 1, 0, 1, 1, 5, 6, 3, 6, 7, 6, 4, 0, 1}), 12, half_small},
+        // sieve: 0's bit saves it twice -> 1 1 1 0 1 1 1 0.
+        {"sieve", 3, 1, singles({0, 1, 2, 0, 3, 1, 4, 0}), 6, {}},
+    };
+    int i = 0;
+    for (const Case & c : cases) {
+        TraceSpec s{1, 8, uint32_t(c.k), {}};
+        for (const auto & r : c.requests) {
+            s.tokens.push_back({{}, r, {}});
+        }
+        const fs::path path = dir / fmt::format("hand{}.trace", i++);
+        write_trace(path, s);
+        ReplayOptions o = options(path, {c.policy}, {c.cache}, c.k);
+        o.params = c.params;
+        const ReplayReport r = run_replay(o);
+        EXPECT_EQ(r.records.at(0).total().misses, c.misses) << c.policy << " case " << i;
+        EXPECT_EQ(expect_equals_reference(r, o, to_reference(s, c.k, nullptr)), 1);
+    }
+}
+
+// The engine (lazy decay, heaps and lists, layers in parallel, every configuration in
+// one pass) equals the reference (eager decay, full scans, one configuration) on every
+// counter, for every policy, cache size, lambda, MoCE mode and keep map.
 TEST(Replay, EngineEqualsReferenceOnRandomTraces) {
     test::TempDir dir;
-    int checked = 0;
+    int compared = 0;
     for (uint32_t seed = 1; seed <= 6; ++seed) {
-        const uint32_t n_expert = 8 + seed * 5, top_m = 4 + seed % 3;
-        const TraceSpec s = random_trace(seed, 3, n_expert, top_m, 300 + seed * 40);
+        const uint32_t n_expert = 8 + seed * 5, top_m = 5 + seed % 3, n_layer = 3;
+        const TraceSpec s = random_trace(seed, n_layer, n_expert, top_m, 300 + seed * 40);
         const fs::path path = dir / fmt::format("r{}.trace", seed);
         write_trace(path, s);
         const int k = 1 + int(seed % 3);
-        KeepMap km;
         const bool with_keep = seed % 2 == 0;
+        const KeepMap km = drop_three_per_layer(n_layer, n_expert);
         if (with_keep) {
-            km.n_expert = n_expert;
-            km.k = int64_t(n_expert) - 3;
-            for (int l = 0; l < 3; ++l) {
-                std::vector<int32_t> ids(n_expert);
-                std::iota(ids.begin(), ids.end(), 0);
-                ids.erase(ids.begin() + l, ids.begin() + l + 3);  // drop three popular experts per layer
-                km.layers[l] = ids;
-            }
             test::write_text(dir / "keep.json", keep_map_to_json(km).dump());
         }
-        ReplayOptions o = options(path, kPolicies, {k, k + 1, k + 3, int(n_expert) / 2}, k);
+        ReplayOptions o = options(path, policy_names(), {k, k + 1, k + 3, int(n_expert) / 2}, k);
         o.keep = with_keep ? dir / "keep.json" : fs::path();
+        o.lambdas = {0.0, 0.4, 1.5};
+        o.moce = seed % 2 ? "prior" : "topk-gap";
+        o.j = int(seed % 3);
         o.warmup = seed * 7;
         o.reset_on_session = seed % 3 == 0;
         o.params.ema_decay = 0.8 + 0.02 * seed;
+        o.params.near_pick = 2 + int(seed);
+        o.params.lfru_half_life = 4.0 * seed;
+        o.params.slru_protected = 0.1 * seed;
+        o.params.s3fifo_small = 0.05 * seed;
         const ReplayReport r = run_replay(o);
-        for (const std::string & p : kPolicies) {
-            for (int c : o.caches) {
-                const Expected x = expected(s, p, c, k, o.warmup, o.reset_on_session, with_keep ? &km : nullptr, o.params);
-                const PhaseCounts got = record(r, p, c).total();
-                EXPECT_EQ(got.misses, x.misses) << p << " cache " << c << " seed " << seed;
-                EXPECT_EQ(got.forced_misses, x.forced) << p << " cache " << c << " seed " << seed;
-                EXPECT_EQ(got.picks, x.picks) << p;
-                EXPECT_EQ(got.tokens, x.tokens) << p;
-                ++checked;
-            }
-        }
+        compared += expect_equals_reference(r, o, to_reference(s, k, with_keep ? &km : nullptr));
     }
-    EXPECT_EQ(checked, 6 * 5 * 4);
+    EXPECT_EQ(compared, 6 * (11 * 4 * 3 - 2 * 4));  // belady runs at lambda 0 only
 }
 
-// Adversarial: a cyclic scan one wider than the cache defeats LRU and SIEVE completely,
-// while Belady keeps most of the cycle.
-TEST(Replay, CyclicScanAgreesWithReferenceAndBeladyWins) {
+TEST(Replay, LazyDecayEqualsEagerDecayOnLongTraces) {
     test::TempDir dir;
-    TraceSpec s{1, 8, 1, {}};
-    for (int t = 0; t < 200; ++t) {
-        s.tokens.push_back({{}, {uint16_t(t % 5)}});
+    const TraceSpec s = random_trace(77, 2, 24, 8, 3000);
+    write_trace(dir / "t.trace", s);
+    for (double decay : {0.99, 0.9, 0.5}) {
+        ReplayOptions o = options(dir / "t.trace", {"ema", "near-pick-ema", "inverse-router-ema", "lfru"}, {3, 6, 12}, 3);
+        o.params.ema_decay = decay;
+        o.params.lfru_half_life = -1.0 / std::log2(decay);
+        EXPECT_EQ(expect_equals_reference(run_replay(o), o, to_reference(s, 3, nullptr)), 12) << decay;
     }
-    write_trace(dir / "scan.trace", s);
-    ReplayOptions o = options(dir / "scan.trace", kPolicies, {4}, 1);
-    const ReplayReport r = run_replay(o);
-    EXPECT_EQ(record(r, "lru", 4).total().misses, 200u);
-    EXPECT_LT(record(r, "belady", 4).total().misses, 60u);
-    for (const std::string & p : kPolicies) {
-        EXPECT_EQ(record(r, p, 4).total().misses, expected(s, p, 4, 1, 0, false, nullptr, o.params).misses) << p;
+}
+
+TEST(Replay, GlobalCachePrefillUnionsAndPrefetchEqualTheReference) {
+    test::TempDir dir;
+    const uint32_t n_layer = 3, n_expert = 12;
+    const TraceSpec s = random_trace(5, n_layer, n_expert, 7, 400);
+    write_trace(dir / "t.trace", s);
+    const KeepMap km = drop_three_per_layer(n_layer, n_expert);
+    test::write_text(dir / "keep.json", keep_map_to_json(km).dump());
+    int compared = 0;
+    for (int variant = 0; variant < 4; ++variant) {
+        const bool global = variant % 2 == 1, keep = variant >= 2;
+        ReplayOptions o = options(dir / "t.trace", policy_names(), global ? std::vector<int>{2, 7, 20} : std::vector<int>{2, 5}, 2);
+        o.global = global;
+        o.keep = keep ? dir / "keep.json" : fs::path();
+        o.lambdas = {0.0, 0.7};
+        o.prefill_union = 8;
+        o.prefetch = true;
+        o.prefetch_n = 3;
+        o.warmup = 13;
+        o.reset_on_session = variant == 1;
+        o.expert_mb = 1.5;
+        o.throughput.queue_depth = 2;
+        const ReplayReport r = run_replay(o);
+        compared += expect_equals_reference(r, o, to_reference(s, 2, keep ? &km : nullptr),
+                                            std::vector<double>(n_layer, 1.5e6));
+        if (global) {
+            EXPECT_TRUE(record(r, "lru", 2).cliff);
+            EXPECT_FALSE(record(r, "lru", 7).cliff);  // 3 layers x k = 2 fit in 7
+        }
+        EXPECT_GT(record(r, "lru", 2).total().predicted, 0u);
+        EXPECT_GT(record(r, "lru", 2).total().hidden, 0u);
     }
+    EXPECT_EQ(compared, 2 * (11 * 2 * 2 - 2) + 2 * (11 * 3 * 2 - 3));
 }
 
 TEST(Replay, BeladyIsNeverBeatenByAnOnlinePolicy) {
     test::TempDir dir;
     const TraceSpec s = random_trace(42, 4, 32, 8, 800);
     write_trace(dir / "t.trace", s);
-    ReplayOptions o = options(dir / "t.trace", kPolicies, {4, 8, 12, 20}, 4);
+    ReplayOptions o = options(dir / "t.trace", policy_names(), {4, 8, 12, 20}, 4);
     const ReplayReport r = run_replay(o);
     for (int c : o.caches) {
         const uint64_t best = record(r, "belady", c).total().misses;
-        for (const std::string & p : {"lru", "lfu", "ema", "sieve"}) {
+        for (const std::string & p : policy_names()) {
             EXPECT_LE(best, record(r, p, c).total().misses) << p << " cache " << c;
         }
+    }
+}
+
+// The seed pipeline's check on its sweep: with cache-aware routing, misses do not grow
+// with lambda, and routing moves away from the unbiased top-k only when lambda > 0.
+TEST(Replay, MoceMissesDoNotIncreaseWithLambda) {
+    test::TempDir dir;
+    const TraceSpec s = random_trace(8, 4, 64, 16, 1500);
+    write_trace(dir / "t.trace", s);
+    for (const std::string mode : {"prior", "topk-gap"}) {
+        for (int j : {2, 3}) {
+            ReplayOptions o = options(dir / "t.trace", {"lru", "near-pick-ema", "inverse-router-ema"}, {12}, 4);
+            o.lambdas = {0.0, 0.05, 0.09, 0.12, 0.5};
+            o.moce = mode;
+            o.j = j;
+            const ReplayReport r = run_replay(o);
+            for (const std::string & p : o.policies) {
+                EXPECT_EQ(record(r, p, 12, 0.0).total().swaps, 0u);
+                EXPECT_GT(record(r, p, 12, 0.5).total().swaps, 0u) << p;
+                for (size_t i = 1; i < o.lambdas.size(); ++i) {
+                    EXPECT_LE(record(r, p, 12, o.lambdas[i]).total().misses,
+                              record(r, p, 12, o.lambdas[i - 1]).total().misses)
+                        << p << " " << mode << " j " << j << " lambda " << o.lambdas[i];
+                }
+            }
+        }
+    }
+}
+
+// Bytes of an expert from the model's GGUF, budgets in MiB, and the throughput model
+// computed by hand from the printed inputs.
+TEST(Replay, BudgetsAndThroughputUseTheModelsExpertBytes) {
+    test::TempDir dir;
+    const auto synth = test::run_command(fmt::format("{} synth --layers 2 --experts 8 --used 2 -o {}",
+                                                     test::bin("moeprune").string(), (dir / "m.gguf").string()));
+    ASSERT_EQ(synth.exit_code, 0) << synth.output;
+    const auto inspect = test::run_command(
+        fmt::format("{} inspect --json {}", test::bin("moeprune").string(), (dir / "m.gguf").string()));
+    ASSERT_EQ(inspect.exit_code, 0) << inspect.output;
+    const auto info = nlohmann::json::parse(inspect.output);
+    std::vector<double> bytes;
+    for (const auto & l : info["layers"]) {
+        bytes.push_back(l["expert_bytes"].get<double>());
+    }
+    ASSERT_EQ(bytes.size(), 2u);
+    const TraceSpec s = random_trace(4, 2, 8, 4, 200);
+    write_trace(dir / "t.trace", s);
+    ReplayOptions o = options(dir / "t.trace", {"lru"}, {}, 2);
+    o.model = dir / "m.gguf";
+    const double mib = 5.5 * bytes[0] / 1048576.0;  // five and a half experts of layer 0
+    o.cache_mib = {mib};
+    o.throughput = {3.9, 50, 4, 2.0, 10};
+    const ReplayReport r = run_replay(o);
+    const ReplayRecord & rec = r.records.at(0);
+    EXPECT_EQ(rec.slots, (std::vector<int>{int(5.5 * bytes[0] / bytes[0]), int(std::floor(5.5 * bytes[0] / bytes[1]))}));
+    EXPECT_EQ(expect_equals_reference(r, o, to_reference(s, 2, nullptr), bytes), 1);
+    const PhaseCounts c = rec.total();
+    const double tokens = double(c.tokens);
+    const double t_token = 2.0e-3 + 2 * 10e-6 + (c.exposed_bytes / 3.9e9 + double(c.rounds) * 50e-6) / tokens;
+    EXPECT_NEAR(tokens_per_second(c, 2, o.throughput), 1.0 / t_token, 1e-9 / t_token);
+    EXPECT_GT(c.exposed_bytes, 0);
+    const nlohmann::json j = to_json(r);
+    EXPECT_EQ(j["inputs"]["throughput"]["ssd_gbps"], 3.9);
+    EXPECT_EQ(j["inputs"]["expert_bytes"][1].get<double>(), bytes[1]);
+    EXPECT_NEAR(j["records"][0]["tokens_per_s"].get<double>(), 1.0 / t_token, 1e-9 / t_token);
+    o.cache_mib = {1.5 * bytes[0] / 1048576.0};
+    try {
+        run_replay(o);
+        ADD_FAILURE() << "a budget of one and a half experts was accepted for k = 2";
+    } catch (const Error & e) {
+        EXPECT_NE(std::string(e.what()).find("holds 1 experts of layer 0, fewer than k = 2"), std::string::npos) << e.what();
     }
 }
 
@@ -264,12 +452,10 @@ TEST(Replay, Q4rtTracesReplayLikeTheirMoepruneTwin) {
     test::write_q4rt(dir / "t.q4rt", s.n_layer, s.n_expert, s.top_m, s.tokens.size(), uint32_t(s.tokens.size()),
                      [&](uint64_t t, std::vector<uint16_t> & ids, std::vector<float> & logits) {
                          ids = s.tokens[t].ids;
-                         logits.assign(ids.size(), 0.0f);
-                         for (size_t i = 0; i < logits.size(); ++i) {
-                             logits[i] = 4.0f - 0.25f * float(i % s.top_m);
-                         }
+                         logits = s.tokens[t].logits;
                      });
-    ReplayOptions o = options(dir / "t.trace", kPolicies, {5, 9}, 3);
+    ReplayOptions o = options(dir / "t.trace", policy_names(), {5, 9}, 3);
+    o.lambdas = {0.0, 0.3};
     const ReplayReport a = run_replay(o);
     o.trace = dir / "t.q4rt";
     const ReplayReport b = run_replay(o);
@@ -316,7 +502,24 @@ TEST(Replay, GuardsAgainstMeaninglessConfigurations) {
     EXPECT_EQ(run_replay(o).k, 2);
     o.policies = {"fifo-of-dreams"};
     EXPECT_THROW(run_replay(o), Error);
+    o.policies = {"lru", "belady"};
+    o.lambdas = {0.0, 0.2};
+    const ReplayReport skipped = run_replay(o);
+    EXPECT_EQ(skipped.records.size(), 3u);  // no belady at lambda 0.2
+    EXPECT_EQ(skipped.inputs["skipped"].size(), 1u);
+    o.lambdas = {0.0};
     o.policies = {"lru"};
+    o.cache_mib = {64};
+    try {
+        run_replay(o);
+        ADD_FAILURE() << "a budget without the bytes of an expert was accepted";
+    } catch (const Error & e) {
+        EXPECT_NE(std::string(e.what()).find("give --model or --expert-mb"), std::string::npos) << e.what();
+    }
+    o.cache_mib.clear();
+    o.moce = "hope";
+    EXPECT_THROW(run_replay(o), Error);
+    o.moce = "prior";
     test::write_text(dir / "keep.json", R"({"0": [0, 1, 2, 99], "1": [0, 1, 2, 3]})");
     o.keep = dir / "keep.json";
     try {
@@ -357,9 +560,10 @@ TEST(Replay, CommandWritesJsonRecords) {
     test::TempDir dir;
     const TraceSpec s = random_trace(11, 2, 16, 4, 120);
     write_trace(dir / "t.trace", s, {{"n_expert_used", 2}});
-    const auto r = test::run_command(fmt::format("{} replay --trace {} --policy lru,belady --cache 3,6 --json {}",
+    const auto r = test::run_command(fmt::format("{} replay --trace {} --policy lru,belady --cache 3,6 --json {} --csv {} "
+                                                 "--expert-mb 2 --ssd 3.9",
                                                  test::bin("moeprune").string(), (dir / "t.trace").string(),
-                                                 (dir / "out.json").string()));
+                                                 (dir / "out.json").string(), (dir / "out.csv").string()));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("belady"), std::string::npos) << r.output;
     const auto j = nlohmann::json::parse(test::read_bytes(dir / "out.json"));
@@ -370,6 +574,16 @@ TEST(Replay, CommandWritesJsonRecords) {
         EXPECT_EQ(j["records"][i]["policy"], lib.records[i].policy);
         EXPECT_EQ(j["records"][i]["misses"].get<uint64_t>(), lib.records[i].total().misses);
         EXPECT_EQ(j["records"][i]["tokens"].get<uint64_t>(), 120u);
+        for (const char * field : {"cache", "lambda", "j", "picks", "forced_misses", "misses_per_token", "hit_rate",
+                                   "swap_rate", "tokens_per_s"}) {
+            EXPECT_TRUE(j["records"][i].contains(field)) << field;
+        }
     }
     EXPECT_EQ(j["inputs"]["k"], 2);
+    EXPECT_EQ(j["inputs"]["throughput"]["ssd_gbps"], 3.9);
+    const std::string csv = test::read_bytes(dir / "out.csv");
+    EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + 4 * 3);  // header, then all/prefill/decode per record
+    EXPECT_NE(csv.find(fmt::format("belady,6,,0,2,all,120,{},{}", 120 * 2 * 2, lib.records[3].total().misses)),
+              std::string::npos)
+        << csv;
 }
