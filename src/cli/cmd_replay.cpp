@@ -41,6 +41,8 @@ void add_replay(CLI::App & app, Action & action) {
         ->capture_default_str();
     sub->add_option("--prefetch", *prefetch, "Prefetch mode: next-layer");
     sub->add_option("--prefetch-n", opt->prefetch_n, "Experts staged per layer (default k)");
+    sub->add_option("--prefetch-train", opt->prefetch_train,
+                    "Learn the predictor from the first N tokens only (a training split; pair with --warmup N)");
     sub->add_option("--ema-decay", opt->params.ema_decay, "ema family: per-token decay of every score")
         ->capture_default_str();
     sub->add_option("--near-pick", opt->params.near_pick, "near-pick-ema: candidates ranked below N earn credit")

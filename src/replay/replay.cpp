@@ -11,10 +11,8 @@
 #include <atomic>
 #include <cmath>
 #include <exception>
-#include <functional>
 #include <mutex>
 #include <numeric>
-#include <set>
 #include <thread>
 
 namespace moeprune {
@@ -102,7 +100,7 @@ LayerData load_layer(const Setup & s, uint32_t layer) {
     const uint64_t n_tok = s.reader->n_tokens();
     const int k = s.k;
     LayerData d;
-    d.width = s.keep_candidates ? h.top_m : uint32_t(k);
+    d.width = s.keep_candidates ? h.top_m : 0;  // plain replays need only the unbiased top-k
     d.n_cand.assign(n_tok, 0);
     d.cand.assign(n_tok * d.width, -1);
     d.logit.assign(n_tok * d.width, 0.0f);
@@ -118,7 +116,9 @@ LayerData load_layer(const Setup & s, uint32_t layer) {
     s.reader->for_each_layer_chunk(layer, [&](uint64_t first, uint32_t n, const uint16_t * ids, const float * logits) {
         for (uint32_t i = 0; i < n; ++i) {
             const uint64_t t = first + i;
-            uint32_t kept = 0, survivors = 0;
+            int32_t * u = d.unbiased.data() + t * uint64_t(k);
+            uint32_t survivors = 0;
+            float z0 = 0, zk = 0;
             for (uint32_t m = 0; m < h.top_m; ++m) {
                 const float z = logits[size_t(i) * h.top_m + m];
                 if (std::isnan(z)) {
@@ -129,23 +129,25 @@ LayerData load_layer(const Setup & s, uint32_t layer) {
                 if (id < 0) {
                     continue;
                 }
-                ++survivors;
-                if (kept < d.width) {
-                    d.cand[t * d.width + kept] = id;
-                    d.logit[t * d.width + kept] = z;
-                    ++kept;
+                if (survivors < d.width) {
+                    d.cand[t * d.width + survivors] = id;
+                    d.logit[t * d.width + survivors] = z;
                 }
+                if (survivors < uint32_t(k)) {
+                    u[survivors] = id;
+                    z0 = survivors == 0 ? z : z0;
+                    zk = z;
+                }
+                ++survivors;
             }
-            d.n_cand[t] = uint16_t(kept);
+            d.n_cand[t] = uint16_t(std::min(survivors, d.width));
             const uint32_t nu = std::min<uint32_t>(survivors, uint32_t(k));
             d.n_unbiased[t] = uint8_t(nu);
             d.forced[t] = uint8_t(uint32_t(k) - nu);
-            int32_t * u = d.unbiased.data() + t * uint64_t(k);
-            std::copy_n(d.cand.data() + t * d.width, nu, u);
             std::sort(u, u + nu);
             if (s.moce_prior) {
                 if (survivors >= uint32_t(k)) {
-                    gap_sum += double(d.logit[t * d.width]) - double(d.logit[t * d.width + uint32_t(k) - 1]);
+                    gap_sum += double(z0) - double(zk);
                     ++gap_n;
                 }
                 d.prior_delta[t] = gap_n ? gap_sum / double(gap_n) : 0.0;
@@ -164,7 +166,8 @@ struct Predictions {
     std::span<const int32_t> of(uint64_t t) const { return {ids.data() + t * uint64_t(n), n_pred[t]}; }
 };
 
-Predictions predict_layer(const LayerData & prev, const LayerData & cur, int k, int n_expert, int n_predict) {
+Predictions predict_layer(const LayerData & prev, const LayerData & cur, int k, int n_expert, int n_predict,
+                          uint64_t train_tokens) {
     const uint64_t n_tok = cur.n_unbiased.size();
     Predictions p;
     p.n = n_predict;
@@ -194,6 +197,9 @@ Predictions predict_layer(const LayerData & prev, const LayerData & cur, int k, 
         std::sort(order.begin(), order.begin() + long(take));
         std::copy_n(order.begin(), take, p.ids.begin() + long(t * uint64_t(n_predict)));
         p.n_pred[t] = uint8_t(take);
+        if (train_tokens > 0 && t >= train_tokens) {
+            continue;
+        }
         for (int32_t a : prev.unbiased_of(t, k)) {
             for (int32_t b : cur.unbiased_of(t, k)) {
                 ++together[size_t(a) * size_t(n_expert) + size_t(b)];
@@ -720,7 +726,7 @@ ReplayReport run_replay(const ReplayOptions & opt) {
             const LayerData d = load_layer(s, l);
             Predictions pred;
             if (n_predict > 0 && l > 0) {
-                pred = predict_layer(load_layer(s, l - 1), d, s.k, s.n_expert, n_predict);
+                pred = predict_layer(load_layer(s, l - 1), d, s.k, s.n_expert, n_predict, opt.prefetch_train);
             }
             std::map<int, AccessSequence> futures;
             if (offline) {
@@ -760,7 +766,7 @@ ReplayReport run_replay(const ReplayOptions & opt) {
         std::vector<Predictions> preds(h.n_layer);
         if (n_predict > 0) {
             run_parallel(h.n_layer - 1, opt.threads, [&](unsigned i) {
-                preds[i + 1] = predict_layer(layers[i], layers[i + 1], s.k, s.n_expert, n_predict);
+                preds[i + 1] = predict_layer(layers[i], layers[i + 1], s.k, s.n_expert, n_predict, opt.prefetch_train);
             });
         }
         std::vector<const LayerData *> all;
@@ -833,7 +839,8 @@ ReplayReport run_replay(const ReplayOptions & opt) {
                     {"slru_protected", opt.params.slru_protected},
                     {"s3fifo_small", opt.params.s3fifo_small}}},
                   {"moce", {{"mode", opt.moce}, {"j", opt.j}, {"lambdas", opt.lambdas}}},
-                  {"prefetch", opt.prefetch ? json{{"mode", "next-layer"}, {"n", n_predict}} : json()},
+                  {"prefetch", opt.prefetch ? json{{"mode", "next-layer"}, {"n", n_predict}, {"train", opt.prefetch_train}}
+                                            : json()},
                   {"skipped", skipped}};
     if (rep.bytes_known) {
         rep.inputs["expert_bytes"] = s.expert_bytes;
@@ -913,9 +920,12 @@ std::string to_text(const ReplayReport & r) {
                                 r.trace_tokens, r.n_layer, r.k, r.inputs["cache_scope"].get<std::string>());
     if (r.bytes_known) {
         const ThroughputParams & p = r.throughput;
+        const auto bytes = r.inputs["expert_bytes"].get<std::vector<double>>();
         s += fmt::format("throughput model: {} GB/s, {} us per read round, queue depth {}, compute {} ms/token, "
-                         "sync {} us/layer\n",
-                         p.ssd_gbps, p.read_latency_us, p.queue_depth, p.compute_ms, p.sync_us);
+                         "sync {} us/layer; one expert is {:.0f}..{:.0f} bytes ({})\n",
+                         p.ssd_gbps, p.read_latency_us, p.queue_depth, p.compute_ms, p.sync_us,
+                         *std::min_element(bytes.begin(), bytes.end()), *std::max_element(bytes.begin(), bytes.end()),
+                         r.inputs["expert_bytes_source"].get<std::string>());
     }
     s += fmt::format("{:<19} {:>9} {:>6} {:>10} {:>12} {:>9} {:>13} {:>9} {:>7}", "policy", "cache", "lambda", "tokens",
                      "misses", "forced", "misses/token", "hit rate", "swaps");

@@ -42,6 +42,7 @@ struct ReplayOptions {
     int prefill_union = 0;                // prefill batch size; 0: every token its own request
     bool prefetch = false;                // next-layer prefetch
     int prefetch_n = 0;                   // experts staged per layer; 0: k
+    uint64_t prefetch_train = 0;          // learn from the first N tokens only; 0: from every earlier token
     int threads = 0;                      // workers over layers; 0: one per core
     PolicyParams params;
     ThroughputParams throughput;

@@ -627,8 +627,10 @@ public:
                 run_token(t, unbiased[0]);
             }
             if (!cooc_.empty()) {
-                for (const auto & per_layer : unbiased) {
-                    learn(per_layer);
+                for (size_t i = 0; i < unbiased.size(); ++i) {
+                    if (c_.prefetch_train == 0 || t + i < c_.prefetch_train) {
+                        learn(unbiased[i]);
+                    }
                 }
             }
             t = end;

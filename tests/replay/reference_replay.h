@@ -31,6 +31,7 @@ struct RefConfig {
     bool reset_on_session = false;
     int prefill_union = 0;          // batch size; 0 = off
     int prefetch_n = 0;             // experts predicted per layer; 0 = no prefetch
+    uint64_t prefetch_train = 0;    // learn co-occurrence from tokens before this one only; 0 = all
     int queue_depth = 32;
     PolicyParams params;
 };

@@ -157,6 +157,7 @@ int expect_equals_reference(const ReplayReport & r, const ReplayOptions & o, con
         c.reset_on_session = o.reset_on_session;
         c.prefill_union = o.prefill_union;
         c.prefetch_n = o.prefetch ? (o.prefetch_n > 0 ? o.prefetch_n : ref.k) : 0;
+        c.prefetch_train = o.prefetch_train;
         c.queue_depth = o.throughput.queue_depth;
         c.params = o.params;
         c.params.requests_per_token = o.global ? ref.n_layer : 1;
@@ -328,6 +329,7 @@ TEST(Replay, GlobalCachePrefillUnionsAndPrefetchEqualTheReference) {
         o.prefetch_n = 3;
         o.warmup = 13;
         o.reset_on_session = variant == 1;
+        o.prefetch_train = variant == 2 ? 150 : 0;
         o.expert_mb = 1.5;
         o.throughput.queue_depth = 2;
         const ReplayReport r = run_replay(o);
@@ -341,6 +343,50 @@ TEST(Replay, GlobalCachePrefillUnionsAndPrefetchEqualTheReference) {
         EXPECT_GT(record(r, "lru", 2).total().hidden, 0u);
     }
     EXPECT_EQ(compared, 2 * (11 * 2 * 2 - 2) + 2 * (11 * 3 * 2 - 3));
+}
+
+// Traces built to break caches and routing: a cyclic scan one wider than the cache
+// (defeats LRU-like policies, Belady keeps most of it), one expert set forever, every
+// logit equal (MoCE ties everywhere), and a keep map that leaves fewer survivors than k.
+TEST(Replay, AdversarialTracesEqualTheReference) {
+    test::TempDir dir;
+    TraceSpec scan{1, 8, 2, {}};
+    for (int t = 0; t < 300; ++t) {
+        scan.tokens.push_back({{}, {uint16_t(t % 5), uint16_t((t + 2) % 5)}, {1.0f, 1.0f}});
+    }
+    TraceSpec same{2, 6, 3, {}};
+    for (int t = 0; t < 200; ++t) {
+        same.tokens.push_back({{}, {1, 2, 3, 4, 5, 0}, {}});
+    }
+    TraceSpec flat = random_trace(3, 2, 12, 6, 300);
+    for (TokenRow & row : flat.tokens) {
+        std::fill(row.logits.begin(), row.logits.end(), 0.5f);
+    }
+    const std::vector<std::pair<std::string, TraceSpec>> traces = {{"scan", scan}, {"same", same}, {"flat", flat}};
+    int compared = 0;
+    for (const auto & [name, s] : traces) {
+        write_trace(dir / (name + ".trace"), s);
+        ReplayOptions o = options(dir / (name + ".trace"), policy_names(), {1, 2, 4, int(s.n_expert)}, 1);
+        o.lambdas = {0.0, 2.0};
+        compared += expect_equals_reference(run_replay(o), o, to_reference(s, 1, nullptr));
+    }
+    EXPECT_EQ(compared, 3 * (11 * 4 * 2 - 4));
+    ReplayOptions o = options(dir / "scan.trace", {"lru", "sieve", "belady"}, {4}, 1);
+    const ReplayReport r = run_replay(o);
+    EXPECT_EQ(record(r, "lru", 4).total().misses, 300u);
+    EXPECT_LT(record(r, "belady", 4).total().misses, 90u);
+    // Keep experts 0..2 of 12 with k = 2: most tokens' top-6 hold fewer than two of them.
+    KeepMap km;
+    km.n_expert = 12;
+    km.k = 3;
+    km.layers = {{0, {0, 1, 2}}, {1, {0, 1, 2}}};
+    test::write_text(dir / "keep.json", keep_map_to_json(km).dump());
+    ReplayOptions ok = options(dir / "flat.trace", policy_names(), {2, 3}, 2);
+    ok.keep = dir / "keep.json";
+    ok.lambdas = {0.0, 1.0};
+    const ReplayReport rk = run_replay(ok);
+    EXPECT_GT(record(rk, "lru", 2).total().forced_misses, 0u);
+    EXPECT_EQ(expect_equals_reference(rk, ok, to_reference(flat, 2, &km)), 11 * 2 * 2 - 2);
 }
 
 TEST(Replay, BeladyIsNeverBeatenByAnOnlinePolicy) {
