@@ -15,5 +15,6 @@ void add_merge(CLI::App & app, Action & action);
 void add_keep(CLI::App & app, Action & action);
 void add_slice(CLI::App & app, Action & action);
 void add_replay(CLI::App & app, Action & action);
+void add_collect(CLI::App & app, Action & action);
 
 } // namespace moeprune::cli

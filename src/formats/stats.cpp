@@ -79,6 +79,21 @@ std::vector<LayerStats> parse_layers(const json & arr, int64_t n_layer, int64_t 
                 v[e] = a[e].get<double>();
             }
         }
+        if (jl.contains("nonfinite_drops")) {
+            L.nonfinite_drops = uint64_t(require_int(jl, "nonfinite_drops", fmt::format("{}: {}layer {}", origin, where, il)));
+        }
+        if (jl.contains("coact")) {
+            const size_t pairs = size_t(n_expert) * size_t(n_expert - 1) / 2;
+            if (!jl["coact"].is_array() || jl["coact"].size() != pairs) {
+                fail_file(origin, fmt::format("{}layer {}: \"coact\" must be an array of {} pair counts", where, il, pairs));
+            }
+            for (const json & c : jl["coact"]) {
+                if (!c.is_number_unsigned()) {
+                    fail_file(origin, fmt::format("{}layer {}: coact holds a value that is not a count", where, il));
+                }
+                L.coact.push_back(c.get<uint64_t>());
+            }
+        }
         layers.push_back(std::move(L));
     }
     return layers;
@@ -91,6 +106,10 @@ json layers_to_json(const std::vector<LayerStats> & layers) {
         for (const auto & field : kDoubleFields) {
             jl[field.key] = L.*field.member;
         }
+        jl["nonfinite_drops"] = L.nonfinite_drops;
+        if (!L.coact.empty()) {
+            jl["coact"] = L.coact;
+        }
         arr.push_back(std::move(jl));
     }
     return arr;
@@ -100,6 +119,10 @@ void add_layers(std::vector<LayerStats> & a, const std::vector<LayerStats> & b) 
     for (size_t il = 0; il < a.size(); ++il) {
         for (size_t e = 0; e < a[il].n_expert(); ++e) {
             a[il].count[e] += b[il].count[e];
+        }
+        a[il].nonfinite_drops += b[il].nonfinite_drops;
+        for (size_t i = 0; i < a[il].coact.size(); ++i) {
+            a[il].coact[i] += b[il].coact[i];
         }
         for (const auto & field : kDoubleFields) {
             std::vector<double> & v = a[il].*field.member;
@@ -173,6 +196,12 @@ void merge_stats(SaliencyStats & a, const SaliencyStats & b, const std::string &
     if (a.model != b.model) {
         throw Error(fmt::format("{} and {} come from different models: {} vs {}", a_origin, b_origin, a.model.dump(),
                                 b.model.dump()));
+    }
+    const bool a_coact = !a.layers.empty() && !a.layers[0].coact.empty();
+    const bool b_coact = !b.layers.empty() && !b.layers[0].coact.empty();
+    if (a_coact != b_coact) {
+        throw Error(fmt::format("{} has co-activation counts and {} does not: collect both with --coact or neither",
+                                a_coact ? a_origin : b_origin, a_coact ? b_origin : a_origin));
     }
     a.n_tokens += b.n_tokens;
     a.nonfinite_drops += b.nonfinite_drops;

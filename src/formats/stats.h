@@ -20,9 +20,14 @@ struct LayerStats {
     std::vector<double> reap_sq_sum;   // sum of (g * ||f||)^2
     std::vector<double> ean_sum;       // sum of ||f||
     std::vector<double> max_act;       // largest |activation| of f
+    uint64_t nonfinite_drops = 0;      // routed rows whose f or g was not finite (counted, not summed)
+    // Optional (--coact): tokens that chose both a and b, a < b, in row-major upper-
+    // triangle order: pair (a, b) at a * n - a * (a + 1) / 2 + (b - a - 1).
+    std::vector<uint64_t> coact;
 
     explicit LayerStats(size_t n_expert = 0);
     size_t n_expert() const { return count.size(); }
+    static size_t pair_index(size_t n, size_t a, size_t b) { return a * n - a * (a + 1) / 2 + (b - a - 1); }
 };
 
 struct DomainStats {

@@ -91,6 +91,39 @@ TraceWriter::TraceWriter(const fs::path & path, TraceHeader header, uint32_t blo
     buf.insert(buf.end(), meta.begin(), meta.end());
     fwrite_exact(file_, buf.data(), buf.size(), path_);
     std::fflush(file_);
+    bytes_written_ = buf.size();
+}
+
+TraceWriter::TraceWriter(const fs::path & path, TraceHeader header, const TraceResumePoint & from, uint32_t block_tokens,
+                         int zstd_level)
+    : path_(path), header_(std::move(header)), block_tokens_(block_tokens), zstd_level_(zstd_level) {
+    std::error_code ec;
+    const uint64_t size = fs::file_size(path, ec);
+    if (ec || size < from.bytes) {
+        fail_file(path.string(), fmt::format("cannot resume: the trace is {} bytes, the checkpoint needs {}",
+                                             ec ? 0 : size, from.bytes));
+    }
+    fs::resize_file(path, from.bytes, ec);
+    if (ec) {
+        fail_file(path.string(), "cannot cut back to the checkpoint: " + ec.message());
+    }
+    {
+        const TraceReader existing = TraceReader::open(path);
+        const TraceHeader & h = existing.header();
+        if (h.n_layer != header_.n_layer || h.n_expert != header_.n_expert || h.top_m != header_.top_m ||
+            existing.n_tokens() != from.tokens || existing.truncated_tail()) {
+            fail_file(path.string(), fmt::format("cannot resume: it holds {} tokens of {}x{} top-{}, the checkpoint "
+                                                 "expects {} tokens of {}x{} top-{}",
+                                                 existing.n_tokens(), h.n_layer, h.n_expert, h.top_m, from.tokens,
+                                                 header_.n_layer, header_.n_expert, header_.top_m));
+        }
+    }
+    file_ = std::fopen(path.c_str(), "ab");
+    if (!file_) {
+        fail_file(path.string(), std::string("cannot open to append: ") + std::strerror(errno));
+    }
+    n_written_ = from.tokens;
+    bytes_written_ = from.bytes;
 }
 
 TraceWriter::~TraceWriter() {
@@ -174,6 +207,7 @@ void TraceWriter::flush() {
         fail_file(path_.string(), std::string("write failed: ") + std::strerror(errno));
     }
     n_written_ += n;
+    bytes_written_ += block.size();
     pending_meta_.clear();
     pending_records_.clear();
 }

@@ -33,10 +33,20 @@ struct TraceHeader {
     nlohmann::json meta = nlohmann::json::object();  // model, settings: whatever produced the trace
 };
 
+// Where an interrupted trace continues: its size and token count at a checkpoint
+// (taken right after flush()).
+struct TraceResumePoint {
+    uint64_t bytes = 0, tokens = 0;
+};
+
 class TraceWriter {
 public:
     // Blocks of `block_tokens` tokens; each layer section is zstd-compressed when `zstd_level` > 0.
     TraceWriter(const std::filesystem::path & path, TraceHeader header, uint32_t block_tokens = 256, int zstd_level = 0);
+    // Continues the trace at `path` from a checkpoint: anything written after it is cut
+    // off, and the file must hold exactly the checkpoint's tokens in `header`'s shape.
+    TraceWriter(const std::filesystem::path & path, TraceHeader header, const TraceResumePoint & from,
+                uint32_t block_tokens = 256, int zstd_level = 0);
     ~TraceWriter();
     TraceWriter(const TraceWriter &) = delete;
     TraceWriter & operator=(const TraceWriter &) = delete;
@@ -46,6 +56,8 @@ public:
     void flush();  // writes the pending block, if any
     void close();
     uint64_t n_tokens() const { return n_written_ + pending_meta_.size(); }
+    // After flush(): the checkpoint a resumed writer can continue from.
+    TraceResumePoint resume_point() const { return {bytes_written_, n_written_}; }
 
 private:
     std::filesystem::path path_;
@@ -53,7 +65,7 @@ private:
     uint32_t block_tokens_;
     int zstd_level_;
     FILE * file_ = nullptr;
-    uint64_t n_written_ = 0;
+    uint64_t n_written_ = 0, bytes_written_ = 0;
     std::vector<TraceTokenMeta> pending_meta_;
     std::vector<uint8_t> pending_records_;  // [token][layer] records of top_m ids then top_m f16 logits
 };

@@ -1,0 +1,861 @@
+#include "collect/collect.h"
+#include "collect/corpus.h"
+#include "core/errors.h"
+#include "core/progress.h"
+#include "formats/trace.h"
+#include "gguf/model_file.h"
+#include "inspect/inspect.h"
+
+#include "ggml-backend.h"
+#include "ggml-rpc.h"
+#include "llama.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <optional>
+#include <thread>
+
+namespace moeprune {
+
+using nlohmann::json;
+
+namespace {
+
+enum class Gating { Unknown, Softmax, Sigmoid, SoftmaxWeight, SqrtSoftplus };
+
+const char * gating_name(Gating g) {
+    switch (g) {
+    case Gating::Softmax: return "softmax";
+    case Gating::Sigmoid: return "sigmoid";
+    case Gating::SoftmaxWeight: return "softmax-over-selected";
+    case Gating::SqrtSoftplus: return "sqrt-softplus";
+    default: return "unknown";
+    }
+}
+
+// The function that produced ffn_moe_probs, read from the node's op: the name alone is
+// the same for every variant (and with softmax over the selected, the logits tensor
+// itself carries the name).
+Gating gating_of(const ggml_tensor * probs) {
+    switch (probs->op) {
+    case GGML_OP_SOFT_MAX: return Gating::Softmax;
+    case GGML_OP_UNARY: return ggml_get_unary_op(probs) == GGML_UNARY_OP_SIGMOID ? Gating::Sigmoid : Gating::Unknown;
+    case GGML_OP_SQRT: return Gating::SqrtSoftplus;
+    case GGML_OP_MUL_MAT:
+    case GGML_OP_ADD: return Gating::SoftmaxWeight;
+    default: return Gating::Unknown;
+    }
+}
+
+// A graph node's values as a dense float array in ggml's index order (ne0 fastest),
+// read through its strides: several router nodes are views.
+std::vector<float> read_f32(const ggml_tensor * t, std::vector<uint8_t> & raw) {
+    raw.resize(ggml_nbytes(t));
+    ggml_backend_tensor_get(const_cast<ggml_tensor *>(t), raw.data(), 0, raw.size());
+    std::vector<float> out(size_t(ggml_nelements(t)));
+    size_t i = 0;
+    for (int64_t i3 = 0; i3 < t->ne[3]; ++i3) {
+        for (int64_t i2 = 0; i2 < t->ne[2]; ++i2) {
+            for (int64_t i1 = 0; i1 < t->ne[1]; ++i1) {
+                for (int64_t i0 = 0; i0 < t->ne[0]; ++i0) {
+                    const size_t off = size_t(i0 * t->nb[0] + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3]);
+                    if (t->type == GGML_TYPE_F32) {
+                        std::memcpy(&out[i++], raw.data() + off, sizeof(float));
+                    } else {
+                        int32_t v;
+                        std::memcpy(&v, raw.data() + off, sizeof(v));
+                        out[i++] = float(v);
+                    }
+                }
+            }
+        }
+    }
+    return out;
+}
+
+// One token as the run knows it, for the trace and the per-domain statistics.
+struct TokenInfo {
+    TraceTokenMeta meta;
+    int domain = -1;   // index into the corpus' domains, -1 for none
+    bool traced = false;
+};
+
+// What one MoE layer's nodes gave for the current micro-batch.
+struct LayerCapture {
+    std::vector<float> topk, probs, selection, logits, weights, softmax_weights;
+    std::string weights_node, down_node;
+    Gating gating = Gating::Unknown;
+    // Per (token, slot) of the final expert output f: its L2 norm and largest |value|;
+    // NaN norm when any value is not finite.
+    std::vector<double> f_norm, f_max;
+    int64_t n_tokens = -1;
+    void clear() { *this = LayerCapture(); }
+};
+
+class Collector {
+public:
+    Collector(const CollectOptions & opt, std::string arch, std::vector<int> moe_layers, int n_expert, int n_expert_used,
+              int n_embd, std::string down_node, const std::vector<std::string> & domains, SaliencyStats & stats)
+        : opt_(opt), arch_(std::move(arch)), moe_layers_(std::move(moe_layers)), n_expert_(n_expert),
+          n_expert_used_(n_expert_used), n_embd_(n_embd), down_node_(std::move(down_node)), domains_(domains),
+          stats_(stats), capture_(moe_layers_.size()), done_tokens_(moe_layers_.size(), 0),
+          trace_count_(moe_layers_.size(), std::vector<uint64_t>(size_t(n_expert), 0)) {
+        for (size_t i = 0; i < moe_layers_.size(); ++i) {
+            ordinal_[moe_layers_[i]] = int(i);
+        }
+        trace_m_ = std::min(opt.trace_top, n_expert);
+    }
+
+    static bool callback(ggml_tensor * t, bool ask, void * ud) {
+        auto * self = static_cast<Collector *>(ud);
+        try {
+            return self->on_node(t, ask);
+        } catch (...) {
+            if (!self->failure_) {
+                self->failure_ = std::current_exception();
+            }
+            return false;  // stops the graph; llama_decode then fails and the failure is rethrown
+        }
+    }
+
+    // The tokens of the next llama_decode, in batch order.
+    void begin_batch(std::vector<TokenInfo> tokens) {
+        batch_ = std::move(tokens);
+        std::fill(done_tokens_.begin(), done_tokens_.end(), 0);
+        trace_ids_.assign(batch_.size() * moe_layers_.size() * size_t(trace_m_), 0);
+        trace_logits_.assign(trace_ids_.size(), 0.0f);
+    }
+
+    // After llama_decode: every MoE layer must have seen every token of the batch.
+    void end_batch(TraceWriter * trace) {
+        rethrow();
+        for (size_t l = 0; l < moe_layers_.size(); ++l) {
+            if (done_tokens_[l] != batch_.size()) {
+                throw Error(fmt::format("{}: layer {} reported {} of the batch's {} tokens: its node ffn_moe_out-{} was "
+                                        "not computed for every token (architecture not supported as built)",
+                                        arch_, moe_layers_[l], done_tokens_[l], batch_.size(), moe_layers_[l]));
+            }
+        }
+        if (trace) {
+            const size_t per_token = moe_layers_.size() * size_t(trace_m_);
+            for (size_t i = 0; i < batch_.size(); ++i) {
+                if (batch_[i].traced) {
+                    trace->append(batch_[i].meta, trace_ids_.data() + i * per_token, trace_logits_.data() + i * per_token);
+                }
+            }
+        }
+    }
+
+    void rethrow() {
+        if (failure_) {
+            std::exception_ptr f = failure_;
+            failure_ = nullptr;
+            std::rethrow_exception(f);
+        }
+    }
+    bool failed() const { return failure_ != nullptr; }
+
+    Gating gating() const { return gating_; }
+    int trace_m() const { return trace_m_; }
+    const std::vector<std::vector<uint64_t>> & trace_count() const { return trace_count_; }
+    void set_trace_count(std::vector<std::vector<uint64_t>> c) { trace_count_ = std::move(c); }
+
+private:
+    bool on_node(ggml_tensor * t, bool ask) {
+        static constexpr const char * kPrefix = "ffn_moe_";
+        const char * name = t->name;
+        if (std::strncmp(name, kPrefix, std::strlen(kPrefix)) != 0) {
+            return false;
+        }
+        const char * dash = std::strrchr(name, '-');
+        // Exactly NAME-LAYER: views and reshapes of a node carry suffixes like " (reshaped)".
+        if (!dash || dash[1] == '\0' || std::strspn(dash + 1, "0123456789") != std::strlen(dash + 1)) {
+            return false;
+        }
+        const std::string node(name, size_t(dash - name));
+        static const std::vector<std::string> kWatched = {
+            "ffn_moe_logits",  "ffn_moe_logits_biased", "ffn_moe_probs",        "ffn_moe_probs_biased",
+            "ffn_moe_probs_masked", "ffn_moe_topk",    "ffn_moe_weights",      "ffn_moe_weights_softmax",
+            "ffn_moe_weights_norm", "ffn_moe_weights_scaled", "ffn_moe_down",  "ffn_moe_down_scaled",
+            "ffn_moe_down_biased",  "ffn_moe_out"};
+        if (std::find(kWatched.begin(), kWatched.end(), node) == kWatched.end()) {
+            return false;
+        }
+        if (ask) {
+            return true;
+        }
+        const int il = std::atoi(dash + 1);
+        const auto it = ordinal_.find(il);
+        if (it == ordinal_.end()) {
+            throw Error(fmt::format("{}: node {} belongs to layer {}, which has no routed experts in the model's tensors",
+                                    arch_, name, il));
+        }
+        LayerCapture & c = capture_[size_t(it->second)];
+        if (node == "ffn_moe_out") {
+            process(it->second, c, il);
+            c.clear();
+            return true;
+        }
+        if (t->type != GGML_TYPE_F32 && !(node == "ffn_moe_topk" && t->type == GGML_TYPE_I32)) {
+            throw Error(fmt::format("{}: node {} has type {}, expected {}", arch_, name, ggml_type_name(t->type),
+                                    node == "ffn_moe_topk" ? "i32" : "f32"));
+        }
+        if (node == "ffn_moe_topk") {
+            expect_shape(t, {n_expert_used_, -1}, name);
+            c.n_tokens = t->ne[1];
+            c.topk = read_f32(t, raw_);
+        } else if (node == "ffn_moe_probs") {
+            expect_shape(t, {n_expert_, -1}, name);
+            c.gating = gating_of(t);
+            if (c.gating == Gating::Unknown) {
+                throw Error(fmt::format("{}: node {} comes from op {}, not a gating function moeprune knows", arch_, name,
+                                        ggml_op_desc(t)));
+            }
+            gating_ = c.gating;
+            c.probs = read_f32(t, raw_);
+            c.selection = c.probs;
+            if (c.gating == Gating::SoftmaxWeight) {
+                c.logits = c.probs;
+            }
+        } else if (node == "ffn_moe_probs_biased" || node == "ffn_moe_probs_masked") {
+            expect_shape(t, {n_expert_, -1}, name);
+            c.selection = read_f32(t, raw_);
+        } else if (node == "ffn_moe_logits" || node == "ffn_moe_logits_biased") {
+            expect_shape(t, {n_expert_, -1}, name);
+            c.logits = read_f32(t, raw_);
+        } else if (node.rfind("ffn_moe_weights", 0) == 0) {
+            // [1, k, tokens], or [k, tokens] where build_moe_ffn reshaped to normalize.
+            expect_shape(t, t->ne[0] == 1 ? std::vector<int64_t>{1, n_expert_used_, -1} : std::vector<int64_t>{n_expert_used_, -1},
+                         name);
+            c.weights = read_f32(t, raw_);
+            c.weights_node = node;
+            if (node == "ffn_moe_weights_softmax") {
+                c.softmax_weights = c.weights;
+            }
+        } else if (node.rfind("ffn_moe_down", 0) == 0) {
+            expect_shape(t, {n_embd_, n_expert_used_, -1}, name);
+            if (node == down_node_) {
+                reduce_down(t, c);
+                c.down_node = node;
+            }
+        }
+        return true;
+    }
+
+    void expect_shape(const ggml_tensor * t, std::vector<int64_t> ne, const char * name) const {
+        bool ok = true;
+        for (size_t i = 0; i < ne.size(); ++i) {
+            ok = ok && (ne[i] < 0 || t->ne[i] == ne[i]);
+        }
+        for (size_t i = ne.size(); i < GGML_MAX_DIMS; ++i) {
+            ok = ok && t->ne[i] == 1;
+        }
+        if (!ok) {
+            throw Error(fmt::format("{}: node {} has shape [{}, {}, {}, {}], expected [{}] (-1: the token count)", arch_, name,
+                                    t->ne[0], t->ne[1], t->ne[2], t->ne[3], fmt::join(ne, ", ")));
+        }
+    }
+
+    void reduce_down(const ggml_tensor * t, LayerCapture & c) {
+        const std::vector<float> f = read_f32(t, raw_);
+        const int64_t slots = t->ne[1] * t->ne[2];
+        c.f_norm.assign(size_t(slots), 0.0);
+        c.f_max.assign(size_t(slots), 0.0);
+        for (int64_t s = 0; s < slots; ++s) {
+            double sq = 0, mx = 0;
+            bool finite = true;
+            for (int64_t i = 0; i < t->ne[0]; ++i) {
+                const double v = f[size_t(s * t->ne[0] + i)];
+                finite = finite && std::isfinite(v);
+                sq += v * v;
+                mx = std::max(mx, std::fabs(v));
+            }
+            c.f_norm[size_t(s)] = finite ? std::sqrt(sq) : std::nan("");
+            c.f_max[size_t(s)] = mx;
+        }
+    }
+
+    void process(int li, LayerCapture & c, int il) {
+        const auto missing = [&](const char * what) {
+            return Error(fmt::format("{}: layer {} computed ffn_moe_out without {}: this graph variant is not supported "
+                                     "(refusing to record zeros)",
+                                     arch_, il, what));
+        };
+        if (c.topk.empty()) {
+            throw missing("ffn_moe_topk");
+        }
+        if (c.probs.empty()) {
+            throw missing("ffn_moe_probs");
+        }
+        if (c.weights.empty()) {
+            throw missing("ffn_moe_weights");
+        }
+        if (c.f_norm.empty()) {
+            throw missing(("the expert output node " + down_node_).c_str());
+        }
+        if (c.logits.empty()) {
+            throw missing("ffn_moe_logits");
+        }
+        const int64_t T = c.n_tokens;
+        const size_t first = done_tokens_[size_t(li)];
+        if (first + size_t(T) > batch_.size()) {
+            throw Error(fmt::format("{}: layer {} saw more tokens than the batch holds", arch_, il));
+        }
+        const int k = n_expert_used_, E = n_expert_;
+        LayerStats & L = stats_.layers[size_t(li)];
+        std::vector<int32_t> chosen(static_cast<size_t>(k));
+        std::vector<int32_t> order(static_cast<size_t>(E));
+        for (int64_t r = 0; r < T; ++r) {
+            const TokenInfo & tok = batch_[first + size_t(r)];
+            LayerStats * D = tok.domain >= 0 ? &stats_.domains[domains_[size_t(tok.domain)]].layers[size_t(li)] : nullptr;
+            for (int j = 0; j < k; ++j) {
+                const float id = c.topk[size_t(r * k + j)];
+                if (!(id >= 0 && id < float(E))) {
+                    throw Error(fmt::format("{}: ffn_moe_topk-{} holds expert id {} (n_expert {})", arch_, il, id, E));
+                }
+                chosen[size_t(j)] = int32_t(id);
+            }
+            // Router probability per expert, in the model's own gating function.
+            bool probs_finite = true;
+            const float * p = c.probs.data() + r * E;
+            for (int e = 0; e < E && c.gating != Gating::SoftmaxWeight; ++e) {
+                probs_finite = probs_finite && std::isfinite(p[e]);
+            }
+            const float * w = c.weights.data() + r * k;
+            for (int j = 0; j < k; ++j) {
+                probs_finite = probs_finite && std::isfinite(w[j]);
+            }
+            if (!probs_finite) {
+                drop(L, D, il, tok, -1);
+            } else if (c.gating == Gating::SoftmaxWeight) {
+                // The probabilities are the softmax over the selected experts: ffn_moe_weights_softmax.
+                if (c.softmax_weights.empty()) {
+                    throw missing("ffn_moe_weights_softmax");
+                }
+                for (int j = 0; j < k; ++j) {
+                    add_prob(L, D, chosen[size_t(j)], c.softmax_weights[size_t(r * k + j)]);
+                }
+            } else {
+                for (int e = 0; e < E; ++e) {
+                    add_prob(L, D, e, p[e]);
+                }
+            }
+            for (int j = 0; j < k; ++j) {
+                const int32_t e = chosen[size_t(j)];
+                ++L.count[size_t(e)];
+                if (D) {
+                    ++D->count[size_t(e)];
+                }
+                if (tok.traced) {
+                    ++trace_count_[size_t(li)][size_t(e)];
+                }
+                const double g = w[j], fn = c.f_norm[size_t(r * k + j)], fm = c.f_max[size_t(r * k + j)];
+                if (!std::isfinite(g) || !std::isfinite(fn)) {
+                    if (probs_finite) {
+                        drop(L, D, il, tok, e);
+                    }
+                    continue;
+                }
+                // Weights applied before the experts (llama4) are already inside f.
+                const double reap = arch_ == "llama4" ? fn : g * fn;
+                for (LayerStats * S : {&L, D}) {
+                    if (!S) {
+                        continue;
+                    }
+                    S->reap_sum[size_t(e)] += reap;
+                    S->reap_sq_sum[size_t(e)] += reap * reap;
+                    S->ean_sum[size_t(e)] += fn;
+                    S->max_act[size_t(e)] = std::max(S->max_act[size_t(e)], fm);
+                }
+            }
+            if (opt_.coact && !L.coact.empty()) {
+                std::vector<int32_t> sorted = chosen;
+                std::sort(sorted.begin(), sorted.end());
+                for (int a = 0; a < k; ++a) {
+                    for (int b = a + 1; b < k; ++b) {
+                        ++L.coact[LayerStats::pair_index(size_t(E), size_t(sorted[size_t(a)]), size_t(sorted[size_t(b)]))];
+                    }
+                }
+            }
+            if (tok.traced) {
+                trace_row(li, first + size_t(r), c, r, chosen);
+            }
+        }
+        done_tokens_[size_t(li)] += size_t(T);
+    }
+
+    void add_prob(LayerStats & L, LayerStats * D, int e, double p) {
+        L.prob_sum[size_t(e)] += p;
+        if (D) {
+            D->prob_sum[size_t(e)] += p;
+        }
+    }
+
+    void drop(LayerStats & L, LayerStats * D, int il, const TokenInfo & tok, int expert) {
+        if (opt_.strict) {
+            throw Error(fmt::format("{}: non-finite router or expert output at layer {}, token position {} of sequence {}{} "
+                                    "(--strict)",
+                                    arch_, il, tok.meta.pos, tok.meta.seq,
+                                    expert >= 0 ? fmt::format(", expert {}", expert) : std::string()));
+        }
+        ++L.nonfinite_drops;
+        ++stats_.nonfinite_drops;
+        if (D) {
+            ++D->nonfinite_drops;
+        }
+    }
+
+    // The trace's candidates: the chosen experts first (so its top-k is exactly the
+    // routing), then the rest by the score the router selects on; logits alongside.
+    void trace_row(int li, size_t token, const LayerCapture & c, int64_t r, const std::vector<int32_t> & chosen) {
+        const int E = n_expert_;
+        const float * sel = c.selection.data() + r * E;
+        const float * z = c.logits.data() + r * E;
+        order_.resize(size_t(E));
+        for (int e = 0; e < E; ++e) {
+            order_[size_t(e)] = e;
+        }
+        const auto better = [&](int32_t a, int32_t b) {
+            const bool ca = std::find(chosen.begin(), chosen.end(), a) != chosen.end();
+            const bool cb = std::find(chosen.begin(), chosen.end(), b) != chosen.end();
+            if (ca != cb) {
+                return ca;
+            }
+            return sel[a] != sel[b] ? sel[a] > sel[b] : a < b;
+        };
+        std::partial_sort(order_.begin(), order_.begin() + trace_m_, order_.end(), better);
+        const size_t base = (token * moe_layers_.size() + size_t(li)) * size_t(trace_m_);
+        for (int m = 0; m < trace_m_; ++m) {
+            trace_ids_[base + size_t(m)] = uint16_t(order_[size_t(m)]);
+            trace_logits_[base + size_t(m)] = z[order_[size_t(m)]];
+        }
+    }
+
+    const CollectOptions & opt_;
+    std::string arch_;
+    std::vector<int> moe_layers_;
+    std::map<int, int> ordinal_;
+    int n_expert_, n_expert_used_, n_embd_;
+    std::string down_node_;
+    const std::vector<std::string> & domains_;
+    SaliencyStats & stats_;
+    std::vector<LayerCapture> capture_;
+    std::vector<size_t> done_tokens_;
+    std::vector<TokenInfo> batch_;
+    std::vector<uint16_t> trace_ids_;
+    std::vector<float> trace_logits_;
+    std::vector<std::vector<uint64_t>> trace_count_;
+    std::vector<int32_t> order_;
+    std::vector<uint8_t> raw_;
+    int trace_m_ = 0;
+    Gating gating_ = Gating::Unknown;
+    std::exception_ptr failure_;
+};
+
+} // namespace
+
+namespace {
+
+// A window of one document: what llama_decode sees from a clean context.
+struct Window {
+    size_t doc = 0;
+    std::vector<llama_token> tokens;
+};
+
+std::string render_chat(const llama_model * model, const CorpusDocument & d, bool for_generation,
+                        const std::string & where) {
+    const char * tmpl = llama_model_chat_template(model, nullptr);
+    if (!tmpl) {
+        fail_file(where, "is a conversation, but the model has no chat template (tokenizer.chat_template)");
+    }
+    size_t n = d.messages.size();
+    if (for_generation) {
+        // Up to the last user turn: the model answers it.
+        while (n > 0 && d.messages[n - 1].role != "user") {
+            --n;
+        }
+        if (n == 0) {
+            fail_file(where, "has no user turn to answer (--generate)");
+        }
+    }
+    std::vector<llama_chat_message> msgs;
+    for (size_t i = 0; i < n; ++i) {
+        msgs.push_back({d.messages[i].role.c_str(), d.messages[i].content.c_str()});
+    }
+    std::string buf(4096, '\0');
+    int32_t len = llama_chat_apply_template(tmpl, msgs.data(), msgs.size(), for_generation, buf.data(), int32_t(buf.size()));
+    if (len > int32_t(buf.size())) {
+        buf.resize(size_t(len));
+        len = llama_chat_apply_template(tmpl, msgs.data(), msgs.size(), for_generation, buf.data(), int32_t(buf.size()));
+    }
+    if (len < 0) {
+        fail_file(where, "the model's chat template could not be applied by llama.cpp");
+    }
+    buf.resize(size_t(len));
+    return buf;
+}
+
+std::vector<llama_token> tokenize(const llama_vocab * vocab, const std::string & text, bool parse_special,
+                                  const std::string & where) {
+    std::vector<llama_token> out(text.size() + 8);
+    int n = llama_tokenize(vocab, text.data(), int32_t(text.size()), out.data(), int32_t(out.size()), true, parse_special);
+    if (n < 0) {
+        out.resize(size_t(-n));
+        n = llama_tokenize(vocab, text.data(), int32_t(text.size()), out.data(), int32_t(out.size()), true, parse_special);
+    }
+    if (n <= 0) {
+        fail_file(where, "tokenizes to nothing");
+    }
+    out.resize(size_t(n));
+    return out;
+}
+
+// Which expert-output node is f before gating: the last of down, its per-expert scale,
+// its bias, as build_moe_ffn applies them.
+std::string down_node_of(const GgufModel & model, int layer) {
+    bool scale = false, bias = false;
+    const std::string prefix = fmt::format("blk.{}.ffn_down_exps.", layer);
+    for (const TensorEntry & t : model.tensors()) {
+        scale = scale || t.name == prefix + "scale";
+        bias = bias || t.name == prefix + "bias";
+    }
+    return bias ? "ffn_moe_down_biased" : scale ? "ffn_moe_down_scaled" : "ffn_moe_down";
+}
+
+// The settings that change what is counted: a resumed run must use the same.
+json result_settings(const CollectOptions & o) {
+    return {{"ctx", o.ctx},           {"parse_special", o.parse_special}, {"generate", o.generate},
+            {"seed", o.seed},         {"trace", !o.trace.empty()},         {"trace_top", o.trace_top},
+            {"trace_tokens", o.trace_tokens}, {"chunks", o.chunks},        {"coact", o.coact}};
+}
+
+struct Invariant {
+    std::string name;
+    bool ok;
+    std::string detail;
+};
+
+} // namespace
+
+CollectResult collect(const CollectOptions & opt) {
+    if (opt.ctx < 8 || opt.batch < 1 || opt.ubatch < 1 || opt.trace_top < 1) {
+        throw Error("-c must be at least 8, -b, -ub and --trace-top at least 1");
+    }
+    if (opt.generate < 0 || opt.generate >= opt.ctx / 2) {
+        throw Error(fmt::format("--generate {} must be below half the context ({})", opt.generate, opt.ctx));
+    }
+    if (opt.resume && opt.save_every <= 0) {
+        throw Error("--resume continues from the checkpoints of --save-every N: give it too");
+    }
+    const Corpus corpus = read_corpus(opt.corpus);
+    const GgufModel gguf = GgufModel::open(opt.model);
+    const InspectReport info = inspect_model(gguf, {});
+    std::vector<int> moe_layers;
+    for (const LayerInfo & li : info.layers) {
+        if (!li.nextn) {
+            moe_layers.push_back(li.layer);
+        }
+    }
+    if (moe_layers.empty() || info.n_expert <= 0 || info.n_expert_used <= 0) {
+        fail_file(opt.model.string(), "is not a mixture-of-experts model: no routed expert tensors");
+    }
+    if (!info.problems.empty()) {
+        fail_file(opt.model.string(), "is inconsistent: " + fmt::format("{}", fmt::join(info.problems, "; ")));
+    }
+
+    llama_backend_init();
+    for (const std::string & endpoint : opt.rpc) {
+        ggml_backend_reg_t reg = ggml_backend_rpc_add_server(endpoint.c_str());
+        if (!reg) {
+            throw Error(fmt::format("cannot reach the llama.cpp RPC server at {}", endpoint));
+        }
+        ggml_backend_register(reg);
+    }
+    llama_log_set([](ggml_log_level level, const char * text, void *) {
+        if (level >= GGML_LOG_LEVEL_ERROR) {
+            std::fputs(text, stderr);
+        }
+    }, nullptr);
+    llama_model_params mp = llama_model_default_params();
+    mp.n_gpu_layers = opt.gpu_layers;
+    std::unique_ptr<llama_model, decltype(&llama_model_free)> model(llama_model_load_from_file(opt.model.c_str(), mp),
+                                                                   llama_model_free);
+    if (!model) {
+        fail_file(opt.model.string(), "llama.cpp could not load it");
+    }
+    const llama_vocab * vocab = llama_model_get_vocab(model.get());
+    const int n_embd = llama_model_n_embd(model.get());
+
+    // Windows of every document, in corpus order.
+    std::vector<Window> windows;
+    const size_t window = size_t(opt.ctx - opt.generate);
+    for (size_t d = 0; d < corpus.documents.size(); ++d) {
+        const CorpusDocument & doc = corpus.documents[d];
+        const std::string where = doc.line ? fmt::format("{}:{}", opt.corpus.string(), doc.line) : opt.corpus.string();
+        const std::string text = doc.messages.empty() ? doc.text : render_chat(model.get(), doc, opt.generate > 0, where);
+        const std::vector<llama_token> toks = tokenize(vocab, text, opt.parse_special, where);
+        for (size_t i = 0; i < toks.size(); i += window) {
+            windows.push_back({d, std::vector<llama_token>(toks.begin() + long(i),
+                                                           toks.begin() + long(std::min(toks.size(), i + window)))});
+        }
+    }
+    const size_t total_windows = windows.size();
+    if (opt.chunks >= 0 && size_t(opt.chunks) < windows.size()) {
+        std::fprintf(stderr, "moeprune collect: --chunks %lld: evaluating %lld of the corpus' %zu windows\n",
+                     (long long) opt.chunks, (long long) opt.chunks, windows.size());
+        windows.resize(size_t(opt.chunks));
+    }
+
+    CollectResult res;
+    SaliencyStats & stats = res.stats;
+    stats = SaliencyStats::empty(int64_t(moe_layers.size()), info.n_expert, info.n_expert_used);
+    stats.model = {{"arch", info.arch},         {"name", info.name},           {"file_bytes", info.file_bytes},
+                   {"n_expert", info.n_expert}, {"n_expert_used", info.n_expert_used}, {"moe_layers", moe_layers}};
+    for (const std::string & d : corpus.domains) {
+        stats.domains[d] = {0, std::vector<LayerStats>(moe_layers.size(), LayerStats(size_t(info.n_expert)))};
+    }
+    if (opt.coact) {
+        for (LayerStats & L : stats.layers) {
+            L.coact.assign(size_t(info.n_expert) * size_t(info.n_expert - 1) / 2, 0);
+        }
+    }
+    const json settings = result_settings(opt);
+    size_t first_window = 0;
+    std::optional<TraceResumePoint> trace_from;
+    std::vector<std::vector<uint64_t>> resumed_trace_count;
+    if (opt.resume) {
+        const SaliencyStats saved = read_stats(opt.output);
+        const json & prog = saved.settings.value("progress", json());
+        const std::string origin = opt.output.string();
+        if (!prog.is_object()) {
+            fail_file(origin, "has no checkpoint to resume from (settings.progress)");
+        }
+        if (prog.value("complete", false)) {
+            fail_file(origin, "is a finished run: nothing to resume");
+        }
+        if (saved.model != stats.model) {
+            fail_file(origin, "was collected on another model: " + saved.model.dump());
+        }
+        if (saved.settings.value("corpus_digest", "") != corpus.digest) {
+            fail_file(origin, "was collected on another corpus (its digest differs from " + opt.corpus.string() + ")");
+        }
+        if (saved.settings.value("result_settings", json()) != settings) {
+            fail_file(origin, "was collected with other settings: " + saved.settings.value("result_settings", json()).dump() +
+                                  " vs " + settings.dump());
+        }
+        stats.layers = saved.layers;
+        stats.domains = saved.domains;
+        stats.n_tokens = saved.n_tokens;
+        stats.nonfinite_drops = saved.nonfinite_drops;
+        first_window = prog.at("windows").get<size_t>();
+        res.traced_tokens = prog.value("traced_tokens", uint64_t(0));
+        if (!opt.trace.empty()) {
+            trace_from = TraceResumePoint{prog.at("trace_bytes").get<uint64_t>(), res.traced_tokens};
+            resumed_trace_count = prog.at("trace_count").get<std::vector<std::vector<uint64_t>>>();
+        }
+    }
+
+    std::vector<std::string> trace_domains{""};
+    trace_domains.insert(trace_domains.end(), corpus.domains.begin(), corpus.domains.end());
+    Collector collector(opt, info.arch, moe_layers, int(info.n_expert), int(info.n_expert_used), n_embd,
+                        down_node_of(gguf, moe_layers.front()), corpus.domains, stats);
+    if (!resumed_trace_count.empty()) {
+        collector.set_trace_count(resumed_trace_count);
+    }
+    std::unique_ptr<TraceWriter> trace;
+    if (!opt.trace.empty()) {
+        TraceHeader h;
+        h.n_layer = uint32_t(moe_layers.size());
+        h.n_expert = uint32_t(info.n_expert);
+        h.top_m = uint32_t(collector.trace_m());
+        h.domains = trace_domains;
+        h.meta = {{"n_expert_used", info.n_expert_used}, {"moe_layers", moe_layers}, {"model", stats.model},
+                  {"corpus", opt.corpus.string()},          {"settings", settings}};
+        trace = trace_from ? std::make_unique<TraceWriter>(opt.trace, h, *trace_from)
+                           : std::make_unique<TraceWriter>(opt.trace, h);
+    }
+
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = uint32_t(opt.ctx);
+    cp.n_batch = uint32_t(opt.batch);
+    cp.n_ubatch = uint32_t(std::min(opt.ubatch, opt.batch));
+    const int threads = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+    cp.n_threads = cp.n_threads_batch = threads;
+    cp.cb_eval = &Collector::callback;
+    cp.cb_eval_user_data = &collector;
+    std::unique_ptr<llama_context, decltype(&llama_free)> ctx(llama_init_from_model(model.get(), cp), llama_free);
+    if (!ctx) {
+        throw Error("llama.cpp could not create a context of " + std::to_string(opt.ctx) + " tokens");
+    }
+
+    uint64_t todo_tokens = 0;
+    for (size_t w = first_window; w < windows.size(); ++w) {
+        todo_tokens += windows[w].tokens.size() + size_t(opt.generate);
+    }
+    Progress progress("collect", todo_tokens, "tokens");
+    const auto decode = [&](std::vector<TokenInfo> infos) {
+        llama_batch batch = llama_batch_init(int32_t(infos.size()), 0, 1);
+        for (size_t i = 0; i < infos.size(); ++i) {
+            batch.token[i] = infos[i].meta.token;
+            batch.pos[i] = infos[i].meta.pos;
+            batch.n_seq_id[i] = 1;
+            batch.seq_id[i][0] = 0;
+            batch.logits[i] = true;  // every row through the last layer
+        }
+        batch.n_tokens = int32_t(infos.size());
+        const size_t n = infos.size();
+        collector.begin_batch(std::move(infos));
+        const int rc = llama_decode(ctx.get(), batch);
+        llama_batch_free(batch);
+        collector.rethrow();
+        if (rc != 0) {
+            throw Error(fmt::format("llama_decode failed ({}) on a batch of {} tokens", rc, n));
+        }
+        collector.end_batch(trace.get());
+        stats.n_tokens += n;
+        res.tokens += n;
+        progress.advance(n);
+    };
+    const auto token_info = [&](const Window & w, llama_token tok, int32_t pos, TracePhase phase) {
+        const CorpusDocument & doc = corpus.documents[w.doc];
+        TokenInfo t;
+        t.meta.token = tok;
+        t.meta.pos = pos;
+        t.meta.seq = int32_t(doc.session ? *doc.session : int64_t(w.doc));
+        t.meta.phase = phase;
+        const auto it = std::find(corpus.domains.begin(), corpus.domains.end(), doc.domain);
+        t.domain = doc.domain.empty() ? -1 : int(it - corpus.domains.begin());
+        t.meta.domain = uint16_t(t.domain + 1);
+        t.traced = trace && (opt.trace_tokens == 0 || res.traced_tokens < opt.trace_tokens);
+        res.traced_tokens += t.traced;
+        if (t.domain >= 0) {
+            ++stats.domains[doc.domain].n_tokens;
+        }
+        return t;
+    };
+    const auto describe = [&](size_t windows_done, bool complete) {
+        json prog = {{"windows", windows_done}, {"traced_tokens", res.traced_tokens}, {"complete", complete}};
+        if (trace) {
+            trace->flush();
+            prog["trace_bytes"] = trace->resume_point().bytes;
+            prog["trace_count"] = collector.trace_count();
+        }
+        stats.settings = {{"model_file", opt.model.string()},
+                          {"corpus", opt.corpus.string()},
+                          {"corpus_digest", corpus.digest},
+                          {"corpus_windows", total_windows},
+                          {"trace", opt.trace.empty() ? json() : json(opt.trace.string())},
+                          {"batch", opt.batch},
+                          {"ubatch", opt.ubatch},
+                          {"threads", threads},
+                          {"gpu_layers", opt.gpu_layers},
+                          {"rpc", opt.rpc},
+                          {"result_settings", settings},
+                          {"progress", prog},
+                          {"tool", "moeprune collect"}};
+    };
+    const auto checkpoint = [&](size_t windows_done) {
+        describe(windows_done, false);
+        write_stats(opt.output, stats);
+    };
+
+    std::unique_ptr<llama_sampler, decltype(&llama_sampler_free)> sampler(nullptr, llama_sampler_free);
+    for (size_t wi = first_window; wi < windows.size(); ++wi) {
+        const Window & w = windows[wi];
+        llama_memory_clear(llama_get_memory(ctx.get()), true);
+        int32_t pos = 0;
+        for (size_t i = 0; i < w.tokens.size(); i += size_t(opt.batch)) {
+            std::vector<TokenInfo> infos;
+            for (size_t j = i; j < std::min(w.tokens.size(), i + size_t(opt.batch)); ++j) {
+                infos.push_back(token_info(w, w.tokens[j], pos++, TracePhase::Prefill));
+            }
+            decode(std::move(infos));
+        }
+        if (opt.generate > 0) {
+            // Greedy, or sampled with a seed per window so a resumed run generates the same text.
+            sampler.reset(opt.seed < 0 ? llama_sampler_init_greedy() : llama_sampler_init_dist(uint32_t(opt.seed + int64_t(wi))));
+            for (int g = 0; g < opt.generate; ++g) {
+                const llama_token next = llama_sampler_sample(sampler.get(), ctx.get(), -1);
+                if (llama_vocab_is_eog(vocab, next)) {
+                    break;
+                }
+                decode({token_info(w, next, pos++, TracePhase::Decode)});
+            }
+        }
+        if (opt.save_every > 0 && (wi + 1) % size_t(opt.save_every) == 0 && wi + 1 < windows.size()) {
+            checkpoint(wi + 1);
+        }
+    }
+    progress.finish();
+    res.windows = windows.size();
+    if (trace) {
+        trace->close();
+    }
+
+    // Invariants, recorded in the file and fatal when broken.
+    std::vector<Invariant> inv;
+    const uint64_t k = uint64_t(info.n_expert_used);
+    for (size_t l = 0; l < stats.layers.size(); ++l) {
+        uint64_t picks = 0;
+        double prob = 0;
+        for (size_t e = 0; e < size_t(info.n_expert); ++e) {
+            picks += stats.layers[l].count[e];
+            prob += stats.layers[l].prob_sum[e];
+        }
+        if (picks != stats.n_tokens * k) {
+            inv.push_back({"count_sum", false, fmt::format("layer {}: sum of counts {} != tokens {} x k {}", moe_layers[l],
+                                                           picks, stats.n_tokens, k)});
+        }
+        const Gating g = collector.gating();
+        const uint64_t finite_tokens = stats.n_tokens - std::min(stats.n_tokens, stats.layers[l].nonfinite_drops);
+        if ((g == Gating::Softmax || g == Gating::SoftmaxWeight) &&
+            std::fabs(prob - double(finite_tokens)) > 1e-3 * double(std::max<uint64_t>(1, finite_tokens))) {
+            inv.push_back({"prob_sum", false, fmt::format("layer {}: sum of router probabilities {} != tokens {}",
+                                                          moe_layers[l], prob, finite_tokens)});
+        }
+    }
+    if (trace) {
+        const TraceReader reader = TraceReader::open(opt.trace);
+        for (uint32_t l = 0; l < reader.header().n_layer; ++l) {
+            std::vector<uint64_t> recount(static_cast<size_t>(info.n_expert), 0);
+            reader.for_each_layer_chunk(l, [&](uint64_t, uint32_t n, const uint16_t * ids, const float *) {
+                for (uint32_t t = 0; t < n; ++t) {
+                    for (uint64_t j = 0; j < k; ++j) {
+                        ++recount[ids[size_t(t) * reader.header().top_m + j]];
+                    }
+                }
+            });
+            if (recount != collector.trace_count()[l] || reader.n_tokens() != res.traced_tokens) {
+                inv.push_back({"trace_counts", false,
+                               fmt::format("layer {}: the trace's top-{} counts differ from the statistics over its {} "
+                                           "tokens", moe_layers[l], k, res.traced_tokens)});
+            }
+        }
+    }
+    const bool ok = inv.empty();
+    describe(windows.size(), true);
+    stats.settings["gating"] = gating_name(collector.gating());
+    stats.settings["invariants"] = {{"ok", ok},
+                                    {"checked", {"count_sum", "prob_sum (softmax gating)", "trace_counts"}},
+                                    {"violations", json::array()}};
+    for (const Invariant & i : inv) {
+        stats.settings["invariants"]["violations"].push_back({{"name", i.name}, {"detail", i.detail}});
+    }
+    if (!ok) {
+        std::filesystem::path bad = opt.output;
+        bad += ".invalid";
+        write_stats(bad, stats);
+        throw Error(fmt::format("{} invariant(s) broken, statistics kept in {} for inspection: {}", inv.size(),
+                                bad.string(), inv.front().detail));
+    }
+    write_stats(opt.output, stats);
+    return res;
+}
+
+} // namespace moeprune

@@ -1,0 +1,108 @@
+#include "collect/corpus.h"
+#include "core/errors.h"
+#include "core/atomic_file.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <xxhash.h>
+
+#include <algorithm>
+
+namespace moeprune {
+
+using nlohmann::json;
+
+namespace {
+
+CorpusDocument parse_line(const std::string & line, uint64_t line_no, const std::string & origin) {
+    const std::string where = fmt::format("{}:{}", origin, line_no);
+    json j;
+    try {
+        j = json::parse(line);
+    } catch (const json::parse_error & e) {
+        fail_file(where, fmt::format("not valid JSON ({})", e.what()));
+    }
+    if (!j.is_object()) {
+        fail_file(where, "a document must be a JSON object with \"text\" or \"messages\"");
+    }
+    CorpusDocument d;
+    d.line = line_no;
+    if (j.contains("text") == j.contains("messages")) {
+        fail_file(where, "a document needs exactly one of \"text\" and \"messages\"");
+    }
+    if (j.contains("text")) {
+        if (!j["text"].is_string() || j["text"].get<std::string>().empty()) {
+            fail_file(where, "\"text\" must be a non-empty string");
+        }
+        d.text = j["text"].get<std::string>();
+    } else {
+        if (!j["messages"].is_array() || j["messages"].empty()) {
+            fail_file(where, "\"messages\" must be a non-empty array of {\"role\", \"content\"}");
+        }
+        for (const json & m : j["messages"]) {
+            if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
+                !m["content"].is_string()) {
+                fail_file(where, "every message needs string \"role\" and \"content\"");
+            }
+            d.messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+        }
+    }
+    if (j.contains("domain")) {
+        if (!j["domain"].is_string() || j["domain"].get<std::string>().empty()) {
+            fail_file(where, "\"domain\" must be a non-empty string");
+        }
+        d.domain = j["domain"].get<std::string>();
+    }
+    for (const auto & [key, field] : {std::pair{"session", &d.session}, std::pair{"turn", &d.turn}}) {
+        if (j.contains(key)) {
+            if (!j[key].is_number_integer() || j[key].get<int64_t>() < 0) {
+                fail_file(where, fmt::format("\"{}\" must be a non-negative integer", key));
+            }
+            *field = j[key].get<int64_t>();
+        }
+    }
+    return d;
+}
+
+} // namespace
+
+Corpus read_corpus(const std::filesystem::path & path) {
+    Corpus c;
+    c.path = path;
+    const std::string bytes = read_text_file(path);
+    c.bytes = bytes.size();
+    c.digest = fmt::format("{:016x}", XXH64(bytes.data(), bytes.size(), 0));
+    c.jsonl = path.extension() == ".jsonl";
+    if (!c.jsonl) {
+        if (bytes.empty()) {
+            fail_file(path.string(), "is empty: nothing to collect statistics on");
+        }
+        c.documents.push_back({bytes, {}, "", std::nullopt, std::nullopt, 0});
+        return c;
+    }
+    size_t start = 0;
+    uint64_t line_no = 0;
+    while (start < bytes.size()) {
+        size_t end = bytes.find('\n', start);
+        if (end == std::string::npos) {
+            end = bytes.size();
+        }
+        ++line_no;
+        const std::string line = bytes.substr(start, end - start);
+        start = end + 1;
+        if (line.find_first_not_of(" \t\r") == std::string::npos) {
+            continue;
+        }
+        c.documents.push_back(parse_line(line, line_no, path.string()));
+        const std::string & domain = c.documents.back().domain;
+        if (!domain.empty() && std::find(c.domains.begin(), c.domains.end(), domain) == c.domains.end()) {
+            c.domains.push_back(domain);
+        }
+    }
+    if (c.documents.empty()) {
+        fail_file(path.string(), "holds no documents");
+    }
+    return c;
+}
+
+} // namespace moeprune

@@ -1,0 +1,487 @@
+// moeprune collect on synthesized models: the planted truth comes back out of the
+// statistics, the invariants hold in every layer, shards merge to the single run,
+// the trace agrees, a killed run resumes, RPC matches local, and the REAP numbers
+// agree with a plain C++ recomputation from the model's weights.
+#include "collect/collect.h"
+#include "core/errors.h"
+#include "formats/stats.h"
+#include "formats/trace.h"
+#include "support/test_support.h"
+#include "synth/synth.h"
+
+#include "ggml-backend.h"
+#include "ggml.h"
+#include "gguf.h"
+#include "llama.h"
+
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstring>
+#include <fstream>
+#include <thread>
+#include <unistd.h>
+#include <sys/wait.h>
+
+using namespace moeprune;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// Documents of one text kind each, labelled with their domain.
+std::string planted_corpus(int rounds) {
+    std::string out;
+    for (int i = 0; i < rounds; ++i) {
+        out += json{{"text", fmt::format("int main() {{ return f(x) == g[{}] && h != 0; }}\nstd::vector<int> v{{1, 2}}; "
+                                         "const int* p = &v[0];\nstruct S {{ void run() const; }};\n",
+                                         i)},
+                    {"domain", "code"}}
+                   .dump() +
+               "\n";
+        out += json{{"text", "専門家の混合モデルは、入力ごとに一部の専門家だけを使います。東京の天気は晴れです。"
+                             "我们在笔记本电脑上运行大型语言模型，需要减少内存使用。"},
+                    {"domain", "cjk"}}
+                   .dump() +
+               "\n";
+        out += json{{"text", fmt::format("The expert cache keeps the most useful experts resident while the rest stream "
+                                         "from disk, round {}.",
+                                         i)},
+                    {"domain", "english"}}
+                   .dump() +
+               "\n";
+    }
+    return out;
+}
+
+struct Model {
+    fs::path path;
+    json planted;
+};
+
+Model synth_model(const fs::path & dir, const std::string & arch, bool planted, ggml_type type = GGML_TYPE_F32) {
+    SynthOptions o;
+    o.arch = arch;
+    o.n_layer = 3;
+    o.n_expert = 12;
+    o.n_expert_used = 3;
+    o.expert_type = type;
+    o.dead = planted ? 2 : 0;
+    o.specialists = planted;
+    o.output = dir / (arch + ".gguf");
+    const SynthResult r = synthesize(o);
+    return {r.files.front(), r.planted};
+}
+
+CollectOptions options(const Model & m, const fs::path & corpus, const fs::path & out) {
+    CollectOptions o;
+    o.model = m.path;
+    o.corpus = corpus;
+    o.output = out;
+    o.ctx = 128;
+    o.batch = 64;
+    o.ubatch = 32;
+    o.threads = 2;
+    return o;
+}
+
+void expect_invariants(const SaliencyStats & s) {
+    for (size_t l = 0; l < s.layers.size(); ++l) {
+        uint64_t picks = 0;
+        double prob = 0;
+        for (size_t e = 0; e < size_t(s.n_expert); ++e) {
+            picks += s.layers[l].count[e];
+            prob += s.layers[l].prob_sum[e];
+        }
+        EXPECT_EQ(picks, s.n_tokens * uint64_t(s.n_expert_used)) << "layer " << l;
+        EXPECT_NEAR(prob, double(s.n_tokens), 1e-3 * double(s.n_tokens)) << "layer " << l;
+    }
+    EXPECT_TRUE(s.settings["invariants"]["ok"].get<bool>()) << s.settings.dump();
+}
+
+class CollectPlanted : public ::testing::TestWithParam<std::string> {};
+
+} // namespace
+
+// Dead experts have count 0 in every layer, each specialist leads its domain, and the
+// invariants hold in every layer, the last included.
+TEST_P(CollectPlanted, RecoversThePlantedTruth) {
+    test::TempDir dir;
+    const Model m = synth_model(dir.path(), GetParam(), true);
+    test::write_text(dir / "corpus.jsonl", planted_corpus(4));
+    const CollectResult r = collect(options(m, dir / "corpus.jsonl", dir / "stats.json"));
+    const SaliencyStats s = read_stats(dir / "stats.json");
+    EXPECT_EQ(s.n_tokens, r.stats.n_tokens);
+    ASSERT_EQ(s.n_layer, 3);
+    expect_invariants(s);
+    EXPECT_EQ(s.settings["gating"], "softmax");
+    uint64_t domain_tokens = 0;
+    for (const auto & [name, d] : s.domains) {
+        domain_tokens += d.n_tokens;
+    }
+    EXPECT_EQ(domain_tokens, s.n_tokens);
+    for (int l = 0; l < 3; ++l) {
+        for (int e : m.planted["dead"][std::to_string(l)].get<std::vector<int>>()) {
+            EXPECT_EQ(s.layers[size_t(l)].count[size_t(e)], 0u) << "dead expert " << e << " layer " << l;
+        }
+        // A specialist fires on its kind's tokens and almost nowhere else; a generic expert
+        // may still be busier in absolute terms, so "leads" is measured as the domain's
+        // share minus the share elsewhere: the specialist's is the largest of all experts.
+        for (const auto & [id, kind] : m.planted["specialists"][std::to_string(l)].items()) {
+            const DomainStats & own = s.domains.at(kind.get<std::string>());
+            const double rest_tokens = double(s.n_tokens - own.n_tokens);
+            const auto lift = [&](size_t e) {
+                const double in = double(own.layers[size_t(l)].count[e]);
+                return in / double(own.n_tokens) - (double(s.layers[size_t(l)].count[e]) - in) / rest_tokens;
+            };
+            const size_t spec = std::stoul(id);
+            EXPECT_GE(double(own.layers[size_t(l)].count[spec]) / double(own.n_tokens), 0.4) << kind << " layer " << l;
+            EXPECT_LE((double(s.layers[size_t(l)].count[spec]) - double(own.layers[size_t(l)].count[spec])) / rest_tokens, 0.05)
+                << kind << " specialist " << spec << " fires outside its domain in layer " << l;
+            for (size_t e = 0; e < size_t(s.n_expert); ++e) {
+                if (e != spec) {
+                    EXPECT_GT(lift(spec), lift(e)) << kind << " specialist " << spec << " vs expert " << e << " layer " << l;
+                }
+            }
+        }
+        for (size_t e = 0; e < size_t(s.n_expert); ++e) {
+            if (s.layers[size_t(l)].count[e] > 0) {
+                EXPECT_GT(s.layers[size_t(l)].reap_sum[e], 0.0) << "expert " << e << " routed but no REAP mass";
+            }
+        }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, CollectPlanted, ::testing::Values("qwen3moe", "qwen2moe"));
+
+// The trace's top-k reproduces the statistics; tokens carry sequence, domain, position
+// and phase; --generate adds decode tokens.
+TEST(Collect, TraceAgreesWithStatisticsAndRecordsDecode) {
+    test::TempDir dir;
+    const Model m = synth_model(dir.path(), "qwen3moe", true);
+    test::write_text(dir / "corpus.jsonl", planted_corpus(2));
+    CollectOptions o = options(m, dir / "corpus.jsonl", dir / "stats.json");
+    o.trace = dir / "run.trace";
+    o.trace_top = 8;
+    o.generate = 5;
+    o.coact = true;
+    collect(o);
+    const SaliencyStats s = read_stats(dir / "stats.json");
+    expect_invariants(s);
+    const TraceReader t = TraceReader::open(dir / "run.trace");
+    ASSERT_EQ(t.n_tokens(), s.n_tokens);
+    EXPECT_EQ(t.header().top_m, 8u);
+    EXPECT_EQ(t.header().meta["n_expert_used"], 3);
+    for (uint32_t l = 0; l < 3; ++l) {
+        std::vector<uint16_t> ids;
+        std::vector<float> logits;
+        t.read_layer(l, ids, logits);
+        std::vector<uint64_t> count(12, 0);
+        for (size_t i = 0; i < t.n_tokens(); ++i) {
+            for (int j = 0; j < 3; ++j) {
+                ++count[ids[i * 8 + size_t(j)]];
+            }
+        }
+        EXPECT_EQ(count, s.layers[l].count) << "layer " << l;
+        uint64_t pairs = 0;
+        for (uint64_t c : s.layers[l].coact) {
+            pairs += c;
+        }
+        EXPECT_EQ(pairs, s.n_tokens * 3) << "three pairs per token at top-3";
+    }
+    const auto meta = t.token_meta();
+    uint64_t decode = 0;
+    int32_t last_seq = -1;
+    for (size_t i = 0; i < meta.size(); ++i) {
+        decode += meta[i].phase == TracePhase::Decode;
+        EXPECT_GE(meta[i].seq, last_seq);
+        if (meta[i].seq != last_seq) {
+            EXPECT_EQ(meta[i].pos, 0) << "each document starts a clean context";
+            last_seq = meta[i].seq;
+        }
+        EXPECT_EQ(t.header().domains.at(meta[i].domain).empty(), false);
+    }
+    EXPECT_EQ(last_seq, 5);  // six documents
+    EXPECT_GT(decode, 0u);
+    EXPECT_LE(decode, 6u * 5u);
+}
+
+// A corpus in two shards, collected separately and merged, gives the single run's counts.
+TEST(Collect, ShardsMergeToTheSingleRun) {
+    test::TempDir dir;
+    const Model m = synth_model(dir.path(), "qwen3moe", true);
+    const std::string corpus = planted_corpus(3);
+    test::write_text(dir / "all.jsonl", corpus);
+    const size_t cut = corpus.find('\n', corpus.size() / 2) + 1;
+    test::write_text(dir / "a.jsonl", corpus.substr(0, cut));
+    test::write_text(dir / "b.jsonl", corpus.substr(cut));
+    collect(options(m, dir / "all.jsonl", dir / "all.json"));
+    collect(options(m, dir / "a.jsonl", dir / "a.json"));
+    collect(options(m, dir / "b.jsonl", dir / "b.json"));
+    const auto r = test::run_command(fmt::format("{} merge {} {} -o {}", test::bin("moeprune").string(),
+                                                 (dir / "a.json").string(), (dir / "b.json").string(),
+                                                 (dir / "ab.json").string()));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const SaliencyStats all = read_stats(dir / "all.json"), ab = read_stats(dir / "ab.json");
+    EXPECT_EQ(ab.n_tokens, all.n_tokens);
+    for (size_t l = 0; l < 3; ++l) {
+        EXPECT_EQ(ab.layers[l].count, all.layers[l].count) << "layer " << l;
+        for (size_t e = 0; e < 12; ++e) {
+            EXPECT_NEAR(ab.layers[l].reap_sum[e], all.layers[l].reap_sum[e], 1e-9 * (1 + all.layers[l].reap_sum[e]));
+            EXPECT_NEAR(ab.layers[l].prob_sum[e], all.layers[l].prob_sum[e], 1e-9 * (1 + all.layers[l].prob_sum[e]));
+        }
+        for (const auto & [name, d] : all.domains) {
+            EXPECT_EQ(ab.domains.at(name).layers[l].count, d.layers[l].count) << name;
+        }
+    }
+}
+
+// A run killed with SIGKILL after a checkpoint resumes to exactly the uninterrupted
+// result, trace included.
+TEST(Collect, KilledRunResumesToTheSameResult) {
+    test::TempDir dir;
+    const Model m = synth_model(dir.path(), "qwen3moe", true);
+    test::write_text(dir / "corpus.jsonl", planted_corpus(60));
+    const std::string base = fmt::format("{} collect -m {} -f {} -c 128 -b 64 -ub 32 -t 1 --save-every 2 --trace-top 6",
+                                         test::bin("moeprune").string(), m.path.string(), (dir / "corpus.jsonl").string());
+    const auto full = test::run_command(fmt::format("{} -o {} --trace {}", base, (dir / "full.json").string(),
+                                                    (dir / "full.trace").string()));
+    ASSERT_EQ(full.exit_code, 0) << full.output;
+
+    const fs::path out = dir / "killed.json";
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+        const std::string cmd = fmt::format("exec {} -o {} --trace {} >/dev/null 2>&1", base, out.string(),
+                                            (dir / "killed.trace").string());
+        execl("/bin/sh", "sh", "-c", cmd.c_str(), nullptr);
+        _exit(127);
+    }
+    // Kill as soon as the first checkpoint is on disk.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!fs::exists(out) && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    kill(pid, SIGKILL);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    ASSERT_TRUE(fs::exists(out));
+    const SaliencyStats partial = read_stats(out);
+    ASSERT_FALSE(partial.settings["progress"]["complete"].get<bool>()) << "the run finished before it could be killed";
+    EXPECT_LT(partial.n_tokens, read_stats(dir / "full.json").n_tokens);
+
+    const auto resumed = test::run_command(fmt::format("{} -o {} --trace {} --resume", base, out.string(),
+                                                       (dir / "killed.trace").string()));
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    const SaliencyStats a = read_stats(dir / "full.json"), b = read_stats(out);
+    EXPECT_EQ(b.n_tokens, a.n_tokens);
+    for (size_t l = 0; l < 3; ++l) {
+        EXPECT_EQ(b.layers[l].count, a.layers[l].count) << "layer " << l;
+        for (size_t e = 0; e < 12; ++e) {
+            EXPECT_NEAR(b.layers[l].reap_sum[e], a.layers[l].reap_sum[e], 1e-9 * (1 + a.layers[l].reap_sum[e]));
+        }
+    }
+    const TraceReader ta = TraceReader::open(dir / "full.trace"), tb = TraceReader::open(dir / "killed.trace");
+    ASSERT_EQ(tb.n_tokens(), ta.n_tokens());
+    for (uint32_t l = 0; l < 3; ++l) {
+        std::vector<uint16_t> ia, ib;
+        std::vector<float> za, zb;
+        ta.read_layer(l, ia, za);
+        tb.read_layer(l, ib, zb);
+        EXPECT_EQ(ia, ib) << "layer " << l;
+    }
+    const auto again = test::run_command(fmt::format("{} -o {} --resume", base, out.string()));
+    EXPECT_NE(again.exit_code, 0);
+    EXPECT_NE(again.output.find("finished run"), std::string::npos) << again.output;
+}
+
+// REAP recomputed in plain C++ from the GGUF's f32 weights and the layer's input
+// (captured from the graph): router softmax, top-k, renormalized gates, SwiGLU experts.
+TEST(Collect, ReapAgreesWithAnIndependentComputation) {
+    test::TempDir dir;
+    const Model m = synth_model(dir.path(), "qwen3moe", false);
+    const std::string text = "The expert cache keeps the most useful experts resident. def f(x): return x * 2\n";
+    test::write_text(dir / "corpus.txt", text);
+    collect(options(m, dir / "corpus.txt", dir / "stats.json"));
+    const SaliencyStats s = read_stats(dir / "stats.json");
+    const int layer = 1;
+
+    // The layer's input for every token, from llama.cpp's own graph.
+    struct Capture {
+        std::vector<std::vector<float>> x;
+    } cap;
+    llama_backend_init();
+    llama_model * model = llama_model_load_from_file(m.path.c_str(), llama_model_default_params());
+    ASSERT_NE(model, nullptr);
+    const llama_vocab * vocab = llama_model_get_vocab(model);
+    std::vector<llama_token> toks(text.size() + 8);
+    const int n = llama_tokenize(vocab, text.data(), int32_t(text.size()), toks.data(), int32_t(toks.size()), true, true);
+    ASSERT_EQ(uint64_t(n), s.n_tokens);
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = 128;
+    cp.n_batch = 128;
+    cp.n_ubatch = 128;
+    cp.cb_eval = [](ggml_tensor * t, bool ask, void * ud) {
+        if (std::string(t->name) != "ffn_norm-" + std::to_string(layer)) {
+            return false;
+        }
+        if (ask) {
+            return true;
+        }
+        auto & c = *static_cast<Capture *>(ud);
+        std::vector<float> buf(size_t(ggml_nelements(t)));
+        ggml_backend_tensor_get(t, buf.data(), 0, buf.size() * sizeof(float));
+        for (int64_t r = 0; r < t->ne[1]; ++r) {
+            c.x.emplace_back(buf.begin() + r * t->ne[0], buf.begin() + (r + 1) * t->ne[0]);
+        }
+        return true;
+    };
+    cp.cb_eval_user_data = &cap;
+    llama_context * ctx = llama_init_from_model(model, cp);
+    llama_batch batch = llama_batch_init(n, 0, 1);
+    for (int i = 0; i < n; ++i) {
+        batch.token[i] = toks[size_t(i)];
+        batch.pos[i] = i;
+        batch.n_seq_id[i] = 1;
+        batch.seq_id[i][0] = 0;
+        batch.logits[i] = true;
+    }
+    batch.n_tokens = n;
+    ASSERT_EQ(llama_decode(ctx, batch), 0);
+    llama_batch_free(batch);
+    llama_free(ctx);
+    llama_model_free(model);
+    ASSERT_EQ(cap.x.size(), size_t(n));
+
+    // The weights, straight from the file.
+    ggml_context * wctx = nullptr;
+    gguf_context * g = gguf_init_from_file(m.path.c_str(), {false, &wctx});
+    ASSERT_NE(g, nullptr);
+    const auto tensor = [&](const std::string & name) {
+        ggml_tensor * t = ggml_get_tensor(wctx, fmt::format("blk.{}.{}", layer, name).c_str());
+        EXPECT_NE(t, nullptr) << name;
+        EXPECT_EQ(t->type, GGML_TYPE_F32) << name;
+        return t;
+    };
+    const ggml_tensor * router = tensor("ffn_gate_inp.weight");  // [n_embd, E]
+    const ggml_tensor * gate = tensor("ffn_gate_exps.weight");   // [n_embd, n_ff, E]
+    const ggml_tensor * up = tensor("ffn_up_exps.weight");
+    const ggml_tensor * down = tensor("ffn_down_exps.weight");   // [n_ff, n_embd, E]
+    const int64_t n_embd = router->ne[0], E = router->ne[1], n_ff = gate->ne[1], k = s.n_expert_used;
+    const auto at = [](const ggml_tensor * t, int64_t i0, int64_t i1, int64_t i2) {
+        return double(*reinterpret_cast<const float *>(static_cast<const char *>(t->data) + i0 * t->nb[0] + i1 * t->nb[1] +
+                                                       i2 * t->nb[2]));
+    };
+    std::vector<double> reap(static_cast<size_t>(E), 0.0);
+    std::vector<uint64_t> count(static_cast<size_t>(E), 0);
+    for (const auto & x : cap.x) {
+        std::vector<double> z(static_cast<size_t>(E));
+        for (int64_t e = 0; e < E; ++e) {
+            for (int64_t i = 0; i < n_embd; ++i) {
+                z[size_t(e)] += at(router, i, e, 0) * x[size_t(i)];
+            }
+        }
+        const double zmax = *std::max_element(z.begin(), z.end());
+        std::vector<double> p(static_cast<size_t>(E));
+        for (int64_t e = 0; e < E; ++e) {
+            p[size_t(e)] = std::exp(z[size_t(e)] - zmax);
+        }
+        std::vector<int64_t> order(static_cast<size_t>(E));
+        std::iota(order.begin(), order.end(), 0);
+        std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int64_t a, int64_t b) { return p[size_t(a)] > p[size_t(b)]; });
+        double chosen_sum = 0;
+        for (int64_t j = 0; j < k; ++j) {
+            chosen_sum += p[size_t(order[size_t(j)])];
+        }
+        for (int64_t j = 0; j < k; ++j) {
+            const int64_t e = order[size_t(j)];
+            const double gw = p[size_t(e)] / chosen_sum;  // qwen3moe renormalizes the top-k gates
+            std::vector<double> h(static_cast<size_t>(n_ff));
+            for (int64_t f = 0; f < n_ff; ++f) {
+                double a = 0, b = 0;
+                for (int64_t i = 0; i < n_embd; ++i) {
+                    a += at(gate, i, f, e) * x[size_t(i)];
+                    b += at(up, i, f, e) * x[size_t(i)];
+                }
+                h[size_t(f)] = a / (1.0 + std::exp(-a)) * b;
+            }
+            double norm = 0;
+            for (int64_t o = 0; o < n_embd; ++o) {
+                double y = 0;
+                for (int64_t f = 0; f < n_ff; ++f) {
+                    y += at(down, f, o, e) * h[size_t(f)];
+                }
+                norm += y * y;
+            }
+            reap[size_t(e)] += gw * std::sqrt(norm);
+            ++count[size_t(e)];
+        }
+    }
+    gguf_free(g);
+    ggml_free(wctx);
+    EXPECT_EQ(count, s.layers[layer].count);
+    int compared = 0;
+    for (int64_t e = 0; e < E; ++e) {
+        if (count[size_t(e)] > 0) {
+            EXPECT_NEAR(s.layers[layer].reap_sum[size_t(e)], reap[size_t(e)], 1e-4 * reap[size_t(e)]) << "expert " << e;
+            ++compared;
+        }
+    }
+    EXPECT_GT(compared, 4);
+}
+
+// llama.cpp's RPC backend on loopback gives the local run's statistics.
+TEST(Collect, RpcServerOnLoopbackMatchesLocal) {
+    test::TempDir dir;
+    const Model m = synth_model(dir.path(), "qwen3moe", true);
+    test::write_text(dir / "corpus.jsonl", planted_corpus(2));
+    collect(options(m, dir / "corpus.jsonl", dir / "local.json"));
+    const int port = 50000 + int(getpid() % 10000);
+    const pid_t server = fork();
+    ASSERT_GE(server, 0);
+    if (server == 0) {
+        const std::string cmd = fmt::format("exec {} -H 127.0.0.1 -p {} >/dev/null 2>&1", test::bin("ggml-rpc-server").string(), port);
+        execl("/bin/sh", "sh", "-c", cmd.c_str(), nullptr);
+        _exit(127);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    const auto r = test::run_command(fmt::format("{} collect -m {} -f {} -o {} -c 128 -b 64 -ub 32 -t 2 -ngl 99 --rpc 127.0.0.1:{}",
+                                                 test::bin("moeprune").string(), m.path.string(),
+                                                 (dir / "corpus.jsonl").string(), (dir / "rpc.json").string(), port));
+    kill(server, SIGTERM);
+    waitpid(server, nullptr, 0);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const SaliencyStats a = read_stats(dir / "local.json"), b = read_stats(dir / "rpc.json");
+    EXPECT_EQ(b.settings["rpc"][0], fmt::format("127.0.0.1:{}", port));
+    EXPECT_EQ(b.n_tokens, a.n_tokens);
+    for (size_t l = 0; l < 3; ++l) {
+        EXPECT_EQ(b.layers[l].count, a.layers[l].count) << "layer " << l;
+        for (size_t e = 0; e < 12; ++e) {
+            EXPECT_NEAR(b.layers[l].reap_sum[e], a.layers[l].reap_sum[e], 1e-5 * (1 + a.layers[l].reap_sum[e]));
+        }
+    }
+}
+
+TEST(Collect, RefusesBadCorporaNamingFileAndLine) {
+    test::TempDir dir;
+    const Model m = synth_model(dir.path(), "qwen3moe", false);
+    test::write_text(dir / "bad.jsonl", "{\"text\": \"fine\"}\n{\"txt\": \"typo\"}\n");
+    try {
+        collect(options(m, dir / "bad.jsonl", dir / "s.json"));
+        ADD_FAILURE() << "a document without text was accepted";
+    } catch (const Error & e) {
+        EXPECT_NE(std::string(e.what()).find("bad.jsonl:2"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(fs::exists(dir / "s.json"));
+    test::write_text(dir / "broken.jsonl", "{\"text\": \"fine\"}\n{not json\n");
+    EXPECT_THROW(collect(options(m, dir / "broken.jsonl", dir / "s.json")), Error);
+    test::write_text(dir / "ok.txt", "hello world");
+    CollectOptions o = options(m, dir / "ok.txt", dir / "s.json");
+    o.resume = true;
+    EXPECT_THROW(collect(o), Error);  // --resume without --save-every
+}
