@@ -105,7 +105,8 @@ public:
         : opt_(opt), arch_(std::move(arch)), moe_layers_(std::move(moe_layers)), n_expert_(n_expert),
           n_expert_used_(n_expert_used), n_embd_(n_embd), down_node_(std::move(down_node)), domains_(domains),
           stats_(stats), capture_(moe_layers_.size()), done_tokens_(moe_layers_.size(), 0),
-          trace_count_(moe_layers_.size(), std::vector<uint64_t>(size_t(n_expert), 0)) {
+          trace_count_(moe_layers_.size(), std::vector<uint64_t>(size_t(n_expert), 0)),
+          prob_drops_(moe_layers_.size(), 0) {
         for (size_t i = 0; i < moe_layers_.size(); ++i) {
             ordinal_[moe_layers_[i]] = int(i);
         }
@@ -165,6 +166,9 @@ public:
     int trace_m() const { return trace_m_; }
     const std::vector<std::vector<uint64_t>> & trace_count() const { return trace_count_; }
     void set_trace_count(std::vector<std::vector<uint64_t>> c) { trace_count_ = std::move(c); }
+    // Tokens per layer whose router probabilities were not finite (left out of prob_sum).
+    const std::vector<uint64_t> & prob_drops() const { return prob_drops_; }
+    void set_prob_drops(std::vector<uint64_t> d) { prob_drops_ = std::move(d); }
 
 private:
     bool on_node(ggml_tensor * t, bool ask) {
@@ -333,6 +337,7 @@ private:
             }
             if (!probs_finite) {
                 drop(L, D, il, tok, -1);
+                ++prob_drops_[size_t(li)];
             } else if (c.gating == Gating::SoftmaxWeight) {
                 // The probabilities are the softmax over the selected experts: ffn_moe_weights_softmax.
                 if (c.softmax_weights.empty()) {
@@ -451,6 +456,7 @@ private:
     std::vector<uint16_t> trace_ids_;
     std::vector<float> trace_logits_;
     std::vector<std::vector<uint64_t>> trace_count_;
+    std::vector<uint64_t> prob_drops_;
     std::vector<int32_t> order_;
     std::vector<uint8_t> raw_;
     int trace_m_ = 0;
@@ -629,6 +635,7 @@ CollectResult collect(const CollectOptions & opt) {
     size_t first_window = 0;
     std::optional<TraceResumePoint> trace_from;
     std::vector<std::vector<uint64_t>> resumed_trace_count;
+    std::vector<uint64_t> resumed_prob_drops;
     if (opt.resume) {
         const SaliencyStats saved = read_stats(opt.output);
         const json & prog = saved.settings.value("progress", json());
@@ -655,6 +662,7 @@ CollectResult collect(const CollectOptions & opt) {
         stats.nonfinite_drops = saved.nonfinite_drops;
         first_window = prog.at("windows").get<size_t>();
         res.traced_tokens = prog.value("traced_tokens", uint64_t(0));
+        resumed_prob_drops = prog.at("prob_drops").get<std::vector<uint64_t>>();
         if (!opt.trace.empty()) {
             trace_from = TraceResumePoint{prog.at("trace_bytes").get<uint64_t>(), res.traced_tokens};
             resumed_trace_count = prog.at("trace_count").get<std::vector<std::vector<uint64_t>>>();
@@ -663,10 +671,14 @@ CollectResult collect(const CollectOptions & opt) {
 
     std::vector<std::string> trace_domains{""};
     trace_domains.insert(trace_domains.end(), corpus.domains.begin(), corpus.domains.end());
-    Collector collector(opt, info.arch, moe_layers, int(info.n_expert), int(info.n_expert_used), n_embd,
-                        down_node_of(gguf, moe_layers.front()), corpus.domains, stats);
+    const std::string down_node = down_node_of(gguf, moe_layers.front());
+    Collector collector(opt, info.arch, moe_layers, int(info.n_expert), int(info.n_expert_used), n_embd, down_node,
+                        corpus.domains, stats);
     if (!resumed_trace_count.empty()) {
         collector.set_trace_count(resumed_trace_count);
+    }
+    if (!resumed_prob_drops.empty()) {
+        collector.set_prob_drops(resumed_prob_drops);
     }
     std::unique_ptr<TraceWriter> trace;
     if (!opt.trace.empty()) {
@@ -740,7 +752,10 @@ CollectResult collect(const CollectOptions & opt) {
         return t;
     };
     const auto describe = [&](size_t windows_done, bool complete) {
-        json prog = {{"windows", windows_done}, {"traced_tokens", res.traced_tokens}, {"complete", complete}};
+        json prog = {{"windows", windows_done},
+                     {"traced_tokens", res.traced_tokens},
+                     {"prob_drops", collector.prob_drops()},
+                     {"complete", complete}};
         if (trace) {
             trace->flush();
             prog["trace_bytes"] = trace->resume_point().bytes;
@@ -813,7 +828,7 @@ CollectResult collect(const CollectOptions & opt) {
                                                            picks, stats.n_tokens, k)});
         }
         const Gating g = collector.gating();
-        const uint64_t finite_tokens = stats.n_tokens - std::min(stats.n_tokens, stats.layers[l].nonfinite_drops);
+        const uint64_t finite_tokens = stats.n_tokens - collector.prob_drops()[l];
         if ((g == Gating::Softmax || g == Gating::SoftmaxWeight) &&
             std::fabs(prob - double(finite_tokens)) > 1e-3 * double(std::max<uint64_t>(1, finite_tokens))) {
             inv.push_back({"prob_sum", false, fmt::format("layer {}: sum of router probabilities {} != tokens {}",
@@ -841,6 +856,7 @@ CollectResult collect(const CollectOptions & opt) {
     const bool ok = inv.empty();
     describe(windows.size(), true);
     stats.settings["gating"] = gating_name(collector.gating());
+    stats.settings["expert_output_node"] = down_node;
     stats.settings["invariants"] = {{"ok", ok},
                                     {"checked", {"count_sum", "prob_sum (softmax gating)", "trace_counts"}},
                                     {"violations", json::array()}};

@@ -516,6 +516,14 @@ SynthResult synthesize(const SynthOptions & o) {
         GgufPtr out(gguf_init_empty());
         if (s == 0) {
             gguf_set_kv(out.get(), saved.get());
+            if (gguf_find_key(out.get(), "tokenizer.chat_template") < 0) {
+                // llama.cpp saves no template and the Qwen2 vocabulary file has none; Qwen
+                // models speak ChatML, which llama.cpp recognizes by its markers.
+                gguf_set_val_str(out.get(), "tokenizer.chat_template",
+                                 "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+                                 "{{ message['content'] }}<|im_end|>\n{% endfor %}"
+                                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}");
+            }
             gguf_set_val_str(out.get(), "moeprune.synth.settings", settings.dump().c_str());
             gguf_set_val_str(out.get(), "moeprune.synth.planted", result.planted.dump().c_str());
         }

@@ -6,6 +6,7 @@
 #include "core/errors.h"
 #include "formats/stats.h"
 #include "formats/trace.h"
+#include "gguf/model_file.h"
 #include "support/test_support.h"
 #include "synth/synth.h"
 
@@ -209,6 +210,125 @@ TEST(Collect, TraceAgreesWithStatisticsAndRecordsDecode) {
     EXPECT_EQ(last_seq, 5);  // six documents
     EXPECT_GT(decode, 0u);
     EXPECT_LE(decode, 6u * 5u);
+}
+
+// Every graph variant synth can build: softmax with renormalized gates (qwen3moe),
+// without (qwen2moe, shared expert), per-expert output scales (ffn_moe_down_scaled)
+// and merged gate/up projections with scales (qwen4exp).
+TEST(Collect, EveryGraphVariantSynthBuildsKeepsTheInvariants) {
+    test::TempDir dir;
+    test::write_text(dir / "corpus.jsonl", planted_corpus(1));
+    struct Variant {
+        std::string arch;
+        bool gate_up, scales;
+        std::string f_node;
+    };
+    for (const Variant & v : {Variant{"qwen3moe", false, true, "ffn_moe_down_scaled"},
+                              Variant{"qwen4exp", true, true, "ffn_moe_down_scaled"},
+                              Variant{"qwen4exp", false, false, "ffn_moe_down"}}) {
+        SynthOptions so;
+        so.arch = v.arch;
+        so.n_layer = 2;
+        so.n_expert = 8;
+        so.n_expert_used = 2;
+        so.gate_up = v.gate_up;
+        so.expert_scales = v.scales;
+        so.output = dir / fmt::format("{}-{}-{}.gguf", v.arch, v.gate_up, v.scales);
+        const Model m{synthesize(so).files.front(), {}};
+        CollectOptions o = options(m, dir / "corpus.jsonl", dir / "s.json");
+        o.trace = dir / "t.trace";
+        collect(o);
+        const SaliencyStats s = read_stats(dir / "s.json");
+        expect_invariants(s);
+        EXPECT_EQ(s.settings["expert_output_node"], v.f_node) << v.arch;
+        EXPECT_EQ(s.settings["gating"], "softmax") << v.arch;
+        double reap = 0;
+        for (const LayerStats & L : s.layers) {
+            for (double r : L.reap_sum) {
+                reap += r;
+            }
+        }
+        EXPECT_GT(reap, 0.0) << v.arch;
+    }
+}
+
+// Conversations are rendered with the model's chat template, special tokens parse
+// by default (and not with --no-parse-special), and --generate answers the last user
+// turn with decode tokens.
+TEST(Collect, RendersConversationsAndParsesSpecialTokens) {
+    test::TempDir dir;
+    const Model m = synth_model(dir.path(), "qwen3moe", false);
+    test::write_text(dir / "chat.jsonl",
+                     json{{"messages", {{{"role", "user"}, {"content", "hello there"}}, {{"role", "assistant"}, {"content", "hi"}}}},
+                          {"session", 7}}
+                             .dump() + "\n");
+    CollectOptions o = options(m, dir / "chat.jsonl", dir / "s.json");
+    o.trace = dir / "t.trace";
+    o.generate = 3;
+    collect(o);
+    const TraceReader t = TraceReader::open(dir / "t.trace");
+    const auto meta = t.token_meta();
+    ASSERT_GT(meta.size(), 4u);
+    EXPECT_EQ(meta[0].token, 151644) << "<|im_start|> must be one special token";
+    EXPECT_EQ(meta[0].seq, 7) << "the session is the sequence";
+    size_t decode = 0;
+    for (const auto & tm : meta) {
+        decode += tm.phase == TracePhase::Decode;
+    }
+    EXPECT_GE(decode, 1u);
+    EXPECT_LE(decode, 3u);
+    test::write_text(dir / "plain.txt", "<|im_start|>user\nhello<|im_end|>\n");
+    o = options(m, dir / "plain.txt", dir / "p.json");
+    o.trace = dir / "p.trace";
+    o.parse_special = false;
+    collect(o);
+    EXPECT_NE(TraceReader::open(dir / "p.trace").token_meta()[0].token, 151644);
+}
+
+// A NaN planted in one expert's weights: every row routed there is counted in
+// nonfinite_drops (its layer, never summed into REAP), and --strict stops naming it.
+TEST(Collect, NonFiniteExpertOutputsAreCountedOrFatal) {
+    test::TempDir dir;
+    const Model m = synth_model(dir.path(), "qwen3moe", false);
+    const GgufModel g = GgufModel::open(m.path);
+    const TensorEntry * down = nullptr;
+    for (const TensorEntry & t : g.tensors()) {
+        down = t.name == "blk.1.ffn_down_exps.weight" ? &t : down;
+    }
+    ASSERT_NE(down, nullptr);
+    ASSERT_EQ(down->type, GGML_TYPE_F32);
+    const uint64_t per_expert = down->nbytes / uint64_t(down->outer_dim());
+    {
+        std::fstream f(m.path, std::ios::in | std::ios::out | std::ios::binary);
+        const float nan = std::nanf("");
+        for (int e = 0; e < 12; ++e) {  // every expert of layer 1: whatever the routing, rows go non-finite
+            f.seekp(std::streamoff(down->file_offset + uint64_t(e) * per_expert));
+            f.write(reinterpret_cast<const char *>(&nan), sizeof nan);
+        }
+    }
+    test::write_text(dir / "c.txt", "The expert cache keeps the most useful experts resident.");
+    collect(options(m, dir / "c.txt", dir / "s.json"));
+    const SaliencyStats s = read_stats(dir / "s.json");
+    EXPECT_EQ(s.layers[0].nonfinite_drops, 0u);
+    EXPECT_EQ(s.layers[1].nonfinite_drops, s.n_tokens * 3) << "every routed row of layer 1";
+    EXPECT_EQ(s.nonfinite_drops, s.layers[1].nonfinite_drops + s.layers[2].nonfinite_drops);
+    for (double r : s.layers[1].reap_sum) {
+        EXPECT_EQ(r, 0.0);
+    }
+    uint64_t picks = 0;
+    for (uint64_t c : s.layers[1].count) {
+        picks += c;
+    }
+    EXPECT_EQ(picks, s.n_tokens * 3) << "routing is still counted";
+    CollectOptions o = options(m, dir / "c.txt", dir / "strict.json");
+    o.strict = true;
+    try {
+        collect(o);
+        ADD_FAILURE() << "--strict accepted a NaN";
+    } catch (const Error & e) {
+        EXPECT_NE(std::string(e.what()).find("at layer 1"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(fs::exists(dir / "strict.json"));
 }
 
 // A corpus in two shards, collected separately and merged, gives the single run's counts.
