@@ -28,6 +28,7 @@ int main(int argc, char ** argv) {
     moeprune::cli::add_keep(app, action);
     moeprune::cli::add_slice(app, action);
     moeprune::cli::add_collect(app, action);
+    moeprune::cli::add_select(app, action);
     moeprune::cli::add_replay(app, action);
     CLI11_PARSE(app, argc, argv);
     moeprune::install_cleanup_on_signals();

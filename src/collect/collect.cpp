@@ -622,7 +622,8 @@ CollectResult collect(const CollectOptions & opt) {
     SaliencyStats & stats = res.stats;
     stats = SaliencyStats::empty(int64_t(moe_layers.size()), info.n_expert, info.n_expert_used);
     stats.model = {{"arch", info.arch},         {"name", info.name},           {"file_bytes", info.file_bytes},
-                   {"n_expert", info.n_expert}, {"n_expert_used", info.n_expert_used}, {"moe_layers", moe_layers}};
+                   {"n_expert", info.n_expert}, {"n_expert_used", info.n_expert_used}, {"moe_layers", moe_layers},
+                   {"expert_group_count", std::max<int64_t>(1, info.expert_group_count)}};
     for (const std::string & d : corpus.domains) {
         stats.domains[d] = {0, std::vector<LayerStats>(moe_layers.size(), LayerStats(size_t(info.n_expert)))};
     }
