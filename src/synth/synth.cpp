@@ -23,7 +23,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 const std::vector<std::string> & synth_architectures() {
-    static const std::vector<std::string> archs = {"qwen3moe", "qwen2moe", "qwen4exp"};
+    static const std::vector<std::string> archs = {"qwen3moe", "qwen2moe", "qwen4exp", "dots1"};
     return archs;
 }
 
@@ -249,7 +249,7 @@ fs::path default_vocab() { return fs::path(MOEPRUNE_LLAMA_DIR) / "models" / "ggm
 void check_options(const SynthOptions & o) {
     const auto & archs = synth_architectures();
     if (std::find(archs.begin(), archs.end(), o.arch) == archs.end()) {
-        throw Error("synth: unsupported --arch " + o.arch + " (supported: qwen3moe, qwen2moe, qwen4exp)");
+        throw Error("synth: unsupported --arch " + o.arch + " (supported: qwen3moe, qwen2moe, qwen4exp, dots1)");
     }
     if (o.n_layer < 1 || o.n_expert < 2 || o.n_expert_used < 1 || o.n_expert_used > o.n_expert) {
         throw Error(fmt::format("synth: need layers >= 1 and 1 <= used ({}) <= experts ({})", o.n_expert_used, o.n_expert));
@@ -287,6 +287,13 @@ void check_options(const SynthOptions & o) {
         throw Error("synth: --dead and --specialists are planted for qwen3moe and qwen2moe; qwen4exp's hyper-connections "
                     "mix the residual streams, so the planted coordinates are not guaranteed there");
     }
+    if ((o.dead > 0 || o.specialists) && o.arch == "dots1") {
+        throw Error("synth: --dead and --specialists are planted for qwen3moe and qwen2moe; dots1's sigmoid router with "
+                    "selection bias has not been checked to keep the planted experts' routing");
+    }
+    if (o.arch == "dots1" && o.n_layer < 2) {
+        throw Error("synth: dots1 starts with a dense layer, so it needs --layers >= 2");
+    }
     if (o.output.empty() || o.output.extension() != ".gguf") {
         throw Error("synth: -o must name a .gguf file");
     }
@@ -303,7 +310,8 @@ void add_arch_metadata(gguf_context * meta, const SynthOptions & o) {
     set_u32(meta, a + ".block_count", uint32_t(o.n_layer));
     set_u32(meta, a + ".feed_forward_length", uint32_t(o.n_ff));
     set_u32(meta, a + ".attention.head_count", n_head);
-    set_u32(meta, a + ".attention.head_count_kv", std::max(1u, n_head / 2));
+    // dots1 creates its K and V projections as wide as Q (no grouped-query attention).
+    set_u32(meta, a + ".attention.head_count_kv", a == "dots1" ? n_head : std::max(1u, n_head / 2));
     set_f32(meta, a + ".attention.layer_norm_rms_epsilon", 1e-6f);
     set_f32(meta, a + ".rope.freq_base", 1000000.0f);
     set_u32(meta, a + ".expert_count", uint32_t(o.n_expert));
@@ -311,6 +319,16 @@ void add_arch_metadata(gguf_context * meta, const SynthOptions & o) {
     set_u32(meta, a + ".expert_feed_forward_length", uint32_t(o.n_ff));
     if (a == "qwen2moe" || a == "qwen4exp") {
         set_u32(meta, a + ".expert_shared_feed_forward_length", uint32_t(o.n_ff));
+    }
+    if (a == "dots1") {
+        // A dense first layer, then MoE layers with a shared expert and a sigmoid router
+        // whose selection is biased by exp_probs_b and whose gates are renormalized and
+        // scaled: the DeepSeek-V3 style of gating.
+        set_u32(meta, a + ".leading_dense_block_count", 1);
+        set_u32(meta, a + ".expert_shared_count", 1);
+        set_f32(meta, a + ".expert_weights_scale", 2.5f);
+        gguf_set_val_bool(meta, (a + ".expert_weights_norm").c_str(), true);
+        set_u32(meta, a + ".expert_gating_func", 2);  // LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
     }
     if (a == "qwen4exp") {
         // The geometry llama.cpp's own test-llama-archs uses for this architecture.

@@ -25,6 +25,7 @@
 #include <csignal>
 #include <cstring>
 #include <fstream>
+#include <numeric>
 #include <thread>
 #include <unistd.h>
 #include <sys/wait.h>
@@ -225,10 +226,11 @@ TEST(Collect, EveryGraphVariantSynthBuildsKeepsTheInvariants) {
     };
     for (const Variant & v : {Variant{"qwen3moe", false, true, "ffn_moe_down_scaled"},
                               Variant{"qwen4exp", true, true, "ffn_moe_down_scaled"},
-                              Variant{"qwen4exp", false, false, "ffn_moe_down"}}) {
+                              Variant{"qwen4exp", false, false, "ffn_moe_down"},
+                              Variant{"dots1", false, false, "ffn_moe_down"}}) {
         SynthOptions so;
         so.arch = v.arch;
-        so.n_layer = 2;
+        so.n_layer = v.arch == "dots1" ? 3 : 2;  // dots1's first layer is dense
         so.n_expert = 8;
         so.n_expert_used = 2;
         so.gate_up = v.gate_up;
@@ -239,9 +241,19 @@ TEST(Collect, EveryGraphVariantSynthBuildsKeepsTheInvariants) {
         o.trace = dir / "t.trace";
         collect(o);
         const SaliencyStats s = read_stats(dir / "s.json");
-        expect_invariants(s);
         EXPECT_EQ(s.settings["expert_output_node"], v.f_node) << v.arch;
-        EXPECT_EQ(s.settings["gating"], "softmax") << v.arch;
+        if (v.arch == "dots1") {
+            // Sigmoid gating: probabilities do not sum to one; routing still must.
+            EXPECT_EQ(s.settings["gating"], "sigmoid");
+            EXPECT_EQ(s.model["moe_layers"], json::array({1, 2}));
+            EXPECT_TRUE(s.settings["invariants"]["ok"].get<bool>());
+            for (const LayerStats & L : s.layers) {
+                EXPECT_EQ(std::accumulate(L.count.begin(), L.count.end(), uint64_t(0)), s.n_tokens * 2);
+            }
+        } else {
+            expect_invariants(s);
+            EXPECT_EQ(s.settings["gating"], "softmax") << v.arch;
+        }
         double reap = 0;
         for (const LayerStats & L : s.layers) {
             for (double r : L.reap_sum) {

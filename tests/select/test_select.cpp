@@ -387,3 +387,39 @@ TEST(Select, EndToEndCollectSelectSliceLoad) {
     ASSERT_EQ(info.exit_code, 0) << info.output;
     EXPECT_EQ(json::parse(info.output)["n_expert"], 10);
 }
+
+// A dense first layer: keep maps name the model's block indices, and the sliced model
+// loads.
+TEST(Select, KeepMapsNameBlockIndicesWhenTheFirstLayerIsDense) {
+    test::TempDir dir;
+    SynthOptions so;
+    so.arch = "dots1";
+    so.n_layer = 3;
+    so.n_expert = 12;
+    so.n_expert_used = 3;
+    so.output = dir / "d.gguf";
+    synthesize(so);
+    test::write_text(dir / "c.txt", test::mixed_text());
+    CollectOptions co;
+    co.model = so.output;
+    co.corpus = dir / "c.txt";
+    co.output = dir / "stats.json";
+    co.ctx = 256;
+    co.threads = 2;
+    collect(co);
+    SelectOptions o = options(dir / "stats.json", {6}, {"reap", "soft-freq"});
+    o.out_dir = dir / "maps";
+    const SelectReport r = run_select(o);
+    const KeepMap km = read_keep_map(dir / "maps" / "reap-k6.json");
+    ASSERT_EQ(km.layers.size(), 2u);
+    EXPECT_EQ(km.layers.begin()->first, 1);
+    SliceOptions sl;
+    sl.model = so.output;
+    sl.keep = dir / "maps" / "reap-k6.json";
+    sl.output = dir / "sliced.gguf";
+    slice_model(sl);
+    llama_backend_init();
+    llama_model * m = llama_model_load_from_file(sl.output.c_str(), llama_model_default_params());
+    ASSERT_NE(m, nullptr);
+    llama_model_free(m);
+}

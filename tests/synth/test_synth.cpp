@@ -116,6 +116,28 @@ TEST(Synth, SameFlagsGiveTheSameBytes) {
     EXPECT_NE(bytes_a, test::read_bytes(dir / "c.gguf"));
 }
 
+// dots1: a dense first layer, then sigmoid routers with a selection bias and a shared
+// expert (the DeepSeek-V3 style of gating), loadable by llama.cpp.
+TEST(Synth, Dots1HasADenseFirstLayerAndASigmoidRouter) {
+    test::TempDir dir;
+    SynthOptions o = small("dots1", dir / "m.gguf");
+    o.n_layer = 3;
+    const SynthResult r = synthesize(o);
+    const InspectReport rep = inspect_model(GgufModel::open(first_file(r)), {});
+    EXPECT_TRUE(rep.problems.empty());
+    EXPECT_EQ(rep.gating_func, "sigmoid");
+    ASSERT_EQ(rep.layers.size(), 2u);
+    EXPECT_EQ(rep.layers[0].layer, 1);
+    bool bias = false;
+    for (const auto & t : rep.layers[0].tensors) {
+        bias = bias || t.role == TensorRole::SelectionBias;
+    }
+    EXPECT_TRUE(bias) << "exp_probs_b.bias must be there";
+    o.dead = 1;
+    EXPECT_THROW(synthesize(o), Error);
+    expect_perplexity_runs(first_file(r), dir.path());
+}
+
 TEST(Synth, MergedGateUpAndExpertScalesLoad) {
     test::TempDir dir;
     SynthOptions o = small("qwen4exp", dir / "m.gguf");
