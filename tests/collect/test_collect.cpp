@@ -343,6 +343,23 @@ TEST(Collect, NonFiniteExpertOutputsAreCountedOrFatal) {
     EXPECT_FALSE(fs::exists(dir / "strict.json"));
 }
 
+// --trace-tokens traces a prefix and the statistics still cover everything; the trace
+// invariant is checked over the traced tokens.
+TEST(Collect, TraceTokensLimitsOnlyTheTrace) {
+    test::TempDir dir;
+    const Model m = synth_model(dir.path(), "qwen3moe", false);
+    test::write_text(dir / "corpus.jsonl", planted_corpus(2));
+    CollectOptions o = options(m, dir / "corpus.jsonl", dir / "s.json");
+    o.trace = dir / "t.trace";
+    o.trace_tokens = 25;
+    const CollectResult r = collect(o);
+    EXPECT_EQ(TraceReader::open(dir / "t.trace").n_tokens(), 25u);
+    EXPECT_EQ(r.traced_tokens, 25u);
+    const SaliencyStats s = read_stats(dir / "s.json");
+    EXPECT_GT(s.n_tokens, 25u);
+    expect_invariants(s);
+}
+
 // A corpus in two shards, collected separately and merged, gives the single run's counts.
 TEST(Collect, ShardsMergeToTheSingleRun) {
     test::TempDir dir;

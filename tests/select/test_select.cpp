@@ -116,6 +116,19 @@ TEST(Select, EachCriterionPicksTheExpectedExperts) {
     }
     EXPECT_TRUE(r.json["nested"]["freq"].get<bool>());
     EXPECT_NE(r.text.find("reap-lcb"), std::string::npos);
+
+    // Held out: e0 and e3 swap roles. freq at K = 3 keeps {0, 1, 2}: 180 of 200 hits in
+    // sample, (15 + 60 + 40) / 200 out of sample.
+    std::vector<ExpertSpec> other = kSpecs;
+    std::swap(other[0], other[3]);
+    write_stats(dir / "heldout.json", stats_of({layer_of(other)}, 100, 2));
+    o.heldout = dir / "heldout.json";
+    o.metrics = {"freq"};
+    o.ks = {3};
+    const SelectReport h = run_select(o);
+    EXPECT_NEAR(h.json["results"][0]["whole"]["count_share"].get<double>(), 180.0 / 200.0, 1e-12);
+    EXPECT_NEAR(h.json["results"][0]["whole"]["heldout"]["count_share"].get<double>(), 115.0 / 200.0, 1e-12);
+    EXPECT_NE(h.text.find("ho reap%"), std::string::npos);
 }
 
 // Audit 002 §3: a count-weighted shrinkage prior pulled dead experts' scores up to the
