@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Collect throughput against llama.cpp's own tools on the same model, corpus, context
+# and threads, measured side by side in one run: llama-imatrix (the seed pipeline's
+# collector, also watching the graph through the eval callback) and llama-perplexity
+# (a plain forward pass with logits for every token).
+#
+#   bench/collect.sh [WORK_DIR]   (default: build/bench-collect)
+#
+# Last line: collect: vs_imatrix=A vs_perplexity=B tok_per_s=T
+#   A = imatrix time / collect time, B = perplexity time / collect time (1.0: no
+#   overhead over a forward pass), T = collect tokens per second (statistics and trace).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+make -s -C "$root" build >/dev/null
+bin=$root/build/bin
+work=${1:-$root/build/bench-collect}
+mkdir -p "$work"
+cd "$work"
+
+# qwen3moe, 8 layers x 64 experts (top-8), width 256: small enough for a laptop core,
+# wide enough that the forward pass, not bookkeeping, should dominate.
+[ -f m.gguf ] || "$bin/moeprune" synth --layers 8 --experts 64 --used 8 --embd 256 --ff 256 --type q8_0 -o m.gguf >/dev/null
+if [ ! -f corpus.txt ]; then
+  for i in $(seq 1 120); do
+    echo "The expert cache keeps the most useful experts resident while the rest stream from disk, round $i."
+    echo "def route(tokens, k=$i): return sorted(range(len(tokens)), key=lambda j: -tokens[j])[:k]"
+    echo "専門家の混合モデルは、入力ごとに一部の専門家だけを使います。我们在笔记本电脑上运行大型语言模型。"
+  done > corpus.txt
+fi
+threads=$(nproc)
+now() { date +%s.%N; }
+run() {  # run NAME COMMAND...: seconds of wall time
+  local name=$1 t0 t1
+  shift
+  t0=$(now)
+  "$@" >"$work/$name.log" 2>&1 || { echo "$name failed, see $work/$name.log" >&2; exit 1; }
+  t1=$(now)
+  awk "BEGIN { print $t1 - $t0 }"
+}
+ctx=512
+best() { sort -g | head -1; }
+c_times=() i_times=() p_times=()
+for round in 1 2 3; do
+  c_times+=("$(run collect "$bin/moeprune" collect -m m.gguf -f corpus.txt -o stats.json --trace run.trace -c $ctx -b $ctx -t "$threads")")
+  i_times+=("$(run imatrix "$bin/llama-imatrix" -m m.gguf -f corpus.txt -o imatrix.gguf -c $ctx -b $ctx -t "$threads" --no-ppl)")
+  p_times+=("$(run perplexity "$bin/llama-perplexity" -m m.gguf -f corpus.txt -c $ctx -b $ctx -t "$threads")")
+done
+c=$(printf '%s\n' "${c_times[@]}" | best)
+i=$(printf '%s\n' "${i_times[@]}" | best)
+p=$(printf '%s\n' "${p_times[@]}" | best)
+tokens=$(grep -o '"n_tokens":[0-9]*' stats.json | head -1 | cut -d: -f2)
+echo "corpus: $tokens tokens in windows of $ctx; best of 3 rounds: collect ${c}s, llama-imatrix ${i}s, llama-perplexity ${p}s"
+awk -v c="$c" -v i="$i" -v p="$p" -v n="$tokens" 'BEGIN { printf "collect: vs_imatrix=%.2f vs_perplexity=%.2f tok_per_s=%.0f\n", i / c, p / c, n / c }'
