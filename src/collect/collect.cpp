@@ -89,7 +89,7 @@ struct TokenInfo {
 // What one MoE layer's nodes gave for the current micro-batch.
 struct LayerCapture {
     std::vector<float> topk, probs, selection, logits, weights, softmax_weights;
-    std::string weights_node, down_node;
+    std::string weights_node;
     Gating gating = Gating::Unknown;
     // Per (token, slot) of the final expert output f: its L2 norm and largest |value|;
     // NaN norm when any value is not finite.
@@ -138,9 +138,9 @@ public:
         rethrow();
         for (size_t l = 0; l < moe_layers_.size(); ++l) {
             if (done_tokens_[l] != batch_.size()) {
-                throw Error(fmt::format("{}: layer {} reported {} of the batch's {} tokens: its node ffn_moe_out-{} was "
-                                        "not computed for every token (architecture not supported as built)",
-                                        arch_, moe_layers_[l], done_tokens_[l], batch_.size(), moe_layers_[l]));
+                throw Error(fmt::format("{}: layer {} reported {} of the batch's {} tokens: its node {}-{} was not "
+                                        "computed for every token (architecture not supported as built)",
+                                        arch_, moe_layers_[l], done_tokens_[l], batch_.size(), down_node_, moe_layers_[l]));
             }
         }
         if (trace) {
@@ -183,12 +183,18 @@ private:
             return false;
         }
         const std::string node(name, size_t(dash - name));
-        static const std::vector<std::string> kWatched = {
-            "ffn_moe_logits",  "ffn_moe_logits_biased", "ffn_moe_probs",        "ffn_moe_probs_biased",
-            "ffn_moe_probs_masked", "ffn_moe_topk",    "ffn_moe_weights",      "ffn_moe_weights_softmax",
-            "ffn_moe_weights_norm", "ffn_moe_weights_scaled", "ffn_moe_down",  "ffn_moe_down_scaled",
-            "ffn_moe_down_biased",  "ffn_moe_out"};
-        if (std::find(kWatched.begin(), kWatched.end(), node) == kWatched.end()) {
+        // Every watched node splits llama.cpp's graph there, so only what this run uses:
+        // logits and selection scores only for a trace; all gate stages, since the last
+        // one present is the gate the model applies; f only at its final stage, where the
+        // layer is complete.
+        static const std::vector<std::string> kAlways = {"ffn_moe_probs",        "ffn_moe_topk",
+                                                         "ffn_moe_weights",      "ffn_moe_weights_softmax",
+                                                         "ffn_moe_weights_norm", "ffn_moe_weights_scaled"};
+        static const std::vector<std::string> kForTrace = {"ffn_moe_logits", "ffn_moe_logits_biased", "ffn_moe_probs_biased",
+                                                           "ffn_moe_probs_masked"};
+        const bool watched = node == down_node_ || std::find(kAlways.begin(), kAlways.end(), node) != kAlways.end() ||
+                             (!opt_.trace.empty() && std::find(kForTrace.begin(), kForTrace.end(), node) != kForTrace.end());
+        if (!watched) {
             return false;
         }
         if (ask) {
@@ -201,11 +207,6 @@ private:
                                     arch_, name, il));
         }
         LayerCapture & c = capture_[size_t(it->second)];
-        if (node == "ffn_moe_out") {
-            process(it->second, c, il);
-            c.clear();
-            return true;
-        }
         if (t->type != GGML_TYPE_F32 && !(node == "ffn_moe_topk" && t->type == GGML_TYPE_I32)) {
             throw Error(fmt::format("{}: node {} has type {}, expected {}", arch_, name, ggml_type_name(t->type),
                                     node == "ffn_moe_topk" ? "i32" : "f32"));
@@ -242,12 +243,11 @@ private:
             if (node == "ffn_moe_weights_softmax") {
                 c.softmax_weights = c.weights;
             }
-        } else if (node.rfind("ffn_moe_down", 0) == 0) {
+        } else if (node == down_node_) {
             expect_shape(t, {n_embd_, n_expert_used_, -1}, name);
-            if (node == down_node_) {
-                reduce_down(t, c);
-                c.down_node = node;
-            }
+            reduce_down(t, c);
+            process(it->second, c, il);
+            c.clear();
         }
         return true;
     }
@@ -287,9 +287,9 @@ private:
 
     void process(int li, LayerCapture & c, int il) {
         const auto missing = [&](const char * what) {
-            return Error(fmt::format("{}: layer {} computed ffn_moe_out without {}: this graph variant is not supported "
+            return Error(fmt::format("{}: layer {} computed {} without {}: this graph variant is not supported "
                                      "(refusing to record zeros)",
-                                     arch_, il, what));
+                                     arch_, il, down_node_, what));
         };
         if (c.topk.empty()) {
             throw missing("ffn_moe_topk");
@@ -300,10 +300,7 @@ private:
         if (c.weights.empty()) {
             throw missing("ffn_moe_weights");
         }
-        if (c.f_norm.empty()) {
-            throw missing(("the expert output node " + down_node_).c_str());
-        }
-        if (c.logits.empty()) {
+        if (c.logits.empty() && !opt_.trace.empty()) {
             throw missing("ffn_moe_logits");
         }
         const int64_t T = c.n_tokens;

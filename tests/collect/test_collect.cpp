@@ -27,6 +27,9 @@
 #include <fstream>
 #include <numeric>
 #include <thread>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 #include <sys/wait.h>
 
@@ -104,6 +107,39 @@ void expect_invariants(const SaliencyStats & s) {
         EXPECT_NEAR(prob, double(s.n_tokens), 1e-3 * double(s.n_tokens)) << "layer " << l;
     }
     EXPECT_TRUE(s.settings["invariants"]["ok"].get<bool>()) << s.settings.dump();
+}
+
+// A port nothing listens on now: the kernel picks it for a socket bound to port 0.
+int free_loopback_port() {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    if (fd < 0 || bind(fd, reinterpret_cast<sockaddr *>(&addr), sizeof addr) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr *>(&addr), &len) != 0) {
+        throw Error("cannot find a free loopback port");
+    }
+    close(fd);
+    return ntohs(addr.sin_port);
+}
+
+// Whether something accepts connections on the loopback port within ten seconds.
+bool wait_for_listener(int port) {
+    for (int attempt = 0; attempt < 500; ++attempt) {
+        const int fd = socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in addr{};
+        addr.sin_family = AF_INET;
+        addr.sin_port = htons(uint16_t(port));
+        addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        const bool up = connect(fd, reinterpret_cast<sockaddr *>(&addr), sizeof addr) == 0;
+        close(fd);
+        if (up) {
+            return true;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
 }
 
 class CollectPlanted : public ::testing::TestWithParam<std::string> {};
@@ -590,7 +626,7 @@ TEST(Collect, RpcServerOnLoopbackMatchesLocal) {
     const Model m = synth_model(dir.path(), "qwen3moe", true);
     test::write_text(dir / "corpus.jsonl", planted_corpus(2));
     collect(options(m, dir / "corpus.jsonl", dir / "local.json"));
-    const int port = 50000 + int(getpid() % 10000);
+    const int port = free_loopback_port();
     const pid_t server = fork();
     ASSERT_GE(server, 0);
     if (server == 0) {
@@ -598,7 +634,7 @@ TEST(Collect, RpcServerOnLoopbackMatchesLocal) {
         execl("/bin/sh", "sh", "-c", cmd.c_str(), nullptr);
         _exit(127);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    ASSERT_TRUE(wait_for_listener(port)) << "ggml-rpc-server did not start listening on port " << port;
     const auto r = test::run_command(fmt::format("{} collect -m {} -f {} -o {} -c 128 -b 64 -ub 32 -t 2 -ngl 99 --rpc 127.0.0.1:{}",
                                                  test::bin("moeprune").string(), m.path.string(),
                                                  (dir / "corpus.jsonl").string(), (dir / "rpc.json").string(), port));
