@@ -89,7 +89,6 @@ struct TokenInfo {
 // What one MoE layer's nodes gave for the current micro-batch.
 struct LayerCapture {
     std::vector<float> topk, probs, selection, logits, weights, softmax_weights;
-    std::string weights_node;
     Gating gating = Gating::Unknown;
     // Per (token, slot) of the final expert output f: its L2 norm and largest |value|;
     // NaN norm when any value is not finite.
@@ -160,7 +159,6 @@ public:
             std::rethrow_exception(f);
         }
     }
-    bool failed() const { return failure_ != nullptr; }
 
     Gating gating() const { return gating_; }
     int trace_m() const { return trace_m_; }
@@ -239,7 +237,6 @@ private:
             expect_shape(t, t->ne[0] == 1 ? std::vector<int64_t>{1, n_expert_used_, -1} : std::vector<int64_t>{n_expert_used_, -1},
                          name);
             c.weights = read_f32(t, raw_);
-            c.weights_node = node;
             if (node == "ffn_moe_weights_softmax") {
                 c.softmax_weights = c.weights;
             }
