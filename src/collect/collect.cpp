@@ -308,7 +308,6 @@ private:
         const int k = n_expert_used_, E = n_expert_;
         LayerStats & L = stats_.layers[size_t(li)];
         std::vector<int32_t> chosen(static_cast<size_t>(k));
-        std::vector<int32_t> order(static_cast<size_t>(E));
         for (int64_t r = 0; r < T; ++r) {
             const TokenInfo & tok = batch_[first + size_t(r)];
             LayerStats * D = tok.domain >= 0 ? &stats_.domains[domains_[size_t(tok.domain)]].layers[size_t(li)] : nullptr;
@@ -420,11 +419,13 @@ private:
         for (int e = 0; e < E; ++e) {
             order_[size_t(e)] = e;
         }
+        is_chosen_.assign(size_t(E), 0);
+        for (int32_t e : chosen) {
+            is_chosen_[size_t(e)] = 1;
+        }
         const auto better = [&](int32_t a, int32_t b) {
-            const bool ca = std::find(chosen.begin(), chosen.end(), a) != chosen.end();
-            const bool cb = std::find(chosen.begin(), chosen.end(), b) != chosen.end();
-            if (ca != cb) {
-                return ca;
+            if (is_chosen_[size_t(a)] != is_chosen_[size_t(b)]) {
+                return is_chosen_[size_t(a)] > is_chosen_[size_t(b)];
             }
             return sel[a] != sel[b] ? sel[a] > sel[b] : a < b;
         };
@@ -452,6 +453,7 @@ private:
     std::vector<std::vector<uint64_t>> trace_count_;
     std::vector<uint64_t> prob_drops_;
     std::vector<int32_t> order_;
+    std::vector<char> is_chosen_;
     std::vector<uint8_t> raw_;
     int trace_m_ = 0;
     Gating gating_ = Gating::Unknown;
