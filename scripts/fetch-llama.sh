@@ -17,7 +17,17 @@ fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 echo "fetching llama.cpp from $PIN_PACKAGE"
-(cd "$work" && npm pack --silent "$PIN_PACKAGE" >/dev/null)
+if ! (cd "$work" && npm pack --silent "$PIN_PACKAGE" >"$work/npm.log" 2>&1); then
+  echo "error: npm could not fetch $PIN_PACKAGE, which carries the pinned llama.cpp. npm said:" >&2
+  sed 's/^/  /' "$work/npm.log" >&2
+  cat >&2 <<'HELP'
+Check that this machine reaches the npm registry (network, proxy settings, or a proxy
+certificate it must trust: npm config get proxy / cafile), or build against an
+existing llama.cpp checkout at the pinned commit:
+  make build CMAKE_ARGS="-DMOEPRUNE_LLAMA_DIR=/path/to/llama.cpp"
+HELP
+  exit 1
+fi
 tar -xzf "$work"/node-llama-cpp-*.tgz -C "$work" package/llama/gitRelease.bundle
 mkdir -p "$(dirname "$DEST")"
 git clone -q "$work/package/llama/gitRelease.bundle" "$DEST.partial"

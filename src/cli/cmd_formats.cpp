@@ -4,8 +4,13 @@
 #include "formats/keep_map.h"
 #include "formats/stats.h"
 #include "formats/trace.h"
+#include "select/select.h"
+
+#include <fmt/format.h>
+#include <xxhash.h>
 
 #include <cstdio>
+#include <map>
 #include <memory>
 
 namespace moeprune::cli {
@@ -66,12 +71,28 @@ void add_merge(CLI::App & app, Action & action) {
     sub->callback([=, &action] {
         action = [=] {
             std::vector<std::filesystem::path> in_paths(inputs->begin(), inputs->end());
-            refuse_overwrite_of_inputs(*output, in_paths);
-            SaliencyStats merged = read_stats(inputs->front());
-            nlohmann::json sources = nlohmann::json::array({inputs->front()});
-            for (size_t i = 1; i < inputs->size(); ++i) {
-                merge_stats(merged, read_stats((*inputs)[i]), inputs->front(), (*inputs)[i]);
-                sources.push_back((*inputs)[i]);
+            refuse_output_clashes({*output}, in_paths);
+            // The same statistics twice would count their tokens twice: refuse a file given
+            // twice (links included) and two files with the same bytes.
+            refuse_output_clashes(in_paths, {});
+            std::map<std::string, std::string> digests;
+            SaliencyStats merged;
+            nlohmann::json sources = nlohmann::json::array();
+            for (size_t i = 0; i < inputs->size(); ++i) {
+                const std::string & path = (*inputs)[i];
+                const std::string text = read_text_file(path);
+                const auto [it, fresh] = digests.emplace(fmt::format("{:016x}", XXH64(text.data(), text.size(), 0)), path);
+                if (!fresh) {
+                    fail_file(path, "has the same bytes as " + it->second + ": merging it would count its tokens twice");
+                }
+                SaliencyStats s = parse_stats(text, path);
+                validate_stats_for_selection(s, path, {});
+                if (i == 0) {
+                    merged = std::move(s);
+                } else {
+                    merge_stats(merged, s, inputs->front(), path);
+                }
+                sources.push_back(path);
             }
             merged.settings["merged_from"] = sources;
             write_stats(*output, merged);
@@ -96,7 +117,7 @@ void add_keep(CLI::App & app, Action & action) {
             std::printf("%s: %zu layers, k = %lld, digest %s\n", file->c_str(), km.layers.size(), (long long) km.k,
                         keep_map_digest(km).c_str());
             if (!output->empty()) {
-                refuse_overwrite_of_inputs(*output, {*file});
+                refuse_output_clashes({*output}, {*file});
                 write_keep_map(*output, km);
             }
             return 0;

@@ -34,7 +34,9 @@ void add_replay(CLI::App & app, Action & action) {
         ->capture_default_str();
     sub->add_option("--moce", opt->moce, "MoCE bias: prior or topk-gap")->capture_default_str();
     sub->add_option("--k", opt->k, "Experts per token (default: the trace's meta.n_expert_used)");
-    sub->add_option("--warmup", opt->warmup, "Tokens replayed before counting starts")->capture_default_str();
+    sub->add_option("--warmup", opt->warmup, "Tokens replayed before counting starts")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
     sub->add_flag("--reset-on-session", opt->reset_on_session, "Empty the caches where the sequence id changes");
     sub->add_option("--prefill-union", opt->prefill_union,
                     "Prefill batch size: each layer loads the union of a batch's experts once (0: off)")
@@ -42,7 +44,8 @@ void add_replay(CLI::App & app, Action & action) {
     sub->add_option("--prefetch", *prefetch, "Prefetch mode: next-layer");
     sub->add_option("--prefetch-n", opt->prefetch_n, "Experts staged per layer (default k)");
     sub->add_option("--prefetch-train", opt->prefetch_train,
-                    "Learn the predictor from the first N tokens only (a training split; pair with --warmup N)");
+                    "Learn the predictor from the first N tokens only (a training split; pair with --warmup N)")
+        ->check(CLI::NonNegativeNumber);
     sub->add_option("--ema-decay", opt->params.ema_decay, "ema family: per-token decay of every score")
         ->capture_default_str();
     sub->add_option("--near-pick", opt->params.near_pick, "near-pick-ema: candidates ranked below N earn credit")
@@ -80,7 +83,7 @@ void add_replay(CLI::App & app, Action & action) {
                 }
                 opt->throughput.ssd_gbps = std::stod(*ssd);
             }
-            const ReplayReport r = run_replay(*opt);
+            const ReplayReport r = run_replay(*opt, {*json_out, *csv_out});
             std::printf("%s", to_text(r).c_str());
             if (!json_out->empty()) {
                 write_file_atomic(*json_out, to_json(r).dump(1) + "\n");

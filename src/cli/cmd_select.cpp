@@ -50,7 +50,7 @@ void add_select(CLI::App & app, Action & action) {
                 }
                 opt->domain_weights[w.substr(0, eq)] = v;
             }
-            const SelectReport r = run_select(*opt);
+            const SelectReport r = run_select(*opt, {*json_out});
             std::printf("%s", r.text.c_str());
             if (!json_out->empty()) {
                 write_file_atomic(*json_out, r.json.dump(1) + "\n");

@@ -1,5 +1,6 @@
 #include "collect/collect.h"
 #include "collect/corpus.h"
+#include "core/atomic_file.h"
 #include "core/errors.h"
 #include "core/progress.h"
 #include "formats/trace.h"
@@ -19,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <regex>
 #include <thread>
 
 namespace moeprune {
@@ -537,6 +539,16 @@ json result_settings(const CollectOptions & o) {
             {"trace_tokens", o.trace_tokens}, {"chunks", o.chunks},        {"coact", o.coact}};
 }
 
+// ggml's RPC client aborts on an endpoint it cannot parse, so the form is checked first.
+void check_rpc_endpoint(const std::string & endpoint) {
+    static const std::regex form(R"(^[A-Za-z0-9._\-]+:[0-9]{1,5}$|^\[[0-9A-Fa-f:.]+\]:[0-9]{1,5}$)");
+    const auto colon = endpoint.rfind(':');
+    if (!std::regex_match(endpoint, form) || std::stoul(endpoint.substr(colon + 1)) > 65535 ||
+        std::stoul(endpoint.substr(colon + 1)) == 0) {
+        throw Error(fmt::format("--rpc: \"{}\" is not HOST:PORT (a port from 1 to 65535)", endpoint));
+    }
+}
+
 struct Invariant {
     std::string name;
     bool ok;
@@ -549,14 +561,24 @@ CollectResult collect(const CollectOptions & opt) {
     if (opt.ctx < 8 || opt.batch < 1 || opt.ubatch < 1 || opt.trace_top < 1) {
         throw Error("-c must be at least 8, -b, -ub and --trace-top at least 1");
     }
+    if (opt.threads < 0 || opt.gpu_layers < 0 || opt.chunks == 0 || opt.chunks < -1 || opt.save_every < 0) {
+        throw Error("-t, -ngl and --save-every must be >= 0, --chunks >= 1 (or -1 for all)");
+    }
     if (opt.generate < 0 || opt.generate >= opt.ctx / 2) {
         throw Error(fmt::format("--generate {} must be below half the context ({})", opt.generate, opt.ctx));
     }
     if (opt.resume && opt.save_every <= 0) {
         throw Error("--resume continues from the checkpoints of --save-every N: give it too");
     }
-    const Corpus corpus = read_corpus(opt.corpus);
     const GgufModel gguf = GgufModel::open(opt.model);
+    std::vector<std::filesystem::path> inputs = gguf.shard_paths();
+    inputs.push_back(opt.corpus);
+    refuse_output_clashes({opt.output, opt.trace}, inputs);
+    const Corpus corpus = read_corpus(opt.corpus);
+    if (!opt.trace.empty() && corpus.domains.size() + 1 > kMaxTraceDomains) {
+        fail_file(opt.corpus.string(), fmt::format("has {} domains; a trace stores domain ids in 16 bits and holds at most "
+                                                   "{} besides \"no domain\"", corpus.domains.size(), kMaxTraceDomains - 1));
+    }
     const InspectReport info = inspect_model(gguf, {});
     std::vector<int> moe_layers;
     for (const LayerInfo & li : info.layers) {
@@ -564,11 +586,18 @@ CollectResult collect(const CollectOptions & opt) {
             moe_layers.push_back(li.layer);
         }
     }
-    if (moe_layers.empty() || info.n_expert <= 0 || info.n_expert_used <= 0) {
-        fail_file(opt.model.string(), "is not a mixture-of-experts model: no routed expert tensors");
-    }
     if (!info.problems.empty()) {
         fail_file(opt.model.string(), "is inconsistent: " + fmt::format("{}", fmt::join(info.problems, "; ")));
+    }
+    if (moe_layers.empty()) {
+        fail_file(opt.model.string(), "has routed experts only in MTP (nextn) layers, which a forward pass does not run");
+    }
+    if (!opt.trace.empty() && opt.trace_top < info.n_expert_used) {
+        throw Error(fmt::format("--trace-top {} is below the {} experts the model uses per token", opt.trace_top,
+                                info.n_expert_used));
+    }
+    for (const std::string & endpoint : opt.rpc) {
+        check_rpc_endpoint(endpoint);
     }
 
     llama_backend_init();

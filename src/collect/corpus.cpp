@@ -1,12 +1,14 @@
 #include "collect/corpus.h"
 #include "core/errors.h"
 #include "core/atomic_file.h"
+#include "core/json.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cctype>
 
 namespace moeprune {
 
@@ -16,12 +18,10 @@ namespace {
 
 CorpusDocument parse_line(const std::string & line, uint64_t line_no, const std::string & origin) {
     const std::string where = fmt::format("{}:{}", origin, line_no);
-    json j;
-    try {
-        j = json::parse(line);
-    } catch (const json::parse_error & e) {
-        fail_file(where, fmt::format("not valid JSON ({})", e.what()));
+    if (line.find('\0') != std::string::npos) {
+        fail_file(where, fmt::format("holds a NUL byte at column {}: not a line of JSON text", line.find('\0') + 1));
     }
+    const json j = parse_json(line, where);
     if (!j.is_object()) {
         fail_file(where, "a document must be a JSON object with \"text\" or \"messages\"");
     }
@@ -44,7 +44,13 @@ CorpusDocument parse_line(const std::string & line, uint64_t line_no, const std:
                 !m["content"].is_string()) {
                 fail_file(where, "every message needs string \"role\" and \"content\"");
             }
-            d.messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+            const std::string role = m["role"].get<std::string>();
+            // A role outside these is rendered by no chat template the same way, and one
+            // holding template text could forge turns.
+            if (role != "system" && role != "user" && role != "assistant" && role != "tool") {
+                fail_file(where, fmt::format("message role \"{}\" is not one of system, user, assistant, tool", role));
+            }
+            d.messages.push_back({role, m["content"].get<std::string>()});
         }
     }
     if (j.contains("domain")) {
@@ -72,7 +78,9 @@ Corpus read_corpus(const std::filesystem::path & path) {
     const std::string bytes = read_text_file(path);
     c.bytes = bytes.size();
     c.digest = fmt::format("{:016x}", XXH64(bytes.data(), bytes.size(), 0));
-    c.jsonl = path.extension() == ".jsonl";
+    std::string ext = path.extension().string();
+    std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char ch) { return char(std::tolower(ch)); });
+    c.jsonl = ext == ".jsonl";
     if (!c.jsonl) {
         if (bytes.empty()) {
             fail_file(path.string(), "is empty: nothing to collect statistics on");

@@ -33,7 +33,7 @@ struct Corpus {
     std::vector<std::string> domains;      // in order of first appearance
 };
 
-// A file ending in .jsonl is JSONL, anything else plain text. Every malformed line is
+// A file ending in .jsonl (any case) is JSONL, anything else plain text. Every malformed line is
 // an error naming the file and line.
 Corpus read_corpus(const std::filesystem::path & path);
 

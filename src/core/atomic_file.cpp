@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace moeprune {
@@ -98,19 +99,77 @@ void write_file_atomic(const fs::path & path, const std::string & contents) {
     out.commit();
 }
 
-void refuse_overwrite_of_inputs(const fs::path & output, const std::vector<fs::path> & inputs) {
-    std::error_code ec;
-    if (!fs::exists(output, ec)) {
-        return;
+namespace {
+
+// Where a path's bytes live: the inode of an existing file (links resolve to it), else
+// the absolute path with its existing directories' symbolic links resolved.
+struct FileIdentity {
+    bool exists = false;
+    dev_t dev = 0;
+    ino_t ino = 0;
+    fs::path canonical;
+    bool operator==(const FileIdentity & o) const {
+        return exists == o.exists && (exists ? dev == o.dev && ino == o.ino : canonical == o.canonical);
     }
-    for (const auto & in : inputs) {
-        if (fs::exists(in, ec) && fs::equivalent(output, in, ec)) {
-            fail_file(output.string(), "refusing to overwrite the input " + in.string());
+};
+
+FileIdentity identity_of(const fs::path & p) {
+    FileIdentity id;
+    struct stat st {};
+    if (::stat(p.c_str(), &st) == 0) {
+        id.exists = true;
+        id.dev = st.st_dev;
+        id.ino = st.st_ino;
+    } else {
+        std::error_code ec;
+        id.canonical = fs::weakly_canonical(fs::absolute(p, ec), ec);
+        if (ec) {
+            id.canonical = fs::absolute(p, ec).lexically_normal();
         }
+    }
+    return id;
+}
+
+} // namespace
+
+void refuse_output_clashes(const std::vector<fs::path> & outputs, const std::vector<fs::path> & inputs) {
+    std::vector<FileIdentity> in_ids;
+    for (const auto & in : inputs) {
+        if (!in.empty()) {
+            in_ids.push_back(identity_of(in));
+        }
+    }
+    std::vector<std::pair<fs::path, FileIdentity>> seen;
+    for (const auto & out : outputs) {
+        if (out.empty()) {
+            continue;
+        }
+        const FileIdentity id = identity_of(out);
+        for (size_t i = 0, j = 0; i < inputs.size(); ++i) {
+            if (inputs[i].empty()) {
+                continue;
+            }
+            if (in_ids[j++] == id) {
+                fail_file(out.string(), "refusing to overwrite the input " + inputs[i].string());
+            }
+        }
+        for (const auto & [other, other_id] : seen) {
+            if (other_id == id) {
+                fail_file(out.string(), "is given for two outputs (also as " + other.string() + "); each needs its own file");
+            }
+        }
+        seen.emplace_back(out, id);
     }
 }
 
 std::string read_text_file(const fs::path & path) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) {
+        fail_file(path.string(), std::string("cannot open: ") + std::strerror(errno));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        fail_file(path.string(), "not a regular file (a directory, FIFO or device cannot be read as an input)");
+    }
     std::ifstream in(path, std::ios::binary);
     if (!in) {
         fail_file(path.string(), std::string("cannot open: ") + std::strerror(errno));

@@ -28,10 +28,14 @@ private:
 // Writes a whole text or binary blob atomically.
 void write_file_atomic(const std::filesystem::path & path, const std::string & contents);
 
-// Refuses to write `output` when it is one of `inputs` (same inode, links included).
-void refuse_overwrite_of_inputs(const std::filesystem::path & output,
-                                const std::vector<std::filesystem::path> & inputs);
+// The one check every command that writes runs before it writes anything: refuses an
+// output that is one of `inputs` or another of `outputs` (the same path, a hard link,
+// or a symbolic link to it). Give every shard of a split model as an input.
+void refuse_output_clashes(const std::vector<std::filesystem::path> & outputs,
+                           const std::vector<std::filesystem::path> & inputs);
 
+// Reads a whole regular file; FIFOs, devices and directories are refused by name
+// before they are opened, so an endless or blocking input cannot hang or exhaust memory.
 std::string read_text_file(const std::filesystem::path & path);
 
 // On SIGINT, SIGTERM, SIGHUP and SIGQUIT, removes the temporary files of every live

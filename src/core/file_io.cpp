@@ -18,6 +18,11 @@ namespace fs = std::filesystem;
 static std::string errno_text() { return std::strerror(errno); }
 
 File File::open_read(const fs::path & path) {
+    // Checked before opening: opening a FIFO for reading blocks until a writer appears.
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+        fail_file(path.string(), "not a regular file (a directory, FIFO or device cannot be read as an input)");
+    }
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         fail_file(path.string(), "cannot open for reading: " + errno_text());

@@ -13,8 +13,10 @@ namespace moeprune {
 using nlohmann::json;
 
 static int parse_layer_key(const std::string & key, const std::string & origin) {
-    if (key.empty() || key.size() > 6 || key.find_first_not_of("0123456789") != std::string::npos) {
-        fail_file(origin, "layer key \"" + key + "\" is not a layer number");
+    // One spelling per layer: "0" and "00" would otherwise both name layer 0.
+    if (key.empty() || key.size() > 6 || key.find_first_not_of("0123456789") != std::string::npos ||
+        (key.size() > 1 && key[0] == '0')) {
+        fail_file(origin, "layer key \"" + key + "\" is not a layer number (decimal, no leading zeros)");
     }
     return std::stoi(key);
 }
@@ -38,7 +40,13 @@ static std::vector<int32_t> parse_ids(const json & arr, const std::string & orig
     return ids;
 }
 
+static KeepMap parse_keep_map_json(const std::string & text, const std::string & origin);
+
 KeepMap parse_keep_map(const std::string & text, const std::string & origin) {
+    return with_json_errors(origin, [&] { return parse_keep_map_json(text, origin); });
+}
+
+static KeepMap parse_keep_map_json(const std::string & text, const std::string & origin) {
     const json j = parse_json(text, origin);
     if (!j.is_object()) {
         fail_file(origin, "a keep map must be a JSON object");
@@ -57,11 +65,17 @@ KeepMap parse_keep_map(const std::string & text, const std::string & origin) {
                 fail_file(origin, std::string("missing \"") + key + "\"");
             }
         }
-        if (!j["n_expert"].is_number_integer() || !j["k"].is_number_integer()) {
-            fail_file(origin, "\"n_expert\" and \"k\" must be integers");
+        for (const char * key : {"n_expert", "k"}) {
+            const json & v = j[key];
+            if (!v.is_number_integer() || (v.is_number_unsigned() ? v.get<uint64_t>() > INT32_MAX : v.get<int64_t>() < 1)) {
+                fail_file(origin, fmt::format("\"{}\" is {}; it must be an integer from 1 to {}", key, v.dump(), INT32_MAX));
+            }
         }
         km.n_expert = j["n_expert"].get<int64_t>();
         km.k = j["k"].get<int64_t>();
+        if (j.contains("metric") && !j["metric"].is_string()) {
+            fail_file(origin, "\"metric\" must be a string");
+        }
         km.metric = j.value("metric", "");
         km.source = j.value("source", json::object());
         layers = &j["layers"];

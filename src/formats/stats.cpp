@@ -94,6 +94,11 @@ std::vector<LayerStats> parse_layers(const json & arr, int64_t n_layer, int64_t 
                 L.coact.push_back(c.get<uint64_t>());
             }
         }
+        if (!layers.empty() && layers.front().coact.empty() != L.coact.empty()) {
+            fail_file(origin, fmt::format("{}layer {} {} \"coact\" but layer 0 {}: co-activation counts cover every "
+                                          "layer or none", where, il, L.coact.empty() ? "lacks" : "has",
+                                          L.coact.empty() ? "has it" : "does not"));
+        }
         layers.push_back(std::move(L));
     }
     return layers;
@@ -115,14 +120,24 @@ json layers_to_json(const std::vector<LayerStats> & layers) {
     return arr;
 }
 
+// Counts are u64 sums; a merge that would wrap is refused rather than made small.
+void add_count(uint64_t & a, uint64_t b, const std::string & what) {
+    if (__builtin_add_overflow(a, b, &a)) {
+        throw Error(fmt::format("merging overflows {} (more than 2^64 - 1)", what));
+    }
+}
+
 void add_layers(std::vector<LayerStats> & a, const std::vector<LayerStats> & b) {
     for (size_t il = 0; il < a.size(); ++il) {
-        for (size_t e = 0; e < a[il].n_expert(); ++e) {
-            a[il].count[e] += b[il].count[e];
+        if (a[il].coact.size() != b[il].coact.size()) {
+            throw Error(fmt::format("layer {}: one file has co-activation counts and the other does not", il));
         }
-        a[il].nonfinite_drops += b[il].nonfinite_drops;
+        for (size_t e = 0; e < a[il].n_expert(); ++e) {
+            add_count(a[il].count[e], b[il].count[e], fmt::format("layer {} count[{}]", il, e));
+        }
+        add_count(a[il].nonfinite_drops, b[il].nonfinite_drops, fmt::format("layer {} nonfinite_drops", il));
         for (size_t i = 0; i < a[il].coact.size(); ++i) {
-            a[il].coact[i] += b[il].coact[i];
+            add_count(a[il].coact[i], b[il].coact[i], fmt::format("layer {} coact[{}]", il, i));
         }
         for (const auto & field : kDoubleFields) {
             std::vector<double> & v = a[il].*field.member;
@@ -136,7 +151,13 @@ void add_layers(std::vector<LayerStats> & a, const std::vector<LayerStats> & b) 
 
 } // namespace
 
+static SaliencyStats parse_stats_json(const std::string & text, const std::string & origin);
+
 SaliencyStats parse_stats(const std::string & text, const std::string & origin) {
+    return with_json_errors(origin, [&] { return parse_stats_json(text, origin); });
+}
+
+static SaliencyStats parse_stats_json(const std::string & text, const std::string & origin) {
     const json j = parse_json(text, origin);
     if (!j.is_object() || j.value("format", json()) != "moeprune-stats") {
         fail_file(origin, "not a moeprune-stats file (\"format\" must be \"moeprune-stats\")");
@@ -150,6 +171,21 @@ SaliencyStats parse_stats(const std::string & text, const std::string & origin) 
     s.n_expert_used = require_int(j, "n_expert_used", origin);
     s.n_tokens = uint64_t(require_int(j, "n_tokens", origin));
     s.nonfinite_drops = uint64_t(require_int(j, "nonfinite_drops", origin));
+    // Every layer lists six numbers per expert, each at least two characters ("0,"): a
+    // header claiming more than the text can hold is refused before anything is allocated.
+    if (s.n_expert == 0 || s.n_layer == 0 || s.n_expert > INT32_MAX || s.n_layer > INT32_MAX ||
+        double(s.n_layer) * double(s.n_expert) * 12 > double(text.size())) {
+        fail_file(origin, fmt::format("n_layer {} x n_expert {} cannot be the shape of a file of {} bytes", s.n_layer,
+                                      s.n_expert, text.size()));
+    }
+    if (s.n_expert_used < 1 || s.n_expert_used > s.n_expert) {
+        fail_file(origin, fmt::format("n_expert_used {} is not between 1 and n_expert {}", s.n_expert_used, s.n_expert));
+    }
+    for (const char * key : {"model", "settings"}) {
+        if (j.contains(key) && !j[key].is_object()) {
+            fail_file(origin, fmt::format("\"{}\" must be an object", key));
+        }
+    }
     s.model = j.value("model", json::object());
     s.settings = j.value("settings", json::object());
     s.layers = parse_layers(j.value("layers", json()), s.n_layer, s.n_expert, origin, "");
@@ -203,15 +239,15 @@ void merge_stats(SaliencyStats & a, const SaliencyStats & b, const std::string &
         throw Error(fmt::format("{} has co-activation counts and {} does not: collect both with --coact or neither",
                                 a_coact ? a_origin : b_origin, a_coact ? b_origin : a_origin));
     }
-    a.n_tokens += b.n_tokens;
-    a.nonfinite_drops += b.nonfinite_drops;
+    add_count(a.n_tokens, b.n_tokens, "n_tokens");
+    add_count(a.nonfinite_drops, b.nonfinite_drops, "nonfinite_drops");
     add_layers(a.layers, b.layers);
     for (const auto & [name, db] : b.domains) {
         auto it = a.domains.find(name);
         if (it == a.domains.end()) {
             a.domains.emplace(name, db);
         } else {
-            it->second.n_tokens += db.n_tokens;
+            add_count(it->second.n_tokens, db.n_tokens, "domain " + name + " n_tokens");
             add_layers(it->second.layers, db.layers);
         }
     }

@@ -1,5 +1,7 @@
 #include "formats/trace.h"
 #include "core/errors.h"
+#include "core/json.h"
+#include "core/atomic_file.h"
 
 #include "ggml.h"
 
@@ -27,6 +29,9 @@ constexpr uint32_t kCodecZstd = 1;
 constexpr size_t kMetaBytes = 16;            // per token: token, pos, seq (i32), domain (u16), phase (u8), pad
 constexpr size_t kBlockHeaderFixed = 16;     // magic, n_tokens, codec, n_sections
 constexpr size_t kQ4rtHeader = 16;
+// zstd cannot expand a stored byte into more than this many (an RLE block of 128 KiB
+// costs 4 bytes), so a section's claimed size is bounded by its stored size.
+constexpr uint64_t kZstdMaxRatio = 32768;
 
 template <typename T> void put(std::vector<uint8_t> & buf, T v) {
     const auto * p = reinterpret_cast<const uint8_t *>(&v);
@@ -36,24 +41,6 @@ template <typename T> T get(const uint8_t * p) {
     T v;
     std::memcpy(&v, p, sizeof(T));
     return v;
-}
-
-void pread_exact(int fd, void * dst, size_t size, uint64_t offset, const fs::path & path) {
-    auto * out = static_cast<uint8_t *>(dst);
-    while (size > 0) {
-        const size_t chunk = std::min<size_t>(size, size_t(1) << 30);
-        const ssize_t got = ::pread(fd, out, chunk, off_t(offset));
-        if (got < 0 && errno == EINTR) {
-            continue;
-        }
-        if (got <= 0) {
-            fail_file(path.string(), got == 0 ? fmt::format("unexpected end of file at offset {}", offset)
-                                              : fmt::format("read failed at offset {}: {}", offset, std::strerror(errno)));
-        }
-        out += got;
-        offset += uint64_t(got);
-        size -= size_t(got);
-    }
 }
 
 void fwrite_exact(FILE * f, const void * data, size_t size, const fs::path & path) {
@@ -72,6 +59,10 @@ TraceWriter::TraceWriter(const fs::path & path, TraceHeader header, uint32_t blo
     : path_(path), header_(std::move(header)), block_tokens_(block_tokens), zstd_level_(zstd_level) {
     if (header_.n_layer == 0 || header_.top_m == 0 || header_.n_expert == 0) {
         fail_file(path.string(), "trace header needs n_layer, n_expert and top_m > 0");
+    }
+    if (header_.domains.empty() || header_.domains.size() > kMaxTraceDomains) {
+        fail_file(path.string(), fmt::format("{} domains; a trace stores domain ids in 16 bits, so it holds 1 to {}",
+                                             header_.domains.size(), kMaxTraceDomains));
     }
     if (header_.n_expert > 65536 || header_.top_m > header_.n_expert) {
         fail_file(path.string(), fmt::format("top_m {} of {} experts cannot be stored as 16-bit ids", header_.top_m,
@@ -226,35 +217,14 @@ void TraceWriter::close() {
 
 // ---------------------------------------------------------------- reader
 
-TraceReader::~TraceReader() {
-    if (fd_ >= 0) {
-        ::close(fd_);
-    }
-}
-
-TraceReader::TraceReader(TraceReader && o) noexcept
-    : path_(std::move(o.path_)), fd_(o.fd_), format_(std::move(o.format_)), header_(std::move(o.header_)),
-      n_tokens_(o.n_tokens_), truncated_tail_(o.truncated_tail_), q4rt_(o.q4rt_), blocks_(std::move(o.blocks_)) {
-    o.fd_ = -1;
-}
-
 TraceReader TraceReader::open(const fs::path & path) {
-    TraceReader r;
-    r.path_ = path;
-    r.fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (r.fd_ < 0) {
-        fail_file(path.string(), std::string("cannot open: ") + std::strerror(errno));
-    }
-    struct stat st {};
-    if (::fstat(r.fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
-        fail_file(path.string(), "not a regular file");
-    }
-    const uint64_t file_size = uint64_t(st.st_size);
+    TraceReader r(File::open_read(path));
+    const uint64_t file_size = r.file_.size();
     if (file_size < 16) {
         fail_file(path.string(), fmt::format("too short for a trace header ({} bytes)", file_size));
     }
     uint8_t head[24];
-    pread_exact(r.fd_, head, 16, 0, path);
+    r.file_.pread_exact(head, 16, 0);
 
     if (std::memcmp(head, "Q4RT", 4) == 0) {
         r.q4rt_ = true;
@@ -290,7 +260,7 @@ TraceReader TraceReader::open(const fs::path & path) {
     if (std::memcmp(head, kFileMagic, 4) != 0) {
         fail_file(path.string(), "not a router trace (magic is neither MPTR nor Q4RT)");
     }
-    pread_exact(r.fd_, head, 24, 0, path);
+    r.file_.pread_exact(head, 24, 0);
     const uint32_t version = get<uint32_t>(head + 4);
     if (version != kVersion) {
         fail_file(path.string(), fmt::format("trace version {} is not supported (only {})", version, kVersion));
@@ -308,18 +278,24 @@ TraceReader TraceReader::open(const fs::path & path) {
         fail_file(path.string(), "trace header is truncated");
     }
     std::string meta(meta_len, '\0');
-    pread_exact(r.fd_, meta.data(), meta_len, 24, path);
-    try {
-        const json j = json::parse(meta);
+    r.file_.pread_exact(meta.data(), meta_len, 24);
+    with_json_errors(path.string() + ": trace header metadata", [&] {
+        const json j = parse_json(meta, path.string() + ": trace header metadata");
+        if (!j.is_object() || !j.contains("domains") || !j["domains"].is_array()) {
+            fail_file(path.string(), "trace header metadata has no \"domains\" array");
+        }
         r.header_.domains = j.at("domains").get<std::vector<std::string>>();
         r.header_.meta = j.value("meta", json::object());
-    } catch (const json::exception & e) {
-        fail_file(path.string(), std::string("trace header metadata is not valid: ") + e.what());
+    });
+    if (r.header_.domains.empty() || r.header_.domains.size() > kMaxTraceDomains) {
+        fail_file(path.string(), fmt::format("trace header lists {} domains; a trace holds 1 to {}",
+                                             r.header_.domains.size(), kMaxTraceDomains));
     }
     r.format_ = "moeprune-trace v1";
 
     const uint32_t n_sections = r.header_.n_layer + 1;
     const size_t header_bytes = kBlockHeaderFixed + 8 * size_t(n_sections);
+    const uint64_t rec = record_bytes(r.header_.top_m);
     std::vector<uint8_t> bh(header_bytes);
     uint64_t offset = 24 + meta_len;
     while (offset < file_size) {
@@ -327,32 +303,46 @@ TraceReader TraceReader::open(const fs::path & path) {
             r.truncated_tail_ = true;
             break;
         }
-        pread_exact(r.fd_, bh.data(), header_bytes, offset, path);
+        r.file_.pread_exact(bh.data(), header_bytes, offset);
+        const size_t block_index = r.blocks_.size();
         if (std::memcmp(bh.data(), kBlockMagic, 4) != 0) {
-            fail_file(path.string(), fmt::format("corrupt trace: no block marker at offset {} (after {} tokens)", offset,
-                                                 r.n_tokens_));
+            fail_file(path.string(), fmt::format("corrupt trace: no block marker at offset {} (block {}, after {} tokens)",
+                                                 offset, block_index, r.n_tokens_));
         }
         Block b;
         b.first_token = r.n_tokens_;
         b.n_tokens = get<uint32_t>(bh.data() + 4);
         b.codec = get<uint32_t>(bh.data() + 8);
         if (get<uint32_t>(bh.data() + 12) != n_sections || b.n_tokens == 0 || b.codec > kCodecZstd) {
-            fail_file(path.string(), fmt::format("corrupt trace: bad block header at offset {}", offset));
+            fail_file(path.string(), fmt::format("corrupt trace: bad block header at offset {} (block {})", offset,
+                                                 block_index));
         }
         uint64_t pos = offset + header_bytes;
-        for (uint32_t s = 0; s < n_sections; ++s) {
+        bool torn = false;
+        for (uint32_t s = 0; s < n_sections && !torn; ++s) {
             const uint64_t size = get<uint64_t>(bh.data() + kBlockHeaderFixed + 8 * s);
-            if (s == 0) {
-                b.meta_offset = pos;
-                b.meta_size = size;
-            } else {
-                b.layer_offset.push_back(pos);
-                b.layer_size.push_back(size);
+            // What a section stores must decode to exactly the block's tokens; checked here,
+            // before anything is allocated, against what its stored bytes can possibly hold.
+            const uint64_t raw = uint64_t(b.n_tokens) * (s == 0 ? kMetaBytes : rec);
+            const bool fits = b.codec == kCodecRaw
+                                  ? size == raw
+                                  : raw / kZstdMaxRatio <= size && size <= ZSTD_compressBound(raw);
+            if (!fits) {
+                fail_file(path.string(), fmt::format("corrupt trace: block {} at offset {} claims {} tokens, but its {} "
+                                                     "section stores {} bytes",
+                                                     block_index, offset, b.n_tokens,
+                                                     s == 0 ? std::string("token") : fmt::format("layer {}", s - 1), size));
             }
+            if (size > file_size - pos) {
+                torn = true;  // the writer died inside this block
+                break;
+            }
+            (s == 0 ? b.meta_offset : b.layer_offset.emplace_back()) = pos;
+            (s == 0 ? b.meta_size : b.layer_size.emplace_back()) = size;
             pos += size;
         }
-        if (pos > file_size) {
-            r.truncated_tail_ = true;  // the writer died inside this block
+        if (torn) {
+            r.truncated_tail_ = true;
             break;
         }
         r.n_tokens_ += b.n_tokens;
@@ -364,21 +354,32 @@ TraceReader TraceReader::open(const fs::path & path) {
 
 std::vector<uint8_t> TraceReader::read_section(uint64_t offset, uint64_t size, uint32_t codec, uint64_t raw_size) const {
     std::vector<uint8_t> stored(size);
-    pread_exact(fd_, stored.data(), size, offset, path_);
+    file_.pread_exact(stored.data(), size, offset);
     if (codec == kCodecRaw) {
-        if (size != raw_size) {
-            fail_file(path_.string(), fmt::format("corrupt trace: section at offset {} has {} bytes, expected {}", offset,
-                                                  size, raw_size));
-        }
         return stored;
     }
     std::vector<uint8_t> raw(raw_size);
     const size_t n = ZSTD_decompress(raw.data(), raw.size(), stored.data(), stored.size());
     if (ZSTD_isError(n) || n != raw_size) {
-        fail_file(path_.string(), fmt::format("corrupt trace: zstd section at offset {} does not decompress to {} bytes",
-                                              offset, raw_size));
+        fail_file(path().string(), fmt::format("corrupt trace: zstd section at offset {} does not decompress to {} bytes",
+                                               offset, raw_size));
     }
     return raw;
+}
+
+void TraceReader::check_ids(const uint16_t * ids, uint64_t first_token, uint32_t n, uint32_t layer) const {
+    const uint32_t m = header_.top_m;
+    for (uint64_t i = 0; i < uint64_t(n) * m; ++i) {
+        if (ids[i] >= header_.n_expert) {
+            const uint64_t token = first_token + i / m;
+            const auto block = std::upper_bound(blocks_.begin(), blocks_.end(), token,
+                                                [](uint64_t t, const Block & b) { return t < b.first_token; });
+            fail_file(path().string(),
+                      fmt::format("corrupt trace: {}layer {}, token {} names expert {}, but the trace has {} experts",
+                                  q4rt_ ? std::string() : fmt::format("block {}, ", block - blocks_.begin() - 1), layer,
+                                  token, ids[i], header_.n_expert));
+        }
+    }
 }
 
 std::vector<TraceTokenMeta> TraceReader::token_meta() const {
@@ -395,7 +396,7 @@ std::vector<TraceTokenMeta> TraceReader::token_meta() const {
     for (const auto & b : blocks_) {
         const auto raw = read_section(b.meta_offset, b.meta_size, b.codec, uint64_t(b.n_tokens) * kMetaBytes);
         for (uint32_t t = 0; t < b.n_tokens; ++t) {
-            const uint8_t * p = raw.data() + t * kMetaBytes;
+            const uint8_t * p = raw.data() + size_t(t) * kMetaBytes;
             TraceTokenMeta m;
             m.token = get<int32_t>(p);
             m.pos = get<int32_t>(p + 4);
@@ -403,10 +404,10 @@ std::vector<TraceTokenMeta> TraceReader::token_meta() const {
             m.domain = get<uint16_t>(p + 12);
             m.phase = TracePhase(p[14]);
             if (m.phase != TracePhase::Prefill && m.phase != TracePhase::Decode) {
-                fail_file(path_.string(), fmt::format("corrupt trace: token {} has phase {}", b.first_token + t, p[14]));
+                fail_file(path().string(), fmt::format("corrupt trace: token {} has phase {}", b.first_token + t, p[14]));
             }
             if (m.domain >= header_.domains.size()) {
-                fail_file(path_.string(), fmt::format("corrupt trace: token {} has domain {} of {}", b.first_token + t,
+                fail_file(path().string(), fmt::format("corrupt trace: token {} has domain {} of {}", b.first_token + t,
                                                       m.domain, header_.domains.size()));
             }
             out.push_back(m);
@@ -417,7 +418,7 @@ std::vector<TraceTokenMeta> TraceReader::token_meta() const {
 
 void TraceReader::for_each_layer_chunk(uint32_t layer, const LayerChunkFn & fn) const {
     if (layer >= header_.n_layer) {
-        fail_file(path_.string(), fmt::format("layer {} requested but the trace has {} layers", layer, header_.n_layer));
+        fail_file(path().string(), fmt::format("layer {} requested but the trace has {} layers", layer, header_.n_layer));
     }
     const uint32_t m = header_.top_m;
     const size_t rec = record_bytes(m);
@@ -438,10 +439,11 @@ void TraceReader::for_each_layer_chunk(uint32_t layer, const LayerChunkFn & fn) 
             buf.resize(n * per_token);
             ids.resize(n * m);
             logits.resize(n * m);
-            pread_exact(fd_, buf.data(), buf.size(), kQ4rtHeader + t0 * per_token, path_);
+            file_.pread_exact(buf.data(), buf.size(), kQ4rtHeader + t0 * per_token);
             for (uint64_t t = 0; t < n; ++t) {
                 decode(buf.data() + t * per_token + layer * rec, t);
             }
+            check_ids(ids.data(), t0, uint32_t(n), layer);
             fn(t0, uint32_t(n), ids.data(), logits.data());
         }
         return;
@@ -451,8 +453,9 @@ void TraceReader::for_each_layer_chunk(uint32_t layer, const LayerChunkFn & fn) 
         ids.resize(size_t(b.n_tokens) * m);
         logits.resize(size_t(b.n_tokens) * m);
         for (uint32_t t = 0; t < b.n_tokens; ++t) {
-            decode(raw.data() + t * rec, t);
+            decode(raw.data() + size_t(t) * rec, t);
         }
+        check_ids(ids.data(), b.first_token, b.n_tokens, layer);
         fn(b.first_token, b.n_tokens, ids.data(), logits.data());
     }
 }
@@ -488,17 +491,15 @@ static void write_npy(const fs::path & path, const char * descr, const std::vect
     out.insert(out.end(), header.begin(), header.end());
     const auto * p = static_cast<const uint8_t *>(data);
     out.insert(out.end(), p, p + bytes);
-    FILE * f = std::fopen(path.c_str(), "wb");
-    if (!f) {
-        fail_file(path.string(), std::string("cannot create: ") + std::strerror(errno));
-    }
-    const bool ok = std::fwrite(out.data(), 1, out.size(), f) == out.size();
-    if (std::fclose(f) != 0 || !ok) {
-        fail_file(path.string(), std::string("write failed: ") + std::strerror(errno));
-    }
+    write_file_atomic(path, std::string(out.begin(), out.end()));
 }
 
 void export_trace_npy(const TraceReader & reader, const fs::path & dir) {
+    std::vector<fs::path> outputs;
+    for (const char * name : {"ids", "logits", "token", "pos", "seq", "domain", "phase"}) {
+        outputs.push_back(dir / (std::string(name) + ".npy"));
+    }
+    refuse_output_clashes(outputs, {reader.path()});
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) {
@@ -539,6 +540,10 @@ void export_trace_npy(const TraceReader & reader, const fs::path & dir) {
 }
 
 json trace_info_json(const TraceReader & reader) {
+    // Every layer is decoded once, so a corrupt section or id is reported here rather than by a later stage.
+    for (uint32_t l = 0; l < reader.header().n_layer; ++l) {
+        reader.for_each_layer_chunk(l, [](uint64_t, uint32_t, const uint16_t *, const float *) {});
+    }
     const auto meta = reader.token_meta();
     uint64_t prefill = 0, decode = 0;
     std::vector<uint64_t> per_domain(reader.header().domains.size(), 0);

@@ -4,6 +4,8 @@
 // self-describing blocks so a killed writer loses at most its last block, and laid
 // out per layer inside each block so one layer reads without the others.
 // Also reads the seed pipeline's Q4RT v1 files. See docs/formats.md.
+#include "core/file_io.h"
+
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -14,6 +16,9 @@
 #include <vector>
 
 namespace moeprune {
+
+// Domain ids are stored in 16 bits.
+constexpr size_t kMaxTraceDomains = 65536;
 
 enum class TracePhase : uint8_t { Prefill = 0, Decode = 1 };
 
@@ -73,10 +78,8 @@ private:
 class TraceReader {
 public:
     static TraceReader open(const std::filesystem::path & path);
-    ~TraceReader();
-    TraceReader(TraceReader &&) noexcept;
-    TraceReader(const TraceReader &) = delete;
 
+    const std::filesystem::path & path() const { return file_.path(); }
     const TraceHeader & header() const { return header_; }
     uint64_t n_tokens() const { return n_tokens_; }
     const std::string & format() const { return format_; }   // "moeprune-trace v1" or "Q4RT v1"
@@ -91,7 +94,7 @@ public:
     void for_each_layer_chunk(uint32_t layer, const LayerChunkFn & fn) const;
 
 private:
-    TraceReader() = default;
+    explicit TraceReader(File file) : file_(std::move(file)) {}
     struct Block {
         uint64_t first_token = 0;
         uint32_t n_tokens = 0;
@@ -101,8 +104,10 @@ private:
     };
     std::vector<uint8_t> read_section(uint64_t offset, uint64_t size, uint32_t codec, uint64_t raw_size) const;
 
-    std::filesystem::path path_;
-    int fd_ = -1;
+    // Throws unless every id of a decoded layer chunk names an expert of the trace.
+    void check_ids(const uint16_t * ids, uint64_t first_token, uint32_t n, uint32_t layer) const;
+
+    File file_;
     std::string format_;
     TraceHeader header_;
     uint64_t n_tokens_ = 0;

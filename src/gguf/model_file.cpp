@@ -4,6 +4,9 @@
 #include "gguf.h"
 #include "llama.h"
 
+#include <fmt/format.h>
+
+#include <map>
 #include <regex>
 
 namespace moeprune {
@@ -37,7 +40,7 @@ const char * tensor_role_name(TensorRole role) {
 }
 
 TensorClass classify_tensor(const std::string & name) {
-    static const std::regex blk_re(R"(^blk\.(\d+)\.(.+)$)");
+    static const std::regex blk_re(R"(^blk\.(\d{1,6})\.(.+)$)");
     // ffn_norm_exps (arctic) is one norm in front of all experts, not a per-expert tensor.
     static const std::regex expert_re(R"(^ffn_(?!norm_exps)[a-z_]*_exps\.(weight|bias|scale|input_scale)$)");
     static const std::regex router_re(R"(^ffn_gate_inp\.(weight|bias)$)");
@@ -67,7 +70,7 @@ fs::path split_shard_path(const fs::path & prefix, int split_no, int split_count
     return fs::path(buf);
 }
 
-static void read_tensors(const gguf_context * ctx, int shard, std::vector<TensorEntry> & out) {
+static void read_tensors(const gguf_context * ctx, int shard, const fs::path & path, std::vector<TensorEntry> & out) {
     const size_t data_offset = gguf_get_data_offset(ctx);
     for (int64_t i = 0; i < gguf_get_n_tensors(ctx); ++i) {
         TensorEntry t;
@@ -75,11 +78,22 @@ static void read_tensors(const gguf_context * ctx, int shard, std::vector<Tensor
         t.type = gguf_get_tensor_type(ctx, i);
         const int64_t * ne = gguf_get_tensor_ne(ctx, i);
         t.n_dims = 1;
+        // ggml multiplies the dimensions in int64 without a check: a product that wraps
+        // would make a huge tensor look empty.
+        int64_t elements = 1;
         for (int d = 0; d < GGML_MAX_DIMS; ++d) {
             t.ne[d] = ne[d];
             if (ne[d] != 1) {
                 t.n_dims = d + 1;
             }
+            if (ne[d] < 0 || __builtin_mul_overflow(elements, ne[d], &elements)) {
+                fail_file(path.string(), fmt::format("tensor {} has dimensions [{}, {}, {}, {}] whose element count "
+                                                     "overflows", t.name, ne[0], ne[1], ne[2], ne[3]));
+            }
+        }
+        if (elements / ggml_blck_size(t.type) > INT64_MAX / int64_t(ggml_type_size(t.type))) {
+            fail_file(path.string(), fmt::format("tensor {} has dimensions [{}, {}, {}, {}] whose size in bytes "
+                                                 "overflows", t.name, ne[0], ne[1], ne[2], ne[3]));
         }
         t.nbytes = gguf_get_tensor_size(ctx, i);
         t.shard = shard;
@@ -95,7 +109,8 @@ GgufModel GgufModel::open(const fs::path & path) {
     m.shard_paths_.push_back(path);
     std::error_code ec;
     m.file_bytes_ = fs::file_size(path, ec);
-    read_tensors(m.meta_.get(), 0, m.tensors_);
+    read_tensors(m.meta_.get(), 0, path, m.tensors_);
+    m.shard_bytes_.push_back(m.file_bytes_);
 
     const int64_t split_count = m.get_int("split.count").value_or(1);
     if (split_count > 1 && m.get_int("split.no").value_or(0) != 0) {
@@ -122,12 +137,24 @@ GgufModel GgufModel::open(const fs::path & path) {
             }
             GgufPtr sctx = open_gguf_metadata(shard);
             const int64_t no_id = gguf_find_key(sctx.get(), "split.no");
-            if (no_id < 0 || gguf_get_val_u16(sctx.get(), no_id) != i) {
-                fail_file(shard.string(), "split.no does not say shard " + std::to_string(i + 1));
+            // gguf-split writes split.no as u16; the typed getter asserts on any other type.
+            if (no_id < 0 || gguf_get_kv_type(sctx.get(), no_id) != GGUF_TYPE_UINT16 ||
+                gguf_get_val_u16(sctx.get(), no_id) != i) {
+                fail_file(shard.string(), fmt::format("split.no does not say shard {} (a u16 of value {})", i + 1, i));
             }
-            read_tensors(sctx.get(), i, m.tensors_);
-            m.file_bytes_ += fs::file_size(shard, ec);
+            read_tensors(sctx.get(), i, shard, m.tensors_);
+            m.shard_bytes_.push_back(fs::file_size(shard, ec));
+            m.file_bytes_ += m.shard_bytes_.back();
             m.shard_paths_.push_back(shard);
+        }
+        std::map<std::string, size_t> shard_of;
+        for (const TensorEntry & t : m.tensors_) {
+            const auto [it, fresh] = shard_of.emplace(t.name, size_t(t.shard));
+            if (!fresh) {
+                fail_file(m.shard_paths_[size_t(t.shard)].string(),
+                          fmt::format("holds tensor {}, which shard {} holds too (a shard copied or renumbered?)", t.name,
+                                      it->second + 1));
+            }
         }
         if (const auto count = m.get_int("split.tensors.count"); count && *count != (int64_t) m.tensors_.size()) {
             fail_file(path.string(), "split.tensors.count is " + std::to_string(*count) + " but the shards hold " +

@@ -63,6 +63,7 @@ public:
     const std::string & arch() const { return arch_; }
     const std::vector<TensorEntry> & tensors() const { return tensors_; }
     uint64_t file_bytes() const { return file_bytes_; }
+    uint64_t shard_bytes(int shard) const { return shard_bytes_[size_t(shard)]; }
 
     // Typed metadata lookups. `arch_key("expert_count")` is "<arch>.expert_count".
     std::string arch_key(const std::string & suffix) const { return arch_ + "." + suffix; }
@@ -77,6 +78,7 @@ private:
     std::string arch_;
     std::vector<TensorEntry> tensors_;
     uint64_t file_bytes_ = 0;
+    std::vector<uint64_t> shard_bytes_;
 };
 
 // Split naming as llama.cpp and gguf-split use it: PREFIX-00001-of-0000N.gguf.

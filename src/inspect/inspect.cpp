@@ -43,6 +43,36 @@ InspectReport inspect_model(const GgufModel & model, const std::vector<int64_t> 
 
     std::map<int, LayerInfo> layers;
     std::set<int64_t> expert_axis_lengths;
+    int max_block = -1;
+    for (const auto & t : model.tensors()) {
+        max_block = std::max(max_block, t.cls.layer);
+        if (t.file_offset > model.shard_bytes(t.shard) || t.nbytes > model.shard_bytes(t.shard) - t.file_offset) {
+            r.problems.push_back(fmt::format("{}: is truncated (or {} has a wrong dimension): the tensor's data ends "
+                                             "at byte {}, the file at {}", r.shards[size_t(t.shard)], t.name,
+                                             t.file_offset + t.nbytes, model.shard_bytes(t.shard)));
+        }
+    }
+    // llama.cpp asserts (and aborts) on these instead of refusing the file, so they are
+    // reported here, before any stage hands the model to it.
+    if (r.n_layer <= 0 || r.n_layer <= max_block || r.n_layer > max_block + 1) {
+        r.problems.push_back(fmt::format("{} is {} but the tensors cover blocks 0..{}", model.arch_key("block_count"),
+                                         r.n_layer, max_block));
+    }
+    if (r.n_expert_used < 1) {
+        r.problems.push_back(fmt::format("{} is {}; a MoE model uses at least one expert per token",
+                                         model.arch_key("expert_used_count"), r.n_expert_used));
+    }
+    if (r.expert_group_count > 1 || r.expert_group_used_count > 0) {
+        if (r.expert_group_count < 1 || r.n_expert % r.expert_group_count != 0) {
+            r.problems.push_back(fmt::format("{} is {}, which does not divide the {} experts into equal groups",
+                                             model.arch_key("expert_group_count"), r.expert_group_count, r.n_expert));
+        } else if (r.expert_group_used_count < 1 || r.expert_group_used_count > r.expert_group_count ||
+                   r.n_expert_used > r.n_expert / r.expert_group_count * r.expert_group_used_count) {
+            r.problems.push_back(fmt::format("{} is {} of {} groups of {} experts: it cannot hold {} experts per token",
+                                             model.arch_key("expert_group_used_count"), r.expert_group_used_count,
+                                             r.expert_group_count, r.n_expert / r.expert_group_count, r.n_expert_used));
+        }
+    }
     uint64_t per_expert_bytes = 0, per_expert_bytes_one = 0;  // over every per-expert tensor
     for (const auto & t : model.tensors()) {
         if (t.cls.role == TensorRole::Shared) {

@@ -1,5 +1,6 @@
 #include "replay/replay.h"
 #include "core/errors.h"
+#include "core/atomic_file.h"
 #include "formats/keep_map.h"
 #include "formats/trace.h"
 #include "gguf/model_file.h"
@@ -444,6 +445,9 @@ AccessSequence unbiased_requests(const Setup & s, const std::vector<const LayerD
     return seq;
 }
 
+// A 4096 x 4096 table of u32 pair counts is 64 MiB per worker.
+constexpr uint32_t kMaxPrefetchExperts = 4096;
+
 // Trace layer l is the l-th MoE layer; a keep map names model layers, so its sorted
 // layers are matched to trace layers in order (or through meta.moe_layers when the
 // trace records them).
@@ -464,6 +468,11 @@ std::vector<const std::vector<int32_t> *> keep_per_trace_layer(const KeepMap & k
     if (model_layers.size() != h.n_layer) {
         fail_file(origin, fmt::format("covers {} layers but the trace has {} MoE layers", model_layers.size(), h.n_layer));
     }
+    for (const auto & [layer, ids] : km.layers) {
+        if (std::find(model_layers.begin(), model_layers.end(), layer) == model_layers.end()) {
+            fail_file(origin, fmt::format("names layer {}, which is not one of the trace's MoE layers", layer));
+        }
+    }
     std::vector<const std::vector<int32_t> *> out;
     for (int l : model_layers) {
         const auto it = km.layers.find(l);
@@ -476,8 +485,13 @@ std::vector<const std::vector<int32_t> *> keep_per_trace_layer(const KeepMap & k
 }
 
 // Bytes of one routed expert per trace layer, from the model's tensor types.
-std::vector<double> expert_bytes_from_model(const std::filesystem::path & path, const TraceHeader & h) {
-    const InspectReport r = inspect_model(GgufModel::open(path), {});
+std::vector<double> expert_bytes_from_model(const GgufModel & model, const TraceHeader & h) {
+    const std::filesystem::path & path = model.shard_paths().front();
+    const InspectReport r = inspect_model(model, {});
+    if (r.n_expert != int64_t(h.n_expert)) {
+        fail_file(path.string(), fmt::format("has {} experts per layer but the trace has {}: another model", r.n_expert,
+                                             h.n_expert));
+    }
     std::vector<int> moe_layers;
     std::map<int, uint64_t> bytes;
     for (const LayerInfo & li : r.layers) {
@@ -530,17 +544,17 @@ std::vector<Config> make_configs(const ReplayOptions & opt, const Setup & s, jso
         if (s.expert_bytes.empty()) {
             throw Error("--cache-mib needs the bytes of an expert: give --model or --expert-mb");
         }
-        if (!(mib > 0)) {
-            throw Error(fmt::format("--cache-mib must be positive, got {}", mib));
+        if (!(mib > 0) || !std::isfinite(mib)) {
+            throw Error(fmt::format("--cache-mib must be positive and finite, got {}", mib));
         }
         const double budget = mib * 1048576.0;
         Config c{"", std::nullopt, mib, {}, 0};
         if (opt.global) {
             const double mean = std::accumulate(s.expert_bytes.begin(), s.expert_bytes.end(), 0.0) / double(L);
-            c.slots = {std::min(max_slots, int(std::floor(budget / mean)))};
+            c.slots = {int(std::min(double(max_slots), std::floor(budget / mean)))};
         } else {
             for (uint32_t l = 0; l < L; ++l) {
-                c.slots.push_back(std::min(max_slots, int(std::floor(budget / s.expert_bytes[l]))));
+                c.slots.push_back(int(std::min(double(max_slots), std::floor(budget / s.expert_bytes[l]))));
             }
         }
         for (size_t l = 0; l < c.slots.size(); ++l) {
@@ -606,7 +620,14 @@ template <class Fn> void run_parallel(unsigned n_items, int threads, Fn fn) {
 
 } // namespace
 
-ReplayReport run_replay(const ReplayOptions & opt) {
+ReplayReport run_replay(const ReplayOptions & opt, const std::vector<std::filesystem::path> & outputs) {
+    std::optional<GgufModel> model;
+    std::vector<std::filesystem::path> inputs{opt.trace, opt.keep};
+    if (!opt.model.empty()) {
+        model = GgufModel::open(opt.model);
+        inputs.insert(inputs.end(), model->shard_paths().begin(), model->shard_paths().end());
+    }
+    refuse_output_clashes(outputs, inputs);
     const TraceReader reader = TraceReader::open(opt.trace);
     const TraceHeader & h = reader.header();
     Setup s;
@@ -621,7 +642,12 @@ ReplayReport run_replay(const ReplayOptions & opt) {
         if (!h.meta.contains("n_expert_used") || !h.meta["n_expert_used"].is_number_integer()) {
             fail_file(s.origin, "does not record n_expert_used in its meta; give --k");
         }
-        s.k = h.meta["n_expert_used"].get<int>();
+        const json & used = h.meta["n_expert_used"];
+        if (used.is_number_unsigned() ? used.get<uint64_t>() > h.top_m : used.get<int64_t>() < 1) {
+            fail_file(s.origin, fmt::format("meta.n_expert_used is {}, not from 1 to the top {} candidates the trace holds",
+                                            used.dump(), h.top_m));
+        }
+        s.k = used.get<int>();
     }
     if (s.k <= 0 || uint32_t(s.k) > h.top_m || s.k > 255) {
         fail_file(s.origin, fmt::format("k = {} but the trace holds the top {} candidates per token", s.k, h.top_m));
@@ -640,8 +666,27 @@ ReplayReport run_replay(const ReplayOptions & opt) {
     if (opt.prefill_union < 0) {
         throw Error(fmt::format("--prefill-union must be >= 0, got {}", opt.prefill_union));
     }
-    if (opt.throughput.queue_depth < 1 || !(opt.throughput.ssd_gbps > 0)) {
-        throw Error("--queue-depth must be >= 1 and the SSD bandwidth positive");
+    if (opt.throughput.queue_depth < 1 || !(opt.throughput.ssd_gbps > 0) || !std::isfinite(opt.throughput.ssd_gbps)) {
+        throw Error("--queue-depth must be >= 1 and the SSD bandwidth positive and finite");
+    }
+    for (const auto & [flag, v] : {std::pair{"--read-latency-us", opt.throughput.read_latency_us},
+                                   std::pair{"--compute-ms", opt.throughput.compute_ms},
+                                   std::pair{"--sync-us", opt.throughput.sync_us}}) {
+        if (!(v >= 0) || !std::isfinite(v)) {
+            throw Error(fmt::format("{} must be a finite number >= 0, got {}", flag, v));
+        }
+    }
+    // Below a kilobyte an "expert" is a typo, and budgets would hold more slots than an int.
+    if (opt.expert_mb != 0 && (!(opt.expert_mb >= 1e-3) || !std::isfinite(opt.expert_mb))) {
+        throw Error(fmt::format("--expert-mb must be a finite size of at least 0.001 (1 kB), got {}", opt.expert_mb));
+    }
+    if (opt.threads < 0 || opt.prefetch_n < 0) {
+        throw Error("-t and --prefetch-n must be >= 0");
+    }
+    // Next-layer prefetch counts every pair of experts of adjacent layers in each worker.
+    if (opt.prefetch && h.n_expert > kMaxPrefetchExperts) {
+        fail_file(s.origin, fmt::format("has {} experts per layer; --prefetch counts expert pairs and supports up to {}",
+                                        h.n_expert, kMaxPrefetchExperts));
     }
     KeepMap km;
     s.n_expert = int(h.n_expert);
@@ -653,6 +698,10 @@ ReplayReport run_replay(const ReplayOptions & opt) {
         }
         km.n_expert = h.n_expert;
         validate_keep_map(km, opt.keep.string());  // now also ids against the trace's experts
+        if (km.k < s.k) {
+            fail_file(opt.keep.string(), fmt::format("keeps {} experts per layer, fewer than the {} each token uses", km.k,
+                                                     s.k));
+        }
         for (const std::vector<int32_t> * ids : keep_per_trace_layer(km, h, opt.keep.string())) {
             std::vector<int32_t> m(h.n_expert, -1);
             for (size_t i = 0; i < ids->size(); ++i) {
@@ -663,7 +712,7 @@ ReplayReport run_replay(const ReplayOptions & opt) {
         s.n_expert = int(km.k);
     }
     if (!opt.model.empty()) {
-        s.expert_bytes = expert_bytes_from_model(opt.model, h);
+        s.expert_bytes = expert_bytes_from_model(*model, h);
     } else if (opt.expert_mb > 0) {
         s.expert_bytes.assign(h.n_layer, opt.expert_mb * 1e6);
     }

@@ -76,7 +76,8 @@ struct ReplayReport {
     std::vector<ReplayRecord> records;
 };
 
-ReplayReport run_replay(const ReplayOptions & opt);
+// `outputs`: the files the caller will write from the report, refused when one is an input.
+ReplayReport run_replay(const ReplayOptions & opt, const std::vector<std::filesystem::path> & outputs = {});
 nlohmann::json to_json(const ReplayReport & r);
 std::string to_text(const ReplayReport & r);
 std::string to_csv(const ReplayReport & r);

@@ -378,10 +378,22 @@ SubstitutionScreen substitution_screen(const std::filesystem::path & trace_path,
     return sc;
 }
 
-SelectReport run_select(const SelectOptions & opt) {
+SelectReport run_select(const SelectOptions & opt, const std::vector<std::filesystem::path> & outputs) {
     if (opt.ks.empty() || opt.metrics.empty()) {
         throw Error("give -k and --metric");
     }
+    if (!std::isfinite(opt.lcb_z) || opt.lcb_z < 0) {
+        throw Error(fmt::format("--lcb-z must be a finite number >= 0, got {}", opt.lcb_z));
+    }
+    std::vector<std::filesystem::path> all_outputs = outputs;
+    if (!opt.out_dir.empty()) {
+        for (const std::string & metric : opt.metrics) {
+            for (int64_t k : opt.ks) {
+                all_outputs.push_back(opt.out_dir / fmt::format("{}-k{}.json", metric, k));
+            }
+        }
+    }
+    refuse_output_clashes(all_outputs, {opt.stats, opt.heldout, opt.trace});
     for (const std::string & m : opt.metrics) {
         if (std::find(select_metrics().begin(), select_metrics().end(), m) == select_metrics().end()) {
             throw Error(fmt::format("unknown metric \"{}\" (known: {})", m, fmt::join(select_metrics(), ", ")));
@@ -399,6 +411,20 @@ SelectReport run_select(const SelectOptions & opt) {
         validate_stats_for_selection(*held, opt.heldout.string(), opt.ks);
         if (held->n_layer != s.n_layer || held->n_expert != s.n_expert || held->model != s.model) {
             fail_file(opt.heldout.string(), "describes another model than " + opt.stats.string());
+        }
+    }
+    if (!opt.trace.empty()) {
+        // Checked before any keep map is written: a trace of another model or of nothing
+        // would make every map's screen read as perfect or index out of range.
+        const TraceReader trace = TraceReader::open(opt.trace);
+        const TraceHeader & h = trace.header();
+        if (int64_t(h.n_expert) != s.n_expert || int64_t(h.n_layer) != s.n_layer) {
+            fail_file(opt.trace.string(), fmt::format("records {} layers x {} experts, but {} describes {} x {}: another "
+                                                      "model", h.n_layer, h.n_expert, opt.stats.string(), s.n_layer,
+                                                      s.n_expert));
+        }
+        if (trace.n_tokens() == 0) {
+            fail_file(opt.trace.string(), "holds no tokens: there is nothing to screen the keep maps with");
         }
     }
     const int64_t groups = s.model.value("expert_group_count", int64_t(1));

@@ -63,6 +63,7 @@ struct SelectReport {
     std::vector<std::filesystem::path> written;
 };
 
-SelectReport run_select(const SelectOptions & opt);
+// `outputs`: files the caller writes from the report; with the keep maps, refused when one is an input.
+SelectReport run_select(const SelectOptions & opt, const std::vector<std::filesystem::path> & outputs = {});
 
 } // namespace moeprune

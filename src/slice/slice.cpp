@@ -1,6 +1,7 @@
 #include "slice/slice.h"
 #include "core/atomic_file.h"
 #include "core/errors.h"
+#include "inspect/inspect.h"
 
 #include "gguf.h"
 
@@ -8,6 +9,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cctype>
 #include <map>
 #include <cstring>
 #include <optional>
@@ -170,6 +172,10 @@ std::vector<int> moe_layers_to_keep(const GgufModel & m, const ModelFacts & f, c
                 kept.push_back(l);
             }
         }
+        if (kept.empty()) {
+            fail_file(m.shard_paths()[0].string(), "--mtp drop: every MoE layer is an MTP (nextn) layer; nothing would "
+                                                   "remain to route");
+        }
         return kept;
     }
     if (mtp == MtpMode::Unset && !mtp_moe.empty()) {
@@ -246,6 +252,10 @@ ImatrixPlan plan_imatrix(const SliceOptions & opt, const GgufModel & model, cons
                 base.resize(base.size() - std::strlen(suffix));
             }
         }
+        if (base == out.name) {
+            fail_file(origin, "entry " + out.name + " is not an imatrix entry (NAME.in_sum2 / NAME.counts): a model "
+                              "given as the imatrix?");
+        }
         const TensorClass cls = classify_tensor(base);
         if (cls.layer >= 0 && dropped.count(cls.layer)) {
             continue;
@@ -291,6 +301,10 @@ uint64_t parse_size(const std::string & text) {
     size_t used = 0;
     uint64_t n = 0;
     try {
+        // stoull would read "-1" as 2^64 - 1.
+        if (text.empty() || !std::isdigit(static_cast<unsigned char>(text[0]))) {
+            throw std::invalid_argument(text);
+        }
         n = std::stoull(text, &used);
     } catch (const std::exception &) {
         throw Error("size \"" + text + "\" is not a number with an optional M or G suffix");
@@ -298,10 +312,11 @@ uint64_t parse_size(const std::string & text) {
     const std::string suffix = text.substr(used);
     // Decimal units, as llama-gguf-split --split-max-size reads them.
     const uint64_t scale = suffix.empty() ? 1 : suffix == "M" ? 1000ull * 1000 : suffix == "G" ? 1000ull * 1000 * 1000 : 0;
-    if (scale == 0 || n == 0) {
+    uint64_t bytes = 0;
+    if (scale == 0 || n == 0 || __builtin_mul_overflow(n, scale, &bytes)) {
         throw Error("size \"" + text + "\" must be a positive number of bytes, or of M / G (10^6 / 10^9 bytes)");
     }
-    return n * scale;
+    return bytes;
 }
 
 SliceResult slice_model(const SliceOptions & opt) {
@@ -311,6 +326,9 @@ SliceResult slice_model(const SliceOptions & opt) {
     const GgufModel model = GgufModel::open(opt.model);
     const std::string model_origin = opt.model.string();
     const std::string keep_origin = opt.keep.string();
+    if (const InspectReport info = inspect_model(model, {}); !info.problems.empty()) {
+        fail_file(model_origin, "is inconsistent (see moeprune inspect): " + fmt::format("{}", fmt::join(info.problems, "; ")));
+    }
     const ModelFacts f = read_facts(model);
     const KeepMap km = read_keep_map(opt.keep);
 
@@ -451,14 +469,7 @@ SliceResult slice_model(const SliceOptions & opt) {
     if (imatrix) {
         outputs.push_back(opt.imatrix_out);
     }
-    for (size_t i = 0; i < outputs.size(); ++i) {
-        refuse_overwrite_of_inputs(outputs[i], inputs);
-        for (size_t j = 0; j < i; ++j) {
-            if (fs::weakly_canonical(outputs[i]) == fs::weakly_canonical(outputs[j])) {
-                fail_file(outputs[i].string(), "is named twice as an output");
-            }
-        }
-    }
+    refuse_output_clashes(outputs, inputs);
     if (opt.dry_run) {
         return r;
     }

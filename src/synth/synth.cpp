@@ -251,14 +251,23 @@ void check_options(const SynthOptions & o) {
     if (std::find(archs.begin(), archs.end(), o.arch) == archs.end()) {
         throw Error("synth: unsupported --arch " + o.arch + " (supported: qwen3moe, qwen2moe, qwen4exp, dots1)");
     }
-    if (o.n_layer < 1 || o.n_expert < 2 || o.n_expert_used < 1 || o.n_expert_used > o.n_expert) {
-        throw Error(fmt::format("synth: need layers >= 1 and 1 <= used ({}) <= experts ({})", o.n_expert_used, o.n_expert));
+    // llama.cpp asserts instead of refusing past its fixed limits (LLAMA_MAX_LAYERS and
+    // LLAMA_MAX_EXPERTS in src/llama-hparams.h of the pinned release).
+    constexpr int kMaxLayers = 512, kMaxExperts = 1024;
+    if (o.n_layer < 1 || o.n_layer > kMaxLayers) {
+        throw Error(fmt::format("synth: --layers must be from 1 to {} (got {})", kMaxLayers, o.n_layer));
     }
-    if (o.n_expert > 65535) {
-        throw Error("synth: at most 65535 experts");
+    if (o.n_expert < 2 || o.n_expert > kMaxExperts) {
+        throw Error(fmt::format("synth: --experts must be from 2 to {} (got {})", kMaxExperts, o.n_expert));
     }
-    if (o.n_embd < 32 || o.n_embd % 32 != 0 || o.n_ff < 1) {
+    if (o.n_expert_used < 1 || o.n_expert_used > o.n_expert) {
+        throw Error(fmt::format("synth: --used must be from 1 to --experts {} (got {})", o.n_expert, o.n_expert_used));
+    }
+    if (o.n_embd < 32 || o.n_embd % 32 != 0) {
         throw Error(fmt::format("synth: --embd must be a multiple of 32 and at least 32 (got {})", o.n_embd));
+    }
+    if (o.n_ff < 1) {
+        throw Error(fmt::format("synth: --ff must be at least 1 (got {})", o.n_ff));
     }
     const int64_t blck = ggml_blck_size(o.expert_type);
     if (o.n_embd % blck != 0 || o.n_ff % blck != 0) {
@@ -452,6 +461,15 @@ struct HalfTensor {
 SynthResult synthesize(const SynthOptions & o) {
     check_options(o);
     const fs::path vocab_path = o.vocab.empty() ? default_vocab() : o.vocab;
+    {
+        fs::path prefix = o.output;
+        prefix.replace_extension();
+        std::vector<fs::path> planned;
+        for (int s = 0; s < o.split; ++s) {
+            planned.push_back(o.split == 1 ? o.output : split_shard_path(prefix, s + 1, o.split));
+        }
+        refuse_output_clashes(planned, {vocab_path});
+    }
     GgufPtr vocab = open_gguf_metadata(vocab_path);
     Plan plan = make_plan(o, vocab.get(), vocab_path);
 
@@ -488,7 +506,12 @@ SynthResult synthesize(const SynthOptions & o) {
     gguf_init_params gp{/*no_alloc=*/false, &data_ctx};
     GgufPtr saved(gguf_init_from_file(staged.temp_path().c_str(), gp));
     if (!saved) {
-        fail_file(staged.temp_path().string(), "llama.cpp saved a model that gguf cannot read back");
+        std::error_code ec;
+        const fs::space_info space = fs::space(staged.temp_path().parent_path().empty() ? "." : staged.temp_path().parent_path(), ec);
+        fail_file(staged.temp_path().string(),
+                  fmt::format("llama.cpp's save did not produce a readable GGUF ({} bytes written, {} bytes free on "
+                              "that file system: a full disk?)", fs::file_size(staged.temp_path(), ec),
+                              ec ? 0 : space.available));
     }
     std::unique_ptr<ggml_context, decltype(&ggml_free)> data_guard(data_ctx, ggml_free);
 

@@ -64,9 +64,12 @@ TEST(Cli, BadInputsExitNonZeroNamingTheFile) {
 
 TEST(Cli, MergeWritesTheSumAndRefusesMismatches) {
     test::TempDir dir;
+    // Valid statistics (merge refuses what select would): 3 tokens x top-2 per layer, softmax mass 1 per token.
     SaliencyStats a = SaliencyStats::empty(2, 4, 2);
     a.n_tokens = 3;
     a.layers[0].count = {1, 2, 3, 0};
+    a.layers[1].count = {3, 3, 0, 0};
+    a.layers[0].prob_sum = a.layers[1].prob_sum = {1, 1, 1, 0};
     SaliencyStats b = a;
     b.layers[0].count = {0, 1, 0, 5};
     write_stats(dir / "a.json", a);
