@@ -30,6 +30,7 @@ int main(int argc, char ** argv) {
     moeprune::cli::add_collect(app, action);
     moeprune::cli::add_select(app, action);
     moeprune::cli::add_replay(app, action);
+    moeprune::cli::add_eval(app, action);
     CLI11_PARSE(app, argc, argv);
     moeprune::install_cleanup_on_signals();
     try {

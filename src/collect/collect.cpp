@@ -6,9 +6,9 @@
 #include "formats/trace.h"
 #include "gguf/model_file.h"
 #include "inspect/inspect.h"
+#include "llama/session.h"
 
 #include "ggml-backend.h"
-#include "ggml-rpc.h"
 #include "llama.h"
 
 #include <fmt/format.h>
@@ -20,7 +20,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <regex>
 #include <thread>
 
 namespace moeprune {
@@ -472,54 +471,6 @@ struct Window {
     std::vector<llama_token> tokens;
 };
 
-std::string render_chat(const llama_model * model, const CorpusDocument & d, bool for_generation,
-                        const std::string & where) {
-    const char * tmpl = llama_model_chat_template(model, nullptr);
-    if (!tmpl) {
-        fail_file(where, "is a conversation, but the model has no chat template (tokenizer.chat_template)");
-    }
-    size_t n = d.messages.size();
-    if (for_generation) {
-        // Up to the last user turn: the model answers it.
-        while (n > 0 && d.messages[n - 1].role != "user") {
-            --n;
-        }
-        if (n == 0) {
-            fail_file(where, "has no user turn to answer (--generate)");
-        }
-    }
-    std::vector<llama_chat_message> msgs;
-    for (size_t i = 0; i < n; ++i) {
-        msgs.push_back({d.messages[i].role.c_str(), d.messages[i].content.c_str()});
-    }
-    std::string buf(4096, '\0');
-    int32_t len = llama_chat_apply_template(tmpl, msgs.data(), msgs.size(), for_generation, buf.data(), int32_t(buf.size()));
-    if (len > int32_t(buf.size())) {
-        buf.resize(size_t(len));
-        len = llama_chat_apply_template(tmpl, msgs.data(), msgs.size(), for_generation, buf.data(), int32_t(buf.size()));
-    }
-    if (len < 0) {
-        fail_file(where, "the model's chat template could not be applied by llama.cpp");
-    }
-    buf.resize(size_t(len));
-    return buf;
-}
-
-std::vector<llama_token> tokenize(const llama_vocab * vocab, const std::string & text, bool parse_special,
-                                  const std::string & where) {
-    std::vector<llama_token> out(text.size() + 8);
-    int n = llama_tokenize(vocab, text.data(), int32_t(text.size()), out.data(), int32_t(out.size()), true, parse_special);
-    if (n < 0) {
-        out.resize(size_t(-n));
-        n = llama_tokenize(vocab, text.data(), int32_t(text.size()), out.data(), int32_t(out.size()), true, parse_special);
-    }
-    if (n <= 0) {
-        fail_file(where, "tokenizes to nothing");
-    }
-    out.resize(size_t(n));
-    return out;
-}
-
 // Which expert-output node is f before gating: the last of down, its per-expert scale,
 // its bias, as build_moe_ffn applies them.
 std::string down_node_of(const GgufModel & model, int layer) {
@@ -537,16 +488,6 @@ json result_settings(const CollectOptions & o) {
     return {{"ctx", o.ctx},           {"parse_special", o.parse_special}, {"generate", o.generate},
             {"seed", o.seed},         {"trace", !o.trace.empty()},         {"trace_top", o.trace_top},
             {"trace_tokens", o.trace_tokens}, {"chunks", o.chunks},        {"coact", o.coact}};
-}
-
-// ggml's RPC client aborts on an endpoint it cannot parse, so the form is checked first.
-void check_rpc_endpoint(const std::string & endpoint) {
-    static const std::regex form(R"(^[A-Za-z0-9._\-]+:[0-9]{1,5}$|^\[[0-9A-Fa-f:.]+\]:[0-9]{1,5}$)");
-    const auto colon = endpoint.rfind(':');
-    if (!std::regex_match(endpoint, form) || std::stoul(endpoint.substr(colon + 1)) > 65535 ||
-        std::stoul(endpoint.substr(colon + 1)) == 0) {
-        throw Error(fmt::format("--rpc: \"{}\" is not HOST:PORT (a port from 1 to 65535)", endpoint));
-    }
 }
 
 struct Invariant {
@@ -596,30 +537,9 @@ CollectResult collect(const CollectOptions & opt) {
         throw Error(fmt::format("--trace-top {} is below the {} experts the model uses per token", opt.trace_top,
                                 info.n_expert_used));
     }
-    for (const std::string & endpoint : opt.rpc) {
-        check_rpc_endpoint(endpoint);
-    }
 
-    llama_backend_init();
-    for (const std::string & endpoint : opt.rpc) {
-        ggml_backend_reg_t reg = ggml_backend_rpc_add_server(endpoint.c_str());
-        if (!reg) {
-            throw Error(fmt::format("cannot reach the llama.cpp RPC server at {}", endpoint));
-        }
-        ggml_backend_register(reg);
-    }
-    llama_log_set([](ggml_log_level level, const char * text, void *) {
-        if (level >= GGML_LOG_LEVEL_ERROR) {
-            std::fputs(text, stderr);
-        }
-    }, nullptr);
-    llama_model_params mp = llama_model_default_params();
-    mp.n_gpu_layers = opt.gpu_layers;
-    std::unique_ptr<llama_model, decltype(&llama_model_free)> model(llama_model_load_from_file(opt.model.c_str(), mp),
-                                                                   llama_model_free);
-    if (!model) {
-        fail_file(opt.model.string(), "llama.cpp could not load it");
-    }
+    init_llama(opt.rpc);
+    const ModelPtr model = load_model(opt.model, opt.gpu_layers);
     const llama_vocab * vocab = llama_model_get_vocab(model.get());
     const int n_embd = llama_model_n_embd(model.get());
 
@@ -629,7 +549,7 @@ CollectResult collect(const CollectOptions & opt) {
     for (size_t d = 0; d < corpus.documents.size(); ++d) {
         const CorpusDocument & doc = corpus.documents[d];
         const std::string where = doc.line ? fmt::format("{}:{}", opt.corpus.string(), doc.line) : opt.corpus.string();
-        const std::string text = doc.messages.empty() ? doc.text : render_chat(model.get(), doc, opt.generate > 0, where);
+        const std::string text = document_text(model.get(), doc, opt.generate > 0, where);
         const std::vector<llama_token> toks = tokenize(vocab, text, opt.parse_special, where);
         for (size_t i = 0; i < toks.size(); i += window) {
             windows.push_back({d, std::vector<llama_token>(toks.begin() + long(i),

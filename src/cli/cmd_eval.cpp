@@ -1,0 +1,56 @@
+#include "cli/commands.h"
+#include "eval/eval.h"
+
+#include <cstdio>
+#include <memory>
+
+namespace moeprune::cli {
+
+void add_eval(CLI::App & app, Action & action) {
+    auto opt = std::make_shared<EvalOptions>();
+    auto no_special = std::make_shared<bool>(false);
+    CLI::App * sub = app.add_subcommand(
+        "eval", "Quality cost of keep maps (masked inside the base model) and of other model files: KLD, same top-1, "
+                "Δp, PPL ratio (docs/eval.md)");
+    sub->add_option("-m,--model", opt->model, "Base model (GGUF; first shard of a split model)")->required();
+    sub->add_option("-f,--file", opt->corpus, "Evaluation text: plain text, or .jsonl documents (docs/formats.md)")
+        ->required();
+    sub->add_option("--keep", opt->keeps, "Keep maps to evaluate inside the base model")->delimiter(',');
+    sub->add_option("--keep-dir", opt->keep_dir, "Evaluate every *.json keep map in this directory");
+    sub->add_option("--candidate", opt->candidates, "Other GGUFs with the base's vocabulary (sliced, quantized, ...)")
+        ->delimiter(',');
+    sub->add_option("--against", opt->against, "Compare every candidate with this --candidate file instead of the "
+                                               "base (e.g. a keep map masked vs. the same map sliced)");
+    sub->add_option("--base-out", opt->base_out, "Record the base pass as compact top-T logits here (.mpkl)");
+    sub->add_option("--base", opt->base_in, "Compare against a recorded base instead of running the base model");
+    sub->add_option("--top", opt->top, "Log-probabilities kept per token in --base-out (0: the most within 1% of "
+                                       "llama-perplexity's base file, at most 256)")
+        ->capture_default_str();
+    sub->add_option("--score", opt->score, "all: every next-token prediction; second-half: llama-perplexity's "
+                                           "convention (whole -c windows, first half context)")
+        ->check(CLI::IsMember({"all", "second-half"}))
+        ->capture_default_str();
+    sub->add_option("-c,--ctx-size", opt->ctx, "Window: documents are cut into windows of this many tokens")
+        ->capture_default_str();
+    sub->add_option("-b,--batch-size", opt->batch, "Tokens per llama_decode (a window is decoded whole)")
+        ->capture_default_str();
+    sub->add_option("--ubatch-size", opt->ubatch, "Tokens per micro-batch (-ub)")->capture_default_str();
+    sub->add_option("-t,--threads", opt->threads, "CPU threads (0: one per core)")->capture_default_str();
+    sub->add_option("--gpu-layers", opt->gpu_layers, "Layers offloaded to GPU or RPC devices (-ngl)")->capture_default_str();
+    sub->add_option("--rpc", opt->rpc, "llama.cpp RPC servers host:port (with -ngl)")->delimiter(',');
+    sub->add_option("--chunks", opt->chunks, "Evaluate only the first N windows (-1: all)")->capture_default_str();
+    sub->add_flag("--no-parse-special", *no_special, "Treat special-token text as plain text");
+    sub->add_option("--worst", opt->top_tokens, "Tokens with the largest KLD listed per candidate")->capture_default_str();
+    sub->add_option("--json", opt->json_out, "Write the report (moeprune-eval JSON, docs/formats.md)");
+    sub->add_option("--per-token", opt->per_token_out, "Write every scored token of every candidate (JSON lines)");
+    sub->callback([=, &action] {
+        action = [=] {
+            opt->parse_special = !*no_special;
+            const EvalReport r = run_eval(*opt);
+            std::printf("%s", to_text(r).c_str());
+            return 0;
+        };
+    });
+}
+
+} // namespace moeprune::cli

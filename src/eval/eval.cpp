@@ -1,0 +1,824 @@
+#include "eval/eval.h"
+#include "collect/corpus.h"
+#include "core/atomic_file.h"
+#include "core/errors.h"
+#include "core/progress.h"
+#include "eval/masking.h"
+#include "formats/base_logits.h"
+#include "formats/keep_map.h"
+#include "gguf/model_file.h"
+#include "inspect/inspect.h"
+#include "llama/session.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <numeric>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+namespace moeprune {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// A stretch of one document decoded from a clean context; positions [first, last]
+// predict the token after them.
+struct Window {
+    size_t doc = 0;
+    int domain = -1;
+    std::vector<llama_token> tokens;
+    int first = 0, last = -1;
+    uint64_t first_record = 0;  // index of its first scored token over the whole run
+    int n_scored() const { return last - first + 1; }
+};
+
+// The reference distribution of one scored position, from the live base context.
+struct BaseRow {
+    const float * logits = nullptr;
+    float max = 0;
+    double lse = 0;  // ln Σ exp(l - max)
+    int argmax = 0;
+};
+
+BaseRow base_row(const float * l, int n_vocab) {
+    BaseRow b;
+    b.logits = l;
+    b.max = *std::max_element(l, l + n_vocab);
+    b.argmax = int(std::max_element(l, l + n_vocab) - l);
+    double s = 0;
+    for (int i = 0; i < n_vocab; ++i) {
+        s += std::exp(double(l[i] - b.max));
+    }
+    b.lse = std::log(s);
+    return b;
+}
+
+// Exact KL(base || candidate) over the whole vocabulary, plus the target's log-likelihoods.
+TokenScore score_exact(const BaseRow & b, const float * c, int n_vocab, int32_t target) {
+    const float cmax = *std::max_element(c, c + n_vocab);
+    double cs = 0;
+    for (int i = 0; i < n_vocab; ++i) {
+        cs += std::exp(double(c[i] - cmax));
+    }
+    const double clse = std::log(cs);
+    const double shift = (double(b.max) + b.lse) - (double(cmax) + clse);  // ln p - ln q = (lb - lc) - shift
+    double kl = 0;
+    for (int i = 0; i < n_vocab; ++i) {
+        const double lp = double(b.logits[i]) - b.max - b.lse;
+        kl += std::exp(lp) * (double(b.logits[i]) - double(c[i]) - shift);
+    }
+    TokenScore s;
+    s.target = target;
+    s.kld = std::max(0.0, kl);
+    s.nll = double(cmax) + clse - double(c[target]);
+    s.nll_base = double(b.max) + b.lse - double(b.logits[target]);
+    s.same_top1 = int(std::max_element(c, c + n_vocab) - c) == b.argmax;
+    return s;
+}
+
+// KL from a compact base record: the top-T terms plus the tail taken as one outcome
+// (a lower bound of the exact KL; docs/eval.md).
+TokenScore score_compact(const BaseRecord & r, const float * c, int n_vocab, std::vector<uint8_t> & in_top) {
+    const float cmax = *std::max_element(c, c + n_vocab);
+    for (int32_t id : r.ids) {
+        in_top[size_t(id)] = 1;
+    }
+    double all = 0, tail = 0;
+    for (int i = 0; i < n_vocab; ++i) {
+        const double e = std::exp(double(c[i] - cmax));
+        all += e;
+        tail += in_top[size_t(i)] ? 0.0 : e;
+    }
+    for (int32_t id : r.ids) {
+        in_top[size_t(id)] = 0;
+    }
+    const double clse = double(cmax) + std::log(all);
+    double kl = 0;
+    for (size_t i = 0; i < r.ids.size(); ++i) {
+        const double lq = double(c[r.ids[i]]) - clse;
+        kl += std::exp(double(r.lp[i])) * (double(r.lp[i]) - lq);
+    }
+    if (std::isfinite(r.ln_tail) && tail > 0) {
+        const double ln_q_tail = double(cmax) + std::log(tail) - clse;
+        kl += std::exp(double(r.ln_tail)) * (double(r.ln_tail) - ln_q_tail);
+    }
+    TokenScore s;
+    s.target = r.target;
+    s.kld = std::max(0.0, kl);
+    s.nll = clse - double(c[r.target]);
+    s.nll_base = -double(r.lp_target);
+    s.same_top1 = int(std::max_element(c, c + n_vocab) - c) == r.ids[0];
+    return s;
+}
+
+BaseRecord compact_record(const BaseRow & b, int n_vocab, uint32_t top, int32_t target, std::vector<int32_t> & order) {
+    order.resize(size_t(n_vocab));
+    std::iota(order.begin(), order.end(), 0);
+    const float * l = b.logits;
+    const auto higher = [l](int32_t x, int32_t y) { return l[x] > l[y] || (l[x] == l[y] && x < y); };
+    std::partial_sort(order.begin(), order.begin() + top, order.end(), higher);
+    BaseRecord r;
+    r.target = target;
+    r.lp_target = float(double(l[target]) - b.max - b.lse);
+    r.ids.assign(order.begin(), order.begin() + top);
+    double tail = 0;  // summed directly: 1 - Σ top would cancel when the tail is small
+    for (size_t i = top; i < order.size(); ++i) {
+        tail += std::exp(double(l[order[i]] - b.max));
+    }
+    r.ln_tail = tail > 0 ? float(std::log(tail) - b.lse) : -std::numeric_limits<float>::infinity();
+    for (int32_t id : r.ids) {
+        r.lp.push_back(float(double(l[id]) - b.max - b.lse));
+    }
+    return r;
+}
+
+// Runs fn(i) for i in [0, n) on up to `threads` threads.
+template <class Fn> void parallel_for(int n, int threads, Fn fn) {
+    const int workers = std::max(1, std::min(threads, n));
+    std::vector<std::thread> pool;
+    std::exception_ptr failure;
+    std::mutex m;
+    for (int w = 0; w < workers; ++w) {
+        pool.emplace_back([&, w] {
+            try {
+                for (int i = w; i < n; i += workers) {
+                    fn(i);
+                }
+            } catch (...) {
+                std::lock_guard<std::mutex> lock(m);
+                failure = std::current_exception();
+            }
+        });
+    }
+    for (auto & t : pool) {
+        t.join();
+    }
+    if (failure) {
+        std::rethrow_exception(failure);
+    }
+}
+
+// The identity of a vocabulary: every token's text, type and the special ids, hashed.
+std::string vocab_digest(const llama_vocab * v) {
+    XXH64_state_t * st = XXH64_createState();
+    XXH64_reset(st, 0);
+    const int32_t head[6] = {int32_t(llama_vocab_type(v)), llama_vocab_n_tokens(v), llama_vocab_bos(v),
+                             llama_vocab_eos(v), int32_t(llama_vocab_get_add_bos(v)), int32_t(llama_vocab_get_add_eos(v))};
+    XXH64_update(st, head, sizeof(head));
+    for (int32_t i = 0; i < llama_vocab_n_tokens(v); ++i) {
+        const char * text = llama_vocab_get_text(v, i);
+        XXH64_update(st, text, std::strlen(text) + 1);
+        const int32_t attr = int32_t(llama_vocab_get_attr(v, i));
+        XXH64_update(st, &attr, sizeof(attr));
+    }
+    const uint64_t h = XXH64_digest(st);
+    XXH64_freeState(st);
+    return fmt::format("xxh64:{:016x}", h);
+}
+
+std::string piece(const llama_vocab * v, llama_token t) {
+    char buf[256];
+    const int n = llama_token_to_piece(v, t, buf, sizeof(buf), 0, true);
+    return n > 0 ? std::string(buf, size_t(n)) : std::string();
+}
+
+double percentile(const std::vector<double> & sorted, double f) {
+    if (sorted.empty()) {
+        return 0;
+    }
+    const double p = f * double(sorted.size() - 1);
+    const size_t lo = size_t(p);
+    const size_t hi = std::min(lo + 1, sorted.size() - 1);
+    return sorted[lo] + (p - double(lo)) * (sorted[hi] - sorted[lo]);
+}
+
+// Candidate names come from file names; a repeated one gets its position appended.
+std::string unique_name(const std::string & stem, const std::vector<EvalCandidate> & taken) {
+    std::string name = stem;
+    for (int i = 2; std::any_of(taken.begin(), taken.end(), [&](const EvalCandidate & c) { return c.name == name; }); ++i) {
+        name = fmt::format("{}#{}", stem, i);
+    }
+    return name;
+}
+
+ContextPtr make_context(llama_model * model, const EvalOptions & opt, int threads, RouterMask * mask) {
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = uint32_t(opt.ctx);
+    // A window is one llama_decode, so its logits stay readable while the candidates run.
+    cp.n_batch = uint32_t(std::max(opt.batch, opt.ctx));
+    cp.n_ubatch = uint32_t(std::min(opt.ubatch, opt.ctx));
+    cp.n_seq_max = 1;
+    cp.n_threads = cp.n_threads_batch = threads;
+    if (mask) {
+        cp.cb_eval = &RouterMask::callback;
+        cp.cb_eval_user_data = mask;
+    }
+    ContextPtr ctx(llama_init_from_model(model, cp), llama_free);
+    if (!ctx) {
+        throw Error(fmt::format("llama.cpp could not create a context of {} tokens", opt.ctx));
+    }
+    return ctx;
+}
+
+void decode_window(llama_context * ctx, const Window & w, RouterMask * mask) {
+    llama_memory_clear(llama_get_memory(ctx), true);
+    llama_batch batch = llama_batch_init(int32_t(w.tokens.size()), 0, 1);
+    for (size_t i = 0; i < w.tokens.size(); ++i) {
+        batch.token[i] = w.tokens[i];
+        batch.pos[i] = int32_t(i);
+        batch.n_seq_id[i] = 1;
+        batch.seq_id[i][0] = 0;
+        batch.logits[i] = int(i) >= w.first && int(i) <= w.last;
+    }
+    batch.n_tokens = int32_t(w.tokens.size());
+    const int rc = llama_decode(ctx, batch);
+    llama_batch_free(batch);
+    if (mask) {
+        mask->rethrow_failure();
+    }
+    if (rc != 0) {
+        throw Error(fmt::format("llama_decode failed ({}) on a window of {} tokens", rc, w.tokens.size()));
+    }
+}
+
+struct Model {
+    std::string name, kind, source;
+    ModelPtr model{nullptr, llama_model_free};
+    ContextPtr ctx{nullptr, llama_free};
+    std::optional<KeepMap> keep;
+};
+
+json model_identity(const InspectReport & info, const fs::path & path, const std::string & vocab) {
+    return {{"file", path.string()},     {"file_bytes", info.file_bytes}, {"arch", info.arch},
+            {"name", info.name},         {"n_expert", info.n_expert},     {"vocab", vocab}};
+}
+
+} // namespace
+
+EvalStats eval_stats(const std::vector<const TokenScore *> & toks) {
+    EvalStats s;
+    const size_t n = toks.size();
+    s.tokens = n;
+    if (n == 0) {
+        return s;
+    }
+    std::vector<double> kld;
+    double k1 = 0, k2 = 0, same = 0, dp2 = 0, d1 = 0, d2 = 0, nll = 0, nll_base = 0;
+    for (const TokenScore * t : toks) {
+        kld.push_back(t->kld);
+        k1 += t->kld;
+        k2 += t->kld * t->kld;
+        same += t->same_top1;
+        const double dp = std::exp(-t->nll) - std::exp(-t->nll_base);
+        dp2 += dp * dp;
+        const double d = t->nll - t->nll_base;
+        d1 += d;
+        d2 += d * d;
+        nll += t->nll;
+        nll_base += t->nll_base;
+    }
+    const double dn = double(n);
+    // Standard error of a mean as llama-perplexity computes it: sqrt((E[x²] - E[x]²) / (n - 1)).
+    const auto stderr_of = [&](double s1, double s2) {
+        const double m = s1 / dn, v = s2 / dn - m * m;
+        return n > 1 && v > 0 ? std::sqrt(v / (dn - 1)) : 0.0;
+    };
+    std::sort(kld.begin(), kld.end());
+    s.kld_mean = k1 / dn;
+    s.kld_stderr = stderr_of(k1, k2);
+    s.kld_median = percentile(kld, 0.5);
+    s.kld_p90 = percentile(kld, 0.9);
+    s.kld_p99 = percentile(kld, 0.99);
+    s.kld_p999 = percentile(kld, 0.999);
+    s.kld_max = kld.back();
+    s.same_top1 = same / dn;
+    s.same_top1_stderr = n > 1 ? std::sqrt(s.same_top1 * (1 - s.same_top1) / (dn - 1)) : 0.0;
+    s.dp_rms = std::sqrt(dp2 / dn);
+    s.ln_ppl_ratio = d1 / dn;
+    s.ln_ppl_ratio_stderr = stderr_of(d1, d2);
+    s.ppl = std::exp(nll / dn);
+    s.ppl_base = std::exp(nll_base / dn);
+    return s;
+}
+
+EvalReport run_eval(const EvalOptions & opt) {
+    if (opt.score != "all" && opt.score != "second-half") {
+        throw Error(fmt::format("--score must be all or second-half, got \"{}\"", opt.score));
+    }
+    if (opt.ctx < 8 || opt.batch < 1 || opt.ubatch < 1 || opt.threads < 0 || opt.gpu_layers < 0 || opt.chunks == 0 ||
+        opt.chunks < -1 || opt.top_tokens < 0) {
+        throw Error("-c must be at least 8, -b and -ub at least 1, -t and -ngl >= 0, --chunks >= 1 (or -1 for all)");
+    }
+    if (!opt.base_out.empty() + !opt.base_in.empty() + !opt.against.empty() > 1) {
+        throw Error("--base-out records the base, --base reads a recorded one, --against compares with a candidate "
+                    "instead: give one of them");
+    }
+    std::vector<fs::path> keeps = opt.keeps;
+    if (!opt.keep_dir.empty()) {
+        std::error_code ec;
+        std::vector<fs::path> found;
+        for (const auto & e : fs::directory_iterator(opt.keep_dir, ec)) {
+            if (e.path().extension() == ".json") {
+                found.push_back(e.path());
+            }
+        }
+        if (ec) {
+            fail_file(opt.keep_dir.string(), "cannot list keep maps: " + ec.message());
+        }
+        if (found.empty()) {
+            fail_file(opt.keep_dir.string(), "holds no keep maps (*.json)");
+        }
+        std::sort(found.begin(), found.end());
+        keeps.insert(keeps.end(), found.begin(), found.end());
+    }
+    if (keeps.empty() && opt.candidates.empty() && opt.base_out.empty()) {
+        throw Error("nothing to evaluate: give --keep, --keep-dir or --candidate (or --base-out to record the base alone)");
+    }
+
+    const GgufModel gguf = GgufModel::open(opt.model);
+    std::vector<fs::path> inputs = gguf.shard_paths();
+    inputs.push_back(opt.corpus);
+    inputs.push_back(opt.base_in);
+    inputs.insert(inputs.end(), keeps.begin(), keeps.end());
+    for (const fs::path & c : opt.candidates) {
+        const GgufModel cm = GgufModel::open(c);
+        inputs.insert(inputs.end(), cm.shard_paths().begin(), cm.shard_paths().end());
+    }
+    refuse_output_clashes({opt.base_out, opt.json_out, opt.per_token_out}, inputs);
+
+    const InspectReport info = inspect_model(gguf, {});
+    if (!info.problems.empty()) {
+        fail_file(opt.model.string(), "is inconsistent (see moeprune inspect): " + fmt::format("{}", fmt::join(info.problems, "; ")));
+    }
+    MaskFacts facts;
+    facts.arch = info.arch;
+    facts.n_expert = info.n_expert;
+    facts.n_expert_used = info.n_expert_used;
+    facts.n_groups = info.expert_group_count;
+    facts.n_group_used = info.expert_group_used_count;
+    for (const LayerInfo & li : info.layers) {
+        if (!li.nextn) {
+            facts.moe_layers.push_back(li.layer);
+        }
+    }
+    // Keep maps are read and checked against the model before anything runs.
+    std::vector<std::pair<fs::path, KeepMap>> maps;
+    for (const fs::path & k : keeps) {
+        KeepMap km = read_keep_map(k);
+        for (auto it = km.layers.begin(); it != km.layers.end();) {
+            // MTP (nextn) layers do not run in a forward pass; a map may cover them for slice.
+            const bool nextn = std::any_of(info.layers.begin(), info.layers.end(),
+                                           [&](const LayerInfo & li) { return li.layer == it->first && li.nextn; });
+            it = nextn ? km.layers.erase(it) : std::next(it);
+        }
+        validate_keep_map_for_model(km, k.string(), info.n_expert, facts.moe_layers);
+        if (km.k < info.n_expert_used) {
+            fail_file(k.string(), fmt::format("keeps {} experts per layer, fewer than the {} the model uses per token", km.k,
+                                              info.n_expert_used));
+        }
+        maps.emplace_back(k, std::move(km));
+    }
+    std::optional<BaseLogitsReader> base_file;
+    if (!opt.base_in.empty()) {
+        base_file = BaseLogitsReader::open(opt.base_in);
+    }
+
+    const Corpus corpus = read_corpus(opt.corpus);
+    init_llama(opt.rpc);
+    const int threads = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+
+    Model base;
+    base.model = load_model(opt.model, opt.gpu_layers);
+    const llama_vocab * vocab = llama_model_get_vocab(base.model.get());
+    const int n_vocab = llama_vocab_n_tokens(vocab);
+    const std::string base_vocab = vocab_digest(vocab);
+
+    // Windows and the positions they score.
+    std::vector<Window> windows;
+    const bool second_half = opt.score == "second-half";
+    const bool add_bos = llama_vocab_get_add_bos(vocab);
+    uint64_t n_scored = 0;
+    for (size_t d = 0; d < corpus.documents.size(); ++d) {
+        const CorpusDocument & doc = corpus.documents[d];
+        const std::string where = doc.line ? fmt::format("{}:{}", opt.corpus.string(), doc.line) : opt.corpus.string();
+        const std::vector<llama_token> toks =
+            tokenize(vocab, document_text(base.model.get(), doc, false, where), opt.parse_special, where);
+        const auto dit = std::find(corpus.domains.begin(), corpus.domains.end(), doc.domain);
+        const int domain = doc.domain.empty() ? -1 : int(dit - corpus.domains.begin());
+        for (size_t i = 0; i < toks.size(); i += size_t(opt.ctx)) {
+            Window w;
+            w.doc = d;
+            w.domain = domain;
+            w.tokens.assign(toks.begin() + long(i), toks.begin() + long(std::min(toks.size(), i + size_t(opt.ctx))));
+            if (second_half) {
+                // llama-perplexity's convention: whole windows only, each starting with BOS,
+                // the first half context, the second half scored.
+                if (int(w.tokens.size()) < opt.ctx) {
+                    continue;
+                }
+                if (add_bos) {
+                    w.tokens[0] = llama_vocab_bos(vocab);
+                }
+                w.first = opt.ctx / 2;
+            }
+            w.last = int(w.tokens.size()) - 2;
+            if (w.n_scored() <= 0) {
+                continue;
+            }
+            w.first_record = n_scored;
+            n_scored += uint64_t(w.n_scored());
+            windows.push_back(std::move(w));
+        }
+    }
+    if (opt.chunks > 0 && size_t(opt.chunks) < windows.size()) {
+        windows.resize(size_t(opt.chunks));
+        n_scored = windows.empty() ? 0 : windows.back().first_record + uint64_t(windows.back().n_scored());
+    }
+    if (n_scored == 0) {
+        fail_file(opt.corpus.string(), second_half ? fmt::format("has no document of at least -c {} tokens, so "
+                                                                 "--score second-half scores nothing", opt.ctx)
+                                                   : "scores no tokens (every document is a single token)");
+    }
+
+    const json settings = {{"ctx", opt.ctx}, {"score", opt.score}, {"parse_special", opt.parse_special},
+                           {"chunks", opt.chunks}};
+    const json base_identity = model_identity(info, opt.model, base_vocab);
+    // The compact base: T such that a record is at most 1% of llama-perplexity's 2 bytes per vocabulary entry.
+    const uint32_t top_max = uint32_t(std::max<int64_t>(1, (int64_t(n_vocab) * 2 / 100 - 12) / 8));
+    uint32_t top = opt.top > 0 ? opt.top : std::min<uint32_t>(256, top_max);
+    if (base_file) {
+        const json & h = base_file->header();
+        const std::string origin = opt.base_in.string();
+        if (h.value("model", json()) != base_identity) {
+            fail_file(origin, "was recorded on another model: " + h.value("model", json()).dump() + ", not " +
+                                  base_identity.dump());
+        }
+        if (h.value("corpus", json()).value("digest", "") != corpus.digest) {
+            fail_file(origin, "was recorded on other text (its corpus digest differs from " + opt.corpus.string() + ")");
+        }
+        if (h.value("settings", json()) != settings) {
+            fail_file(origin, "was recorded with other settings: " + h.value("settings", json()).dump() + ", not " +
+                                  settings.dump());
+        }
+        if (base_file->n_scored() != n_scored) {
+            fail_file(origin, fmt::format("holds {} scored tokens, this text and settings score {}", base_file->n_scored(),
+                                          n_scored));
+        }
+        top = base_file->top();
+    }
+    if (top > uint32_t(n_vocab)) {
+        throw Error(fmt::format("--top {} exceeds the vocabulary of {} tokens", top, n_vocab));
+    }
+
+    // The candidates: keep maps masked in the base model, other files loaded beside it.
+    RouterMask mask(facts);
+    Model masked;
+    if (!maps.empty()) {
+        masked.ctx = make_context(base.model.get(), opt, threads, &mask);
+        // A one-token pass shows how llama.cpp builds this model's router.
+        Window probe;
+        probe.tokens = {windows.front().tokens.front()};
+        mask.start_probe();
+        decode_window(masked.ctx.get(), probe, &mask);
+        mask.stop_probe();
+        for (const auto & [path, km] : maps) {
+            mask.set(km, path.string());  // refuses, by name, a map masking cannot reproduce
+        }
+        mask.clear();
+    }
+    std::vector<Model> files;
+    for (const fs::path & c : opt.candidates) {
+        Model m;
+        m.model = load_model(c, opt.gpu_layers);
+        const llama_vocab * cv = llama_model_get_vocab(m.model.get());
+        if (llama_vocab_n_tokens(cv) != n_vocab || vocab_digest(cv) != base_vocab) {
+            fail_file(c.string(), fmt::format("has another vocabulary than {} ({} tokens vs {}): KL needs the same tokens",
+                                              opt.model.string(), llama_vocab_n_tokens(cv), n_vocab));
+        }
+        m.ctx = make_context(m.model.get(), opt, threads, nullptr);
+        files.push_back(std::move(m));
+    }
+    // The reference every candidate is compared with: the base model, or one candidate file.
+    int against = -1;
+    if (!opt.against.empty()) {
+        const auto it = std::find(opt.candidates.begin(), opt.candidates.end(), opt.against);
+        if (it == opt.candidates.end()) {
+            throw Error(fmt::format("--against {} must be one of the --candidate files", opt.against.string()));
+        }
+        against = int(it - opt.candidates.begin());
+    }
+    if (!base_file && against < 0) {
+        base.ctx = make_context(base.model.get(), opt, threads, nullptr);
+    }
+
+    EvalReport rep;
+    rep.domains = corpus.domains;
+    for (const auto & [path, km] : maps) {
+        EvalCandidate c;
+        c.name = unique_name(path.stem().string(), rep.candidates);
+        c.kind = "keep";
+        c.source = path.string();
+        rep.candidates.push_back(std::move(c));
+    }
+    for (const fs::path & path : opt.candidates) {
+        EvalCandidate c;
+        c.name = unique_name(path.stem().string(), rep.candidates);
+        c.kind = "file";
+        c.source = path.string();
+        rep.candidates.push_back(std::move(c));
+    }
+    for (EvalCandidate & c : rep.candidates) {
+        c.tokens.resize(n_scored);
+    }
+
+    std::optional<AtomicOutput> base_out;
+    std::optional<File> base_out_file;
+    std::optional<BaseLogitsWriter> base_writer;
+    const json base_header = {{"format", "moeprune-eval-base"},
+                              {"model", base_identity},
+                              {"corpus", {{"file", opt.corpus.string()}, {"digest", corpus.digest}}},
+                              {"settings", settings},
+                              {"top", top},
+                              {"n_scored", n_scored}};
+    if (!opt.base_out.empty()) {
+        base_out.emplace(opt.base_out);
+        base_out_file.emplace(File::create_new(base_out->temp_path()));
+        base_writer.emplace(*base_out_file, base_header, top);
+    }
+
+    uint64_t total_tokens = 0;
+    for (const Window & w : windows) {
+        total_tokens += w.tokens.size();
+    }
+    const size_t passes = (base_file || !opt.against.empty() ? 0 : 1) + maps.size() + files.size();
+    Progress progress("eval", total_tokens * passes, "tokens");
+    std::vector<BaseRow> rows;
+    std::vector<BaseRecord> records;
+    double base_tail_mass = 0;  // summed over the records of --base: how tight their lower bound is
+    for (size_t wi = 0; wi < windows.size(); ++wi) {
+        const Window & w = windows[wi];
+        const int n = w.n_scored();
+        // The reference: live base logits, or the records of --base.
+        if (base_file) {
+            records = base_file->read(w.first_record, uint64_t(n));
+            for (int i = 0; i < n; ++i) {
+                const BaseRecord & r = records[size_t(i)];
+                if (r.target != w.tokens[size_t(w.first + i + 1)]) {
+                    fail_file(opt.base_in.string(), fmt::format("record {} predicts token {}, the text has {} there",
+                                                                w.first_record + uint64_t(i), r.target,
+                                                                w.tokens[size_t(w.first + i + 1)]));
+                }
+                base_tail_mass += std::exp(double(r.ln_tail));
+                for (int32_t id : r.ids) {
+                    if (id < 0 || id >= n_vocab) {
+                        fail_file(opt.base_in.string(), fmt::format("record {} names token {} of a {}-token vocabulary",
+                                                                    w.first_record + uint64_t(i), id, n_vocab));
+                    }
+                }
+            }
+        } else {
+            // File candidates decode first: each keeps its logits in its own context, so one
+            // of them can be the reference (--against).
+            for (Model & f : files) {
+                decode_window(f.ctx.get(), w, nullptr);
+                progress.advance(w.tokens.size());
+            }
+            llama_context * ref = against >= 0 ? files[size_t(against)].ctx.get() : base.ctx.get();
+            if (against < 0) {
+                decode_window(ref, w, nullptr);
+                progress.advance(w.tokens.size());
+            }
+            rows.assign(size_t(n), {});
+            parallel_for(n, threads, [&](int i) {
+                rows[size_t(i)] = base_row(llama_get_logits_ith(ref, w.first + i), n_vocab);
+            });
+            if (base_writer) {
+                records.assign(size_t(n), {});
+                parallel_for(n, threads, [&](int i) {
+                    thread_local std::vector<int32_t> scratch;
+                    records[size_t(i)] = compact_record(rows[size_t(i)], n_vocab, top, w.tokens[size_t(w.first + i + 1)],
+                                                        scratch);
+                });
+                for (const BaseRecord & r : records) {
+                    base_writer->append(r);
+                }
+            }
+        }
+        const auto score_all = [&](llama_context * ctx, EvalCandidate & cand) {
+            parallel_for(n, threads, [&](int i) {
+                const float * c = llama_get_logits_ith(ctx, w.first + i);
+                const int32_t target = w.tokens[size_t(w.first + i + 1)];
+                thread_local std::vector<uint8_t> mark;
+                if (mark.size() != size_t(n_vocab)) {
+                    mark.assign(size_t(n_vocab), 0);
+                }
+                TokenScore s = base_file ? score_compact(records[size_t(i)], c, n_vocab, mark)
+                                         : score_exact(rows[size_t(i)], c, n_vocab, target);
+                s.window = uint32_t(wi);
+                s.pos = w.first + i;
+                s.domain = w.domain;
+                cand.tokens[w.first_record + uint64_t(i)] = s;
+            });
+        };
+        for (size_t k = 0; k < maps.size(); ++k) {
+            mask.set(maps[k].second, maps[k].first.string());
+            decode_window(masked.ctx.get(), w, &mask);
+            progress.advance(w.tokens.size());
+            score_all(masked.ctx.get(), rep.candidates[k]);
+        }
+        mask.clear();
+        for (size_t f = 0; f < files.size(); ++f) {
+            if (base_file) {
+                decode_window(files[f].ctx.get(), w, nullptr);
+                progress.advance(w.tokens.size());
+            }
+            score_all(files[f].ctx.get(), rep.candidates[maps.size() + f]);
+        }
+    }
+    progress.finish();
+    if (base_writer) {
+        base_out_file->sync();
+        base_out->commit();
+    }
+
+    // Statistics, whole and per domain, and the worst tokens with their context.
+    for (EvalCandidate & c : rep.candidates) {
+        std::vector<const TokenScore *> all;
+        std::vector<std::vector<const TokenScore *>> per_domain(rep.domains.size());
+        for (const TokenScore & t : c.tokens) {
+            all.push_back(&t);
+            if (t.domain >= 0) {
+                per_domain[size_t(t.domain)].push_back(&t);
+            }
+        }
+        c.all = eval_stats(all);
+        for (size_t d = 0; d < rep.domains.size(); ++d) {
+            c.domains.emplace_back(rep.domains[d], eval_stats(per_domain[d]));
+        }
+        std::vector<const TokenScore *> worst = all;
+        const size_t n_worst = std::min(worst.size(), size_t(opt.top_tokens));
+        std::partial_sort(worst.begin(), worst.begin() + long(n_worst), worst.end(),
+                          [](const TokenScore * a, const TokenScore * b) { return a->kld > b->kld; });
+        for (size_t i = 0; i < n_worst; ++i) {
+            const TokenScore & t = *worst[i];
+            const Window & w = windows[t.window];
+            std::string context;
+            for (int p = std::max(0, t.pos - 7); p <= t.pos; ++p) {
+                context += piece(vocab, w.tokens[size_t(p)]);
+            }
+            c.worst.push_back({{"kld", t.kld},
+                               {"token", t.target},
+                               {"text", piece(vocab, t.target)},
+                               {"context", context},
+                               {"pos", t.pos},
+                               {"document", w.doc},
+                               {"domain", t.domain >= 0 ? json(rep.domains[size_t(t.domain)]) : json()}});
+        }
+    }
+
+    rep.base = base_identity;
+    rep.base["scored_tokens"] = n_scored;
+    rep.base["windows"] = windows.size();
+    if (base_file) {
+        rep.base["top"] = top;
+        rep.base["tail_mass_mean"] = base_tail_mass / double(n_scored);
+    }
+    rep.inputs = {{"model", opt.model.string()},
+                  {"corpus", opt.corpus.string()},
+                  {"corpus_digest", corpus.digest},
+                  {"keep", [&] {
+                       json a = json::array();
+                       for (const auto & [p, km] : maps) {
+                           a.push_back({{"file", p.string()}, {"digest", keep_map_digest(km)}, {"k", km.k}});
+                       }
+                       return a;
+                   }()},
+                  {"candidates", [&] {
+                       json a = json::array();
+                       for (const auto & p : opt.candidates) {
+                           a.push_back(p.string());
+                       }
+                       return a;
+                   }()},
+                  {"base", opt.base_in.empty() ? json() : json(opt.base_in.string())},
+                  {"base_out", opt.base_out.empty() ? json() : json(opt.base_out.string())},
+                  {"kld", base_file ? "top-T plus tail (lower bound)" : "exact"},
+                  {"against", opt.against.empty() ? json() : json(opt.against.string())},
+                  {"top", top},
+                  {"settings", settings},
+                  {"batch", opt.batch},
+                  {"ubatch", opt.ubatch},
+                  {"threads", threads},
+                  {"gpu_layers", opt.gpu_layers},
+                  {"rpc", opt.rpc},
+                  {"version", MOEPRUNE_VERSION}};
+
+    if (!opt.json_out.empty()) {
+        // Token pieces can be parts of a UTF-8 character: those bytes become U+FFFD.
+        write_file_atomic(opt.json_out, to_json(rep).dump(1, ' ', false, json::error_handler_t::replace) + "\n");
+    }
+    if (!opt.per_token_out.empty()) {
+        std::ostringstream o;
+        for (const EvalCandidate & c : rep.candidates) {
+            for (const TokenScore & t : c.tokens) {
+                o << json{{"candidate", c.name},
+                          {"window", t.window},
+                          {"pos", t.pos},
+                          {"token", t.target},
+                          {"domain", t.domain >= 0 ? json(rep.domains[size_t(t.domain)]) : json()},
+                          {"kld", t.kld},
+                          {"same_top1", t.same_top1},
+                          {"nll", t.nll},
+                          {"nll_base", t.nll_base}}
+                         .dump(-1, ' ', false, json::error_handler_t::replace)
+                  << "\n";
+            }
+        }
+        write_file_atomic(opt.per_token_out, o.str());
+    }
+    return rep;
+}
+
+namespace {
+
+json stats_json(const EvalStats & s) {
+    return {{"tokens", s.tokens},
+            {"kld_mean", s.kld_mean},
+            {"kld_stderr", s.kld_stderr},
+            {"kld_median", s.kld_median},
+            {"kld_p90", s.kld_p90},
+            {"kld_p99", s.kld_p99},
+            {"kld_p999", s.kld_p999},
+            {"kld_max", s.kld_max},
+            {"same_top1", s.same_top1},
+            {"same_top1_stderr", s.same_top1_stderr},
+            {"dp_rms", s.dp_rms},
+            {"ln_ppl_ratio", s.ln_ppl_ratio},
+            {"ln_ppl_ratio_stderr", s.ln_ppl_ratio_stderr},
+            {"ppl", s.ppl},
+            {"ppl_base", s.ppl_base}};
+}
+
+} // namespace
+
+json to_json(const EvalReport & r) {
+    json cands = json::array();
+    for (const EvalCandidate & c : r.candidates) {
+        json domains = json::object();
+        for (const auto & [name, s] : c.domains) {
+            domains[name] = stats_json(s);
+        }
+        cands.push_back({{"name", c.name},
+                         {"kind", c.kind},
+                         {"source", c.source},
+                         {"all", stats_json(c.all)},
+                         {"domains", domains},
+                         {"worst_tokens", c.worst}});
+    }
+    return {{"format", "moeprune-eval"}, {"version", 1}, {"base", r.base}, {"inputs", r.inputs}, {"candidates", cands}};
+}
+
+std::string to_text(const EvalReport & r) {
+    std::ostringstream o;
+    o << fmt::format("base {} ({}), {} scored tokens in {} windows, KLD {}\n", r.base.value("file", ""),
+                     r.base.value("arch", ""), r.base.value("scored_tokens", uint64_t(0)), r.base.value("windows", uint64_t(0)),
+                     r.inputs.value("kld", ""));
+    const auto row = [&](const std::string & name, const std::string & scope, const EvalStats & s) {
+        o << fmt::format("{:<24} {:<10} {:>7} {:>10.6f} ±{:<9.6f} {:>9.6f} {:>9.6f} {:>9.6f} {:>8.3f}% {:>7.3f}% {:>+9.5f} ±{:.5f}\n",
+                         name, scope, s.tokens, s.kld_mean, s.kld_stderr, s.kld_median, s.kld_p99, s.kld_max,
+                         100 * s.same_top1, 100 * s.dp_rms, s.ln_ppl_ratio, s.ln_ppl_ratio_stderr);
+    };
+    o << fmt::format("{:<24} {:<10} {:>7} {:>21} {:>9} {:>9} {:>9} {:>9} {:>8} {:>19}\n", "candidate", "domain", "tokens",
+                     "Mean KLD", "median", "99.0%", "max", "same top", "Δp RMS", "ln(PPL(Q)/PPL(base))");
+    for (const EvalCandidate & c : r.candidates) {
+        row(c.name, "all", c.all);
+        for (const auto & [name, s] : c.domains) {
+            if (s.tokens > 0) {
+                row("", name, s);
+            }
+        }
+    }
+    for (const EvalCandidate & c : r.candidates) {
+        if (c.worst.empty()) {
+            continue;
+        }
+        o << fmt::format("\nlargest KLD, {}:\n", c.name);
+        for (const json & w : c.worst) {
+            o << fmt::format("  {:>10.6f}  {:?} after {:?}\n", w["kld"].get<double>(), w["text"].get<std::string>(),
+                             w["context"].get<std::string>());
+        }
+    }
+    return o.str();
+}
+
+} // namespace moeprune

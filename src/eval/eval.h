@@ -1,0 +1,77 @@
+#pragma once
+// What a keep map (or another model file) costs in quality: KL divergence, same top-1,
+// Δp and perplexity ratio against the base model, per token, whole and per domain.
+// Keep maps are evaluated inside the base model, their removed experts made
+// unselectable in llama.cpp's own router graph (eval/masking.h), so N keep maps cost
+// one model load and N + 1 forward passes. Definitions: docs/eval.md.
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace moeprune {
+
+struct EvalOptions {
+    std::filesystem::path model, corpus;
+    std::vector<std::filesystem::path> keeps;       // keep maps
+    std::filesystem::path keep_dir;                 // every *.json keep map in it
+    std::vector<std::filesystem::path> candidates;  // other GGUFs with the same vocabulary
+    std::filesystem::path base_out, base_in;        // compact base logits (.mpkl)
+    std::filesystem::path against;                  // compare with this candidate file instead of the base
+    uint32_t top = 0;                               // top-T in the base file; 0: the largest within 1% of llama's
+    std::string score = "all";                      // "all" or "second-half"
+    int ctx = 512;
+    int batch = 2048;
+    int ubatch = 512;
+    int threads = 0;
+    int gpu_layers = 0;
+    std::vector<std::string> rpc;
+    int64_t chunks = -1;                            // windows to evaluate; -1: all
+    bool parse_special = true;
+    std::filesystem::path json_out, per_token_out;
+    int top_tokens = 10;                            // tokens with the largest KLD listed per candidate
+    bool progress = true;
+};
+
+struct EvalStats {
+    uint64_t tokens = 0;
+    double kld_mean = 0, kld_stderr = 0, kld_median = 0, kld_p90 = 0, kld_p99 = 0, kld_p999 = 0, kld_max = 0;
+    double same_top1 = 0, same_top1_stderr = 0;
+    double dp_rms = 0;
+    double ln_ppl_ratio = 0, ln_ppl_ratio_stderr = 0;
+    double ppl = 0, ppl_base = 0;
+};
+
+struct TokenScore {
+    uint32_t window = 0;
+    int32_t pos = 0;        // position of the predicting token in its window
+    int32_t target = 0;     // the token predicted
+    int domain = -1;        // index into EvalReport::domains
+    double kld = 0, nll = 0, nll_base = 0;
+    bool same_top1 = false;
+};
+
+struct EvalCandidate {
+    std::string name, kind, source;  // kind: "keep" or "file"
+    EvalStats all;
+    std::vector<std::pair<std::string, EvalStats>> domains;
+    std::vector<TokenScore> tokens;
+    nlohmann::json worst = nlohmann::json::array();  // tokens with the largest KLD, text shown
+};
+
+struct EvalReport {
+    nlohmann::json base, inputs;
+    std::vector<std::string> domains;
+    std::vector<EvalCandidate> candidates;
+};
+
+EvalReport run_eval(const EvalOptions & opt);
+// The documented report (docs/formats.md, "moeprune-eval").
+nlohmann::json to_json(const EvalReport & r);
+std::string to_text(const EvalReport & r);
+// Statistics of a set of scored tokens, as llama-perplexity defines them.
+EvalStats eval_stats(const std::vector<const TokenScore *> & tokens);
+
+} // namespace moeprune

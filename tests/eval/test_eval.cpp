@@ -1,0 +1,282 @@
+// moeprune eval: keep maps masked inside the base model equal the sliced models, the
+// numbers agree with llama-perplexity's, the compact base is small and a lower bound,
+// and bad inputs are refused by name with nothing written.
+#include "eval/eval.h"
+#include "slice/slice_support.h"
+#include "support/test_support.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cmath>
+#include <sstream>
+
+using namespace moeprune;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+std::string moeprune_cmd(const std::string & args) { return test::bin("moeprune").string() + " " + args; }
+
+void synth(const std::string & args, const fs::path & out) {
+    const auto r = test::run_command(moeprune_cmd(fmt::format("synth {} -o {}", args, out.string())));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+}
+
+json read_json(const fs::path & p) { return json::parse(test::read_bytes(p)); }
+
+// candidate name -> its per-token rows
+std::map<std::string, std::vector<json>> per_token(const fs::path & p) {
+    std::map<std::string, std::vector<json>> out;
+    std::istringstream in(test::read_bytes(p));
+    for (std::string line; std::getline(in, line);) {
+        const json j = json::parse(line);
+        out[j["candidate"].get<std::string>()].push_back(j);
+    }
+    return out;
+}
+
+// Keeps the first k experts of every layer in `layers`.
+KeepMap first_k(int64_t n_expert, int64_t k, const std::vector<int> & layers) {
+    KeepMap km;
+    km.n_expert = n_expert;
+    km.k = k;
+    for (int l : layers) {
+        for (int32_t e = 0; e < k; ++e) {
+            km.layers[l].push_back(e);
+        }
+    }
+    return km;
+}
+
+const json & candidate(const json & report, const std::string & name) {
+    for (const json & c : report["candidates"]) {
+        if (c["name"] == name) {
+            return c;
+        }
+    }
+    throw std::runtime_error("no candidate " + name + " in " + report.dump());
+}
+
+} // namespace
+
+// The done-when of issue 11: per-token KLD between the masked keep map and the sliced
+// model <= 1e-6, identical top-1 on every token, for three gating functions.
+class MaskedEqualsSliced : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MaskedEqualsSliced, PerTokenKldAndTopOne) {
+    const std::string arch = GetParam();
+    test::TempDir dir;
+    synth(fmt::format("--arch {} --layers 3 --experts 8 --used 2", arch), dir / "m.gguf");
+    test::write_text(dir / "text.txt", test::mixed_text());
+    // dots1's first block is dense: its MoE layers are 1 and 2.
+    const std::vector<int> layers = arch == "dots1" ? std::vector<int>{1, 2} : std::vector<int>{0, 1, 2};
+    KeepMap km = first_k(8, 4, layers);
+    km.layers[layers.back()] = {1, 3, 5, 6};  // not only a prefix: ids are renumbered by slice
+    test::write_keep(dir / "k4.json", km);
+    auto r = test::run_command(moeprune_cmd(fmt::format("slice -m {} --keep {} -o {}", (dir / "m.gguf").string(),
+                                                        (dir / "k4.json").string(), (dir / "sliced.gguf").string())));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = test::run_command(moeprune_cmd(fmt::format(
+        "eval -m {} -f {} --keep {} --candidate {} --against {} -c 128 -t 2 --json {} --per-token {}",
+        (dir / "m.gguf").string(), (dir / "text.txt").string(), (dir / "k4.json").string(), (dir / "sliced.gguf").string(),
+        (dir / "sliced.gguf").string(), (dir / "r.json").string(), (dir / "pt.jsonl").string())));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto rows = per_token(dir / "pt.jsonl");
+    ASSERT_EQ(rows.at("k4").size(), rows.at("sliced").size());
+    ASSERT_GT(rows.at("k4").size(), 500u);
+    double worst = 0;
+    for (const json & t : rows.at("k4")) {
+        worst = std::max(worst, t["kld"].get<double>());
+        EXPECT_TRUE(t["same_top1"].get<bool>()) << t.dump();
+    }
+    EXPECT_LE(worst, 1e-6) << arch;
+    // The mask changed something: against the base, the same map costs far more.
+    r = test::run_command(moeprune_cmd(fmt::format("eval -m {} -f {} --keep {} -c 128 -t 2 --json {}",
+                                                   (dir / "m.gguf").string(), (dir / "text.txt").string(),
+                                                   (dir / "k4.json").string(), (dir / "b.json").string())));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_GT(candidate(read_json(dir / "b.json"), "k4")["all"]["kld_mean"].get<double>(), 1e-3) << arch;
+}
+
+INSTANTIATE_TEST_SUITE_P(Gating, MaskedEqualsSliced, ::testing::Values("qwen3moe", "qwen2moe", "dots1"));
+
+TEST(Eval, AgreesWithLlamaPerplexityAndItsBaseFileIsUnderOnePercent) {
+    test::TempDir dir;
+    synth("--arch qwen3moe --layers 3 --experts 8 --used 2", dir / "m.gguf");
+    test::write_keep(dir / "k4.json", first_k(8, 4, {0, 1, 2}));
+    auto r = test::run_command(moeprune_cmd(fmt::format("slice -m {} --keep {} -o {}", (dir / "m.gguf").string(),
+                                                        (dir / "k4.json").string(), (dir / "sliced.gguf").string())));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const test::Kld llama = test::kl_divergence(dir / "m.gguf", dir / "sliced.gguf", dir.path());
+    ASSERT_GT(llama.mean, 0) << llama.log;
+    // Same text, window, batch and scoring as the helper's llama-perplexity run.
+    r = test::run_command(moeprune_cmd(fmt::format(
+        "eval -m {} -f {} --candidate {} --keep {} -c 128 -b 128 -t 2 --score second-half --no-parse-special "
+        "--base-out {} --json {}",
+        (dir / "m.gguf").string(), (dir / "kld-text.txt").string(), (dir / "sliced.gguf").string(),
+        (dir / "k4.json").string(), (dir / "base.mpkl").string(), (dir / "r.json").string())));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const json rep = read_json(dir / "r.json");
+    for (const char * name : {"sliced", "k4"}) {
+        const json & all = candidate(rep, name)["all"];
+        const double ours = all["kld_mean"].get<double>();
+        EXPECT_TRUE(std::fabs(ours - llama.mean) <= std::max(0.01 * llama.mean, 1e-5)) << name << " " << ours << " vs " << llama.mean;
+        EXPECT_NEAR(100 * all["same_top1"].get<double>(), llama.same_top_p, 0.5) << name;
+    }
+    const uint64_t ours = fs::file_size(dir / "base.mpkl"), theirs = fs::file_size(dir / "m.kld");
+    EXPECT_LE(double(ours), 0.01 * double(theirs)) << ours << " vs " << theirs;
+
+    // The compact base prices a candidate later, as a lower bound of the exact KLD,
+    // with the same top-1 agreement and likelihoods.
+    r = test::run_command(moeprune_cmd(fmt::format(
+        "eval -m {} -f {} --candidate {} -c 128 -b 128 -t 2 --score second-half --no-parse-special --base {} "
+        "--per-token {} --json {}",
+        (dir / "m.gguf").string(), (dir / "kld-text.txt").string(), (dir / "sliced.gguf").string(),
+        (dir / "base.mpkl").string(), (dir / "compact.jsonl").string(), (dir / "c.json").string())));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = test::run_command(moeprune_cmd(fmt::format(
+        "eval -m {} -f {} --candidate {} -c 128 -b 128 -t 2 --score second-half --no-parse-special --per-token {}",
+        (dir / "m.gguf").string(), (dir / "kld-text.txt").string(), (dir / "sliced.gguf").string(),
+        (dir / "exact.jsonl").string())));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto compact = per_token(dir / "compact.jsonl").at("sliced"), exact = per_token(dir / "exact.jsonl").at("sliced");
+    ASSERT_EQ(compact.size(), exact.size());
+    for (size_t i = 0; i < exact.size(); ++i) {
+        EXPECT_LE(compact[i]["kld"].get<double>(), exact[i]["kld"].get<double>() + 1e-9) << i;
+        EXPECT_EQ(compact[i]["same_top1"], exact[i]["same_top1"]) << i;
+        EXPECT_NEAR(compact[i]["nll_base"].get<double>(), exact[i]["nll_base"].get<double>(), 1e-4) << i;
+        EXPECT_NEAR(compact[i]["nll"].get<double>(), exact[i]["nll"].get<double>(), 1e-6) << i;
+    }
+    EXPECT_GT(read_json(dir / "c.json")["base"]["tail_mass_mean"].get<double>(), 0.0);
+}
+
+TEST(Eval, DeadExpertsCostNothingAndLiveOnesMoreAsKShrinks) {
+    test::TempDir dir;
+    const auto s = test::run_command(moeprune_cmd(fmt::format(
+        "synth --arch qwen3moe --layers 3 --experts 12 --used 2 --dead 2 --json -o {}", (dir / "m.gguf").string())));
+    ASSERT_EQ(s.exit_code, 0) << s.output;
+    const json planted = json::parse(s.output.substr(s.output.find('{')));
+    test::write_text(dir / "text.txt", test::mixed_text());
+    KeepMap dead;
+    dead.n_expert = 12;
+    dead.k = 10;
+    for (int l = 0; l < 3; ++l) {
+        const auto d = planted["dead"][std::to_string(l)].get<std::vector<int>>();
+        for (int32_t e = 0; e < 12; ++e) {
+            if (std::find(d.begin(), d.end(), e) == d.end()) {
+                dead.layers[l].push_back(e);
+            }
+        }
+    }
+    test::write_keep(dir / "dead.json", dead);
+    // Live maps: keep the dead experts' complements' first K, so live experts go.
+    std::vector<std::string> maps = {(dir / "dead.json").string()};
+    for (int k : {8, 5, 2}) {
+        KeepMap km = dead;
+        km.k = k;
+        for (auto & [l, ids] : km.layers) {
+            ids.resize(size_t(k));
+        }
+        test::write_keep(dir / fmt::format("live{}.json", k), km);
+        maps.push_back((dir / fmt::format("live{}.json", k)).string());
+    }
+    const auto r = test::run_command(moeprune_cmd(fmt::format("eval -m {} -f {} --keep {} -c 128 -t 2 --json {}",
+                                                              (dir / "m.gguf").string(), (dir / "text.txt").string(),
+                                                              fmt::join(maps, ","), (dir / "r.json").string())));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const json rep = read_json(dir / "r.json");
+    const double d = candidate(rep, "dead")["all"]["kld_mean"].get<double>();
+    const double k8 = candidate(rep, "live8")["all"]["kld_mean"].get<double>();
+    const double k5 = candidate(rep, "live5")["all"]["kld_mean"].get<double>();
+    const double k2 = candidate(rep, "live2")["all"]["kld_mean"].get<double>();
+    EXPECT_LE(d, 1e-5);
+    EXPECT_GT(k8, d);
+    EXPECT_GT(k5, k8);
+    EXPECT_GT(k2, k5);
+    EXPECT_DOUBLE_EQ(candidate(rep, "dead")["all"]["same_top1"].get<double>(), 1.0);
+}
+
+TEST(Eval, BadInputsAreRefusedByNameWithNothingWritten) {
+    test::TempDir dir;
+    synth("--arch qwen3moe --layers 2 --experts 8 --used 2", dir / "m.gguf");
+    synth("--arch qwen3moe --layers 2 --experts 8 --used 2 --seed 7 --vocab " MOEPRUNE_LLAMA_DIR
+          "/models/ggml-vocab-gpt-2.gguf",
+          dir / "gpt2.gguf");
+    synth("--arch qwen3moe --layers 2 --experts 16 --used 2", dir / "m16.gguf");
+    test::write_text(dir / "text.txt", test::mixed_text());
+    test::write_text(dir / "other.txt", test::mixed_text() + " and something else entirely.");
+    test::write_keep(dir / "k4.json", first_k(8, 4, {0, 1}));
+    test::write_keep(dir / "k16.json", first_k(16, 4, {0, 1}));
+    test::write_keep(dir / "k1.json", first_k(8, 1, {0, 1}));
+    const std::string m = (dir / "m.gguf").string(), text = (dir / "text.txt").string();
+    const std::string outs = fmt::format("--json {} --per-token {}", (dir / "r.json").string(), (dir / "t.jsonl").string());
+    auto r = test::run_command(moeprune_cmd(fmt::format("eval -m {} -f {} --keep {} -c 128 --base-out {}", m, text,
+                                                        (dir / "k4.json").string(), (dir / "b.mpkl").string())));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {fmt::format("eval -m {} -f {} --candidate {} -c 128 {}", m, text, (dir / "gpt2.gguf").string(), outs),
+         "gpt2.gguf: has another vocabulary"},
+        {fmt::format("eval -m {} -f {} --keep {} -c 128 --base {} {}", m, (dir / "other.txt").string(),
+                     (dir / "k4.json").string(), (dir / "b.mpkl").string(), outs),
+         "b.mpkl: was recorded on other text"},
+        {fmt::format("eval -m {} -f {} --keep {} -c 128 --base {} {}", (dir / "m16.gguf").string(), text,
+                     (dir / "k16.json").string(), (dir / "b.mpkl").string(), outs),
+         "b.mpkl: was recorded on another model"},
+        {fmt::format("eval -m {} -f {} --keep {} -c 64 --base {} {}", m, text, (dir / "k4.json").string(),
+                     (dir / "b.mpkl").string(), outs),
+         "b.mpkl: was recorded with other settings"},
+        {fmt::format("eval -m {} -f {} --keep {} -c 128 {}", m, text, (dir / "k16.json").string(), outs),
+         "k16.json: made for a model with 16 experts, this model has 8"},
+        {fmt::format("eval -m {} -f {} --keep {} -c 128 {}", m, text, (dir / "k1.json").string(), outs),
+         "k1.json: keeps 1 experts per layer, fewer than the 2"},
+        {fmt::format("eval -m {} -f {} --keep {} -c 128 --json {}", m, text, (dir / "k4.json").string(),
+                     (dir / "k4.json").string()),
+         "refusing to overwrite the input"},
+    };
+    const std::string keep_bytes = test::read_bytes(dir / "k4.json");
+    for (const auto & [args, says] : cases) {
+        r = test::run_command(moeprune_cmd(args));
+        EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.output;
+        EXPECT_NE(r.output.find(says), std::string::npos) << args << "\nexpected: " << says << "\ngot: " << r.output;
+        EXPECT_FALSE(fs::exists(dir / "r.json")) << args;
+        EXPECT_FALSE(fs::exists(dir / "t.jsonl")) << args;
+    }
+    EXPECT_EQ(test::read_bytes(dir / "k4.json"), keep_bytes);
+}
+
+TEST(Eval, StatisticsFollowLlamaPerplexitysDefinitions) {
+    std::vector<TokenScore> t(4);
+    const double kld[4] = {0.4, 0.1, 0.3, 0.2};
+    for (int i = 0; i < 4; ++i) {
+        t[size_t(i)].kld = kld[i];
+        t[size_t(i)].same_top1 = i != 2;
+        t[size_t(i)].nll = 2.0 + 0.1 * i;
+        t[size_t(i)].nll_base = 2.0;
+    }
+    std::vector<const TokenScore *> p;
+    for (const auto & x : t) {
+        p.push_back(&x);
+    }
+    const EvalStats s = eval_stats(p);
+    EXPECT_EQ(s.tokens, 4u);
+    EXPECT_NEAR(s.kld_mean, 0.25, 1e-12);
+    // sqrt((E[x²] - E[x]²) / (n - 1)) = sqrt((0.075 - 0.0625) / 3)
+    EXPECT_NEAR(s.kld_stderr, std::sqrt(0.0125 / 3), 1e-12);
+    EXPECT_NEAR(s.kld_median, 0.25, 1e-12);           // mean of the two middle values
+    EXPECT_NEAR(s.kld_p90, 0.3 + 0.7 * 0.1, 1e-12);   // at 0.9 * (n - 1) = 2.7
+    EXPECT_NEAR(s.kld_max, 0.4, 1e-12);
+    EXPECT_NEAR(s.same_top1, 0.75, 1e-12);
+    EXPECT_NEAR(s.ln_ppl_ratio, 0.15, 1e-12);
+    double dp2 = 0;
+    for (int i = 0; i < 4; ++i) {
+        const double dp = std::exp(-(2.0 + 0.1 * i)) - std::exp(-2.0);
+        dp2 += dp * dp;
+    }
+    EXPECT_NEAR(s.dp_rms, std::sqrt(dp2 / 4), 1e-12);
+    EXPECT_NEAR(s.ppl / s.ppl_base, std::exp(0.15), 1e-9);
+}
