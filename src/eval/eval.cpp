@@ -50,14 +50,22 @@ struct BaseRow {
     int argmax = 0;
 };
 
-BaseRow base_row(const float * l, int n_vocab) {
+// `exps`, when given, receives exp(l - max) of every entry (reused by compact_record).
+BaseRow base_row(const float * l, int n_vocab, std::vector<float> * exps = nullptr) {
     BaseRow b;
     b.logits = l;
-    b.max = *std::max_element(l, l + n_vocab);
     b.argmax = int(std::max_element(l, l + n_vocab) - l);
+    b.max = l[b.argmax];
+    if (exps) {
+        exps->resize(size_t(n_vocab));
+    }
     double s = 0;
     for (int i = 0; i < n_vocab; ++i) {
-        s += std::exp(double(l[i] - b.max));
+        const float e = std::exp(l[i] - b.max);
+        s += double(e);
+        if (exps) {
+            (*exps)[size_t(i)] = e;
+        }
     }
     b.lse = std::log(s);
     return b;
@@ -121,24 +129,44 @@ TokenScore score_compact(const BaseRecord & r, const float * c, int n_vocab, std
     return s;
 }
 
-BaseRecord compact_record(const BaseRow & b, int n_vocab, uint32_t top, int32_t target, std::vector<int32_t> & order) {
-    order.resize(size_t(n_vocab));
-    std::iota(order.begin(), order.end(), 0);
+// The top-T entries, found with a min-heap of T (most entries fail one comparison with
+// its root), and the tail summed directly from `exps` (1 - Σ top would cancel when the
+// tail is small).
+BaseRecord compact_record(const BaseRow & b, const std::vector<float> & exps, uint32_t top, int32_t target) {
     const float * l = b.logits;
-    const auto higher = [l](int32_t x, int32_t y) { return l[x] > l[y] || (l[x] == l[y] && x < y); };
-    std::partial_sort(order.begin(), order.begin() + top, order.end(), higher);
+    const int n_vocab = int(exps.size());
+    // Heap order: the root is the lowest logit kept (ties: the higher id goes first).
+    const auto lower = [l](int32_t x, int32_t y) { return l[x] > l[y] || (l[x] == l[y] && x < y); };
+    std::vector<int32_t> heap;
+    heap.reserve(top);
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        if (heap.size() < top) {
+            heap.push_back(i);
+            std::push_heap(heap.begin(), heap.end(), lower);
+        } else if (lower(i, heap.front())) {
+            std::pop_heap(heap.begin(), heap.end(), lower);
+            heap.back() = i;
+            std::push_heap(heap.begin(), heap.end(), lower);
+        }
+    }
+    std::sort(heap.begin(), heap.end(), lower);
     BaseRecord r;
     r.target = target;
     r.lp_target = float(double(l[target]) - b.max - b.lse);
-    r.ids.assign(order.begin(), order.begin() + top);
-    double tail = 0;  // summed directly: 1 - Σ top would cancel when the tail is small
-    for (size_t i = top; i < order.size(); ++i) {
-        tail += std::exp(double(l[order[i]] - b.max));
-    }
-    r.ln_tail = tail > 0 ? float(std::log(tail) - b.lse) : -std::numeric_limits<float>::infinity();
+    r.ids = heap;
     for (int32_t id : r.ids) {
         r.lp.push_back(float(double(l[id]) - b.max - b.lse));
     }
+    std::sort(heap.begin(), heap.end());  // ascending ids: one merge pass skips them in the tail
+    double tail = 0;
+    for (int32_t i = 0, j = 0; i < n_vocab; ++i) {
+        if (j < int32_t(heap.size()) && heap[size_t(j)] == i) {
+            ++j;
+        } else {
+            tail += double(exps[size_t(i)]);
+        }
+    }
+    r.ln_tail = tail > 0 ? float(std::log(tail) - b.lse) : -std::numeric_limits<float>::infinity();
     return r;
 }
 
@@ -599,19 +627,16 @@ EvalReport run_eval(const EvalOptions & opt) {
                 progress.advance(w.tokens.size());
             }
             rows.assign(size_t(n), {});
+            records.assign(base_writer ? size_t(n) : 0, {});
             parallel_for(n, threads, [&](int i) {
-                rows[size_t(i)] = base_row(llama_get_logits_ith(ref, w.first + i), n_vocab);
-            });
-            if (base_writer) {
-                records.assign(size_t(n), {});
-                parallel_for(n, threads, [&](int i) {
-                    thread_local std::vector<int32_t> scratch;
-                    records[size_t(i)] = compact_record(rows[size_t(i)], n_vocab, top, w.tokens[size_t(w.first + i + 1)],
-                                                        scratch);
-                });
-                for (const BaseRecord & r : records) {
-                    base_writer->append(r);
+                thread_local std::vector<float> exps;
+                rows[size_t(i)] = base_row(llama_get_logits_ith(ref, w.first + i), n_vocab, base_writer ? &exps : nullptr);
+                if (base_writer) {
+                    records[size_t(i)] = compact_record(rows[size_t(i)], exps, top, w.tokens[size_t(w.first + i + 1)]);
                 }
+            });
+            for (const BaseRecord & r : records) {
+                base_writer->append(r);
             }
         }
         const auto score_all = [&](llama_context * ctx, EvalCandidate & cand) {

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# eval against llama-perplexity's KL divergence on the same model, text, window,
+# threads and scoring (second half of each window, llama-perplexity's convention),
+# side by side in one run, best of 3 alternating rounds.
+#
+#   bench/eval.sh [WORK_DIR]   (default: build/bench-eval)
+#
+# Last line: eval: base_ratio=A cand_ratio=B storage_ratio=C
+#   A = eval's base pass (--base-out) time / llama-perplexity --kl-divergence-base time
+#   B = eval time per keep map (masked in the base model, against the recorded base)
+#       / llama-perplexity --kl-divergence time for one candidate (the same map, sliced)
+#   C = eval's base file bytes / llama-perplexity's base file bytes
+# Targets: A <= 1.0, B <= 1.0, C <= 0.01.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+make -s -C "$root" build >/dev/null
+bin=$root/build/bin
+work=${1:-$root/build/bench-eval}
+mkdir -p "$work"
+cd "$work"
+
+# qwen3moe, 8 layers x 64 experts (top-8), width 256, with the real 151,936-token
+# Qwen2 vocabulary: the vocabulary is what makes base files large.
+[ -f m.gguf ] || "$bin/moeprune" synth --layers 8 --experts 64 --used 8 --embd 256 --ff 256 --type q8_0 -o m.gguf >/dev/null
+if [ ! -f text.txt ]; then
+  for i in $(seq 1 60); do
+    echo "The expert cache keeps the most useful experts resident while the rest stream from disk, round $i."
+    echo "def route(tokens, k=$i): return sorted(range(len(tokens)), key=lambda j: -tokens[j])[:k]"
+    echo "専門家の混合モデルは、入力ごとに一部の専門家だけを使います。我们在笔记本电脑上运行大型语言模型。"
+  done > text.txt
+fi
+maps=()
+for k in 48 32 24 16; do
+  python3 - "$k" > "keep$k.json" <<'PY'
+import json, sys
+k = int(sys.argv[1])
+print(json.dumps({"format": "moeprune-keep", "version": 1, "n_expert": 64, "k": k,
+                  "layers": {str(l): list(range(k)) for l in range(8)}}))
+PY
+  maps+=("keep$k.json")
+done
+[ -f sliced.gguf ] || "$bin/moeprune" slice -m m.gguf --keep keep32.json -o sliced.gguf >/dev/null
+threads=$(nproc)
+ctx=512
+common=(-f text.txt -c $ctx -b $ctx -t "$threads")
+now() { date +%s.%N; }
+run() {  # run NAME COMMAND...: seconds of wall time
+  local name=$1 t0 t1
+  shift
+  t0=$(now)
+  "$@" >"$work/$name.log" 2>&1 || { echo "$name failed, see $work/$name.log" >&2; exit 1; }
+  t1=$(now)
+  awk "BEGIN { print $t1 - $t0 }"
+}
+best() { sort -g | head -1; }
+eb=() lb=() ec=() lc=()
+for round in 1 2 3; do
+  rm -f base.mpkl base.kld
+  eb+=("$(run eval-base "$bin/moeprune" eval -m m.gguf "${common[@]}" --score second-half --no-parse-special --base-out base.mpkl)")
+  lb+=("$(run llama-base "$bin/llama-perplexity" -m m.gguf "${common[@]}" --kl-divergence-base base.kld)")
+  ec+=("$(run eval-keep "$bin/moeprune" eval -m m.gguf "${common[@]}" --score second-half --no-parse-special --base base.mpkl --keep "$(IFS=,; echo "${maps[*]}")")")
+  lc+=("$(run llama-cand "$bin/llama-perplexity" -m sliced.gguf "${common[@]}" --kl-divergence-base base.kld --kl-divergence)")
+done
+a=$(printf '%s\n' "${eb[@]}" | best)
+b=$(printf '%s\n' "${lb[@]}" | best)
+c=$(printf '%s\n' "${ec[@]}" | best)
+d=$(printf '%s\n' "${lc[@]}" | best)
+sa=$(stat -c %s base.mpkl)
+sb=$(stat -c %s base.kld)
+n=${#maps[@]}
+echo "best of 3: eval base pass ${a}s, llama-perplexity base ${b}s; eval ${n} keep maps ${c}s, llama-perplexity one candidate ${d}s; base files ${sa} vs ${sb} bytes"
+awk -v a="$a" -v b="$b" -v c="$c" -v d="$d" -v n="$n" -v sa="$sa" -v sb="$sb" \
+  'BEGIN { printf "eval: base_ratio=%.2f cand_ratio=%.2f storage_ratio=%.4f\n", a / b, (c / n) / d, sa / sb }'
