@@ -29,7 +29,15 @@ void add_select(CLI::App & app, Action & action) {
         ->delimiter(',')
         ->capture_default_str();
     sub->add_option("--domain-metric", opt->domain_metric, "Criterion ranked within each domain")->capture_default_str();
-    sub->add_option("--lcb-z", opt->lcb_z, "reap-lcb: standard errors below the mean")->capture_default_str();
+    sub->add_option("--lcb-z", opt->lcb_z,
+                    "reap-lcb: confidence of the lower bound as a normal quantile (1.96: 97.5% one-sided); Student's t "
+                    "at that level is used with each expert's hits")
+        ->capture_default_str();
+    sub->add_option("--lcb-prior", opt->lcb_prior,
+                    "reap-lcb: weight, in observations, of the layer's pooled variance in each expert's variance")
+        ->capture_default_str();
+    sub->add_option("--rare-hits", opt->rare_hits, "Flag kept experts with fewer hits than this in the report")
+        ->capture_default_str();
     sub->add_flag("--protect-super", opt->protect_super, "Always keep REAP's super experts");
     sub->add_option("--json", *json_out, "Write the report as JSON");
     sub->callback([=, &action] {

@@ -6,6 +6,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <boost/math/distributions/normal.hpp>
+#include <boost/math/distributions/students_t.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -48,6 +51,8 @@ std::vector<double> rank_percentiles(const std::vector<double> & v) {
 
 // Averages of rank percentiles are ratios of small integers; rounding them to 1e-12
 // makes equal averages ties however the sum was rounded, so the tie-break decides.
+LcbParams lcb_of(const SelectOptions & o) { return {o.lcb_z, o.lcb_prior}; }
+
 std::vector<double> on_grid(std::vector<double> v) {
     for (double & x : v) {
         x = std::round(x * 1e12) / 1e12;
@@ -55,9 +60,29 @@ std::vector<double> on_grid(std::vector<double> v) {
     return v;
 }
 
-std::vector<double> base_scores(const LayerStats & L, const std::string & metric, double z) {
+// The layer's pooled squared coefficient of variation of g·‖f‖ within an expert (over
+// experts with two hits or more): REAP values scale with the expert, so the spread a
+// rare expert is assumed to have is this share of its own mean. Without any such
+// expert, 1 (a spread as large as the mean).
+double pooled_cv2(const LayerStats & L) {
+    double ss = 0, df = 0;
+    for (size_t e = 0; e < L.n_expert(); ++e) {
+        const double c = double(L.count[e]);
+        const double m = c > 0 ? L.reap_sum[e] / c : 0.0;
+        if (c >= 2 && m > 0) {
+            ss += std::max(0.0, L.reap_sq_sum[e] - c * m * m) / (m * m);
+            df += c - 1;
+        }
+    }
+    return df > 0 ? ss / df : 1.0;
+}
+
+std::vector<double> base_scores(const LayerStats & L, const std::string & metric, const LcbParams & lcb) {
     const size_t n = L.n_expert();
     std::vector<double> s(n, 0.0);
+    const double cv2 = metric == "reap-lcb" ? pooled_cv2(L) : 0.0;
+    // --lcb-z names a confidence level through the normal quantile (1.96: 97.5% one-sided).
+    const double confidence = boost::math::cdf(boost::math::normal(), lcb.z);
     for (size_t e = 0; e < n; ++e) {
         const double c = double(L.count[e]);
         if (metric == "freq") {
@@ -77,9 +102,13 @@ std::vector<double> base_scores(const LayerStats & L, const std::string & metric
                 continue;
             }
             const double mean = L.reap_sum[e] / c;
-            // One hit says nothing about the spread: take it as large as the mean.
-            const double sd = c >= 2 ? std::sqrt(std::max(0.0, (L.reap_sq_sum[e] - c * mean * mean) / (c - 1))) : mean;
-            s[e] = std::max(0.0, mean - z * sd / std::sqrt(c));
+            const double sample_var = c >= 2 ? std::max(0.0, (L.reap_sq_sum[e] - c * mean * mean) / (c - 1)) : 0.0;
+            // A few agreeing values say little about the spread: the variance is shrunk
+            // toward the layer's (relative) pooled one with `prior` pseudo-observations.
+            const double var = ((c - 1) * sample_var + lcb.prior * cv2 * mean * mean) / (c - 1 + lcb.prior);
+            const double t = lcb.z > 0 ? boost::math::quantile(boost::math::students_t(std::max(1.0, c - 1)), confidence)
+                                       : 0.0;
+            s[e] = std::max(0.0, mean - t * std::sqrt(var / c));
         } else {
             throw Error(fmt::format("\"{}\" is not a per-expert criterion (known: freq, soft-freq, reap, reap-sum, ean, "
                                     "ean-sum, reap-lcb)",
@@ -103,10 +132,11 @@ int model_layer(const SaliencyStats & s, size_t l) {
 
 struct Retention {
     double count_share = 0, reap_share = 0, prob_share = 0;
-    uint64_t min_kept_count = 0, kept_under_100 = 0;
+    uint64_t min_kept_count = 0, kept_under_100 = 0, kept_rare = 0;
+    json rare = json::array();  // kept experts with fewer than --rare-hits hits: [layer, expert, hits]
 };
 
-Retention retention(const LayerStats & L, const std::vector<int32_t> & kept) {
+Retention retention(const LayerStats & L, const std::vector<int32_t> & kept, int layer, uint64_t rare_hits) {
     Retention r;
     double c = 0, rs = 0, p = 0;
     r.min_kept_count = UINT64_MAX;
@@ -116,6 +146,10 @@ Retention retention(const LayerStats & L, const std::vector<int32_t> & kept) {
         p += L.prob_sum[size_t(e)];
         r.min_kept_count = std::min(r.min_kept_count, L.count[size_t(e)]);
         r.kept_under_100 += L.count[size_t(e)] < 100;
+        if (L.count[size_t(e)] < rare_hits) {
+            ++r.kept_rare;
+            r.rare.push_back({layer, e, L.count[size_t(e)]});
+        }
     }
     const double ct = double(std::accumulate(L.count.begin(), L.count.end(), uint64_t(0)));
     r.count_share = ct > 0 ? c / ct : 0;
@@ -129,7 +163,9 @@ json retention_json(const Retention & r) {
             {"reap_share", r.reap_share},
             {"prob_share", r.prob_share},
             {"min_kept_count", r.min_kept_count},
-            {"kept_under_100", r.kept_under_100}};
+            {"kept_under_100", r.kept_under_100},
+            {"kept_rare", r.kept_rare},
+            {"rare", r.rare}};
 }
 
 // Mean over layers of the per-layer shares; min and sums over layers.
@@ -142,6 +178,8 @@ Retention whole_model(const std::vector<Retention> & per_layer) {
         w.prob_share += r.prob_share / double(per_layer.size());
         w.min_kept_count = std::min(w.min_kept_count, r.min_kept_count);
         w.kept_under_100 += r.kept_under_100;
+        w.kept_rare += r.kept_rare;
+        w.rare.insert(w.rare.end(), r.rare.begin(), r.rare.end());
     }
     return w;
 }
@@ -180,7 +218,7 @@ std::vector<double> criterion_scores(const SaliencyStats & s, size_t layer, cons
     if (metric == "hybrid") {
         std::vector<double> h(L.n_expert(), 0.0);
         for (const std::string & m : opt.hybrid_of) {
-            const std::vector<double> pct = rank_percentiles(base_scores(L, m, opt.lcb_z));
+            const std::vector<double> pct = rank_percentiles(base_scores(L, m, lcb_of(opt)));
             for (size_t e = 0; e < h.size(); ++e) {
                 h[e] += pct[e] / double(opt.hybrid_of.size());
             }
@@ -207,7 +245,7 @@ std::vector<double> criterion_scores(const SaliencyStats & s, size_t layer, cons
             if (d.n_tokens == 0) {
                 continue;
             }
-            const std::vector<double> pct = rank_percentiles(base_scores(d.layers[layer], opt.domain_metric, opt.lcb_z));
+            const std::vector<double> pct = rank_percentiles(base_scores(d.layers[layer], opt.domain_metric, lcb_of(opt)));
             const auto w = opt.domain_weights.find(name);
             for (size_t e = 0; e < out.size(); ++e) {
                 if (metric == "domain-max") {
@@ -219,7 +257,7 @@ std::vector<double> criterion_scores(const SaliencyStats & s, size_t layer, cons
         }
         return on_grid(out);
     }
-    return base_scores(L, metric, opt.lcb_z);
+    return base_scores(L, metric, lcb_of(opt));
 }
 
 void validate_stats_for_selection(const SaliencyStats & s, const std::string & origin, const std::vector<int64_t> & ks) {
@@ -382,8 +420,14 @@ SelectReport run_select(const SelectOptions & opt, const std::vector<std::filesy
     if (opt.ks.empty() || opt.metrics.empty()) {
         throw Error("give -k and --metric");
     }
-    if (!std::isfinite(opt.lcb_z) || opt.lcb_z < 0) {
-        throw Error(fmt::format("--lcb-z must be a finite number >= 0, got {}", opt.lcb_z));
+    if (!std::isfinite(opt.lcb_z) || opt.lcb_z < 0 || opt.lcb_z > 10) {
+        throw Error(fmt::format("--lcb-z must be a number from 0 to 10, got {}", opt.lcb_z));
+    }
+    if (!std::isfinite(opt.lcb_prior) || opt.lcb_prior < 0) {
+        throw Error(fmt::format("--lcb-prior must be a finite number >= 0, got {}", opt.lcb_prior));
+    }
+    if (opt.rare_hits < 1) {
+        throw Error(fmt::format("--rare-hits must be at least 1, got {}", opt.rare_hits));
     }
     std::vector<std::filesystem::path> all_outputs = outputs;
     if (!opt.out_dir.empty()) {
@@ -400,9 +444,9 @@ SelectReport run_select(const SelectOptions & opt, const std::vector<std::filesy
         }
     }
     for (const std::string & m : opt.hybrid_of) {
-        base_scores(LayerStats(1), m, opt.lcb_z);  // rejects criteria hybrid cannot combine
+        base_scores(LayerStats(1), m, lcb_of(opt));  // rejects criteria hybrid cannot combine
     }
-    base_scores(LayerStats(1), opt.domain_metric, opt.lcb_z);
+    base_scores(LayerStats(1), opt.domain_metric, lcb_of(opt));
     const SaliencyStats s = read_stats(opt.stats);
     validate_stats_for_selection(s, opt.stats.string(), opt.ks);
     std::optional<SaliencyStats> held;
@@ -439,12 +483,13 @@ SelectReport run_select(const SelectOptions & opt, const std::vector<std::filesy
     ks.erase(std::unique(ks.begin(), ks.end()), ks.end());
     rep.text = fmt::format("{} layers x {} experts (top-{}), {} tokens{}\n", s.n_layer, s.n_expert, s.n_expert_used,
                            s.n_tokens, held ? fmt::format("; held out: {} tokens", held->n_tokens) : "");
-    rep.text += fmt::format("{:<11} {:>5} {:>8} {:>8} {:>8} {:>9} {:>6}{}{}\n", "metric", "K", "count%", "reap%", "prob%",
-                            "min hits", "<100", held ? fmt::format(" {:>9} {:>9}", "ho reap%", "ho prob%") : "",
+    rep.text += fmt::format("{:<11} {:>5} {:>8} {:>8} {:>8} {:>9} {:>6} {:>6}{}{}\n", "metric", "K", "count%", "reap%", "prob%",
+                            "min hits", "<100", fmt::format("<{}", opt.rare_hits), held ? fmt::format(" {:>9} {:>9}", "ho reap%", "ho prob%") : "",
                             opt.trace.empty() ? "" : fmt::format(" {:>9} {:>7} {:>8} {:>8}", "replaced%", "moved", "sub rank", "ran out"));
     if (!opt.out_dir.empty()) {
         std::filesystem::create_directories(opt.out_dir);
     }
+    std::string rare_notes;
     for (const std::string & metric : opt.metrics) {
         std::vector<std::vector<double>> scores;
         for (size_t l = 0; l < s.layers.size(); ++l) {
@@ -466,26 +511,27 @@ SelectReport run_select(const SelectOptions & opt, const std::vector<std::filesy
                 km.source["domain_weights"] = opt.domain_weights;
             } else if (metric == "reap-lcb") {
                 km.source["z"] = opt.lcb_z;
+                km.source["prior"] = opt.lcb_prior;
             }
             std::vector<Retention> per_layer, held_layers;
             json layers = json::array();
             for (size_t l = 0; l < s.layers.size(); ++l) {
                 const std::vector<int32_t> kept = select_layer(s.layers[l], scores[l], k, supers[l], groups);
                 km.layers[model_layer(s, l)] = kept;
-                per_layer.push_back(retention(s.layers[l], kept));
+                per_layer.push_back(retention(s.layers[l], kept, model_layer(s, l), uint64_t(opt.rare_hits)));
                 json jl = retention_json(per_layer.back());
                 jl["layer"] = model_layer(s, l);
                 if (held) {
-                    held_layers.push_back(retention(held->layers[l], kept));
+                    held_layers.push_back(retention(held->layers[l], kept, model_layer(s, l), uint64_t(opt.rare_hits)));
                     jl["heldout"] = retention_json(held_layers.back());
                 }
                 layers.push_back(jl);
             }
             const Retention w = whole_model(per_layer);
             json r = {{"metric", metric}, {"k", k}, {"whole", retention_json(w)}, {"layers", layers}};
-            std::string row = fmt::format("{:<11} {:>5} {:>8.2f} {:>8.2f} {:>8.2f} {:>9} {:>6}", metric, k,
+            std::string row = fmt::format("{:<11} {:>5} {:>8.2f} {:>8.2f} {:>8.2f} {:>9} {:>6} {:>6}", metric, k,
                                           100 * w.count_share, 100 * w.reap_share, 100 * w.prob_share, w.min_kept_count,
-                                          w.kept_under_100);
+                                          w.kept_under_100, w.kept_rare);
             if (held) {
                 const Retention hw = whole_model(held_layers);
                 r["whole"]["heldout"] = retention_json(hw);
@@ -505,6 +551,17 @@ SelectReport run_select(const SelectOptions & opt, const std::vector<std::filesy
                 row += fmt::format(" {:>9.2f} {:>7.4f} {:>8.2f} {:>8}", 100 * replaced, moved, rank, sc.ran_out);
             }
             rep.text += row + "\n";
+            if (w.kept_rare > 0) {
+                std::string which;
+                for (size_t i = 0; i < std::min<size_t>(w.rare.size(), 6); ++i) {
+                    which += fmt::format("{}blk.{} e{} ({} hits)", i ? ", " : "", w.rare[i][0].get<int>(),
+                                         w.rare[i][1].get<int>(), w.rare[i][2].get<uint64_t>());
+                }
+                rare_notes += fmt::format("  {} K={}: {} kept experts with fewer than {} hits: {}{}{}\n", metric, k,
+                                          w.kept_rare, opt.rare_hits, which, w.rare.size() > 6 ? ", ..." : "",
+                                          metric == "reap" ? " (reap, the published mean, trusts rare experts by design)"
+                                          : metric == "hybrid" ? " (hybrid inherits part of it from reap)" : "");
+            }
             if (!opt.out_dir.empty()) {
                 const std::filesystem::path file = opt.out_dir / fmt::format("{}-k{}.json", metric, k);
                 write_keep_map(file, km);
@@ -514,6 +571,9 @@ SelectReport run_select(const SelectOptions & opt, const std::vector<std::filesy
             results.push_back(r);
             maps[{metric, k}] = std::move(km);
         }
+    }
+    if (!rare_notes.empty()) {
+        rep.text += "\nkept on little evidence:\n" + rare_notes;
     }
     // Whether a criterion's maps nest (K1 ⊂ K2 ⊂ ...), and how much criteria agree.
     json nesting = json::object();
@@ -574,6 +634,8 @@ SelectReport run_select(const SelectOptions & opt, const std::vector<std::filesy
                   {"domain_metric", opt.domain_metric},
                   {"domain_weights", opt.domain_weights},
                   {"lcb_z", opt.lcb_z},
+                  {"lcb_prior", opt.lcb_prior},
+                  {"rare_hits", opt.rare_hits},
                   {"protect_super", opt.protect_super}}},
                 {"super_experts", super},
                 {"results", results},

@@ -25,9 +25,15 @@ struct SelectOptions {
     std::map<std::string, double> domain_weights;  // domain-mix
     std::vector<std::string> hybrid_of{"reap", "soft-freq"};
     std::string domain_metric = "reap";          // what domain-max and domain-mix rank within a domain
-    double lcb_z = 1.96;                         // reap-lcb
+    double lcb_z = 1.96;                         // reap-lcb: confidence as a normal quantile (97.5% one-sided)
+    double lcb_prior = 10;                       // reap-lcb: pseudo-observations of the layer's pooled variance
+    int64_t rare_hits = 10;                      // the report flags kept experts with fewer hits
     bool protect_super = false;
     int trace_examples = 20;                     // ran-out tokens listed per map
+};
+
+struct LcbParams {
+    double z = 1.96, prior = 10;
 };
 
 const std::vector<std::string> & select_metrics();

@@ -436,3 +436,82 @@ TEST(Select, KeepMapsNameBlockIndicesWhenTheFirstLayerIsDense) {
     ASSERT_NE(m, nullptr);
     llama_model_free(m);
 }
+
+// Issue 18 at a smaller scale: experts seen 2 to 5 times whose few values happen to
+// agree, with means a little above the regulars', must not displace experts seen 50+
+// times; the report flags every kept expert with fewer than --rare-hits hits.
+TEST(SelectLcb, RareAgreeingSamplesDoNotBuyASeat) {
+    test::TempDir dir;
+    std::vector<ExpertSpec> spec;
+    for (uint64_t c : {2, 3, 4, 5}) {
+        spec.push_back({c, double(c) / 2, 1.10, 0.002, 1, 1});  // rare, agreeing, mean 1.10
+    }
+    for (int e = 0; e < 12; ++e) {
+        const uint64_t c = uint64_t(50 + 10 * e);
+        spec.push_back({c, double(c) / 2, 1.0 + 0.02 * (e % 4), 0.3, 1, 1});  // regulars, means 1.00 .. 1.06
+    }
+    uint64_t total = 0;
+    for (const auto & e : spec) {
+        total += e.count;
+    }
+    const uint64_t k = 2, n_tokens = total / k;
+    ASSERT_EQ(n_tokens * k, total);
+    write_stats(dir / "s.json", stats_of({layer_of(spec)}, n_tokens, int64_t(k)));
+    SelectOptions o = options(dir / "s.json", {4, 8, 12}, {"reap", "reap-lcb", "hybrid"});
+    o.out_dir = dir / "maps";
+    const SelectReport r = run_select(o);
+    for (int64_t K : {4, 8, 12}) {
+        for (int32_t e : kept(r, "reap-lcb", K)) {
+            EXPECT_GE(spec[size_t(e)].count, 10u) << "K " << K << " kept expert " << e << " seen " << spec[size_t(e)].count << " times";
+        }
+    }
+    // It drops regulars with 10x the hits and a mean >= 90% of the rare ones' only because of the evidence.
+    const auto lcb4 = kept(r, "reap-lcb", 4);
+    EXPECT_TRUE(std::find(lcb4.begin(), lcb4.end(), 0) == lcb4.end());
+    // reap as published keeps them, and the report says so.
+    const auto reap4 = kept(r, "reap", 4);
+    EXPECT_EQ(reap4, (std::vector<int32_t>{0, 1, 2, 3}));
+    EXPECT_NE(r.text.find("reap K=4: 4 kept experts with fewer than 10 hits"), std::string::npos) << r.text;
+    EXPECT_NE(r.text.find("trusts rare experts by design"), std::string::npos) << r.text;
+    for (const json & res : r.json["results"]) {
+        if (res["metric"] == "reap" && res["k"] == 4) {
+            EXPECT_EQ(res["whole"]["kept_rare"], 4);
+            EXPECT_EQ(res["whole"]["rare"][0], json::array({0, 0, 2}));
+        }
+        if (res["metric"] == "reap-lcb") {
+            EXPECT_EQ(res["whole"]["kept_rare"], 0);
+        }
+    }
+}
+
+// The bound's monotonicity: with the sample mean and deviation fixed, more hits never
+// lower it; with the hits fixed, a higher mean never lowers it.
+TEST(SelectLcb, TheBoundGrowsWithEvidenceAndWithTheMean) {
+    SaliencyStats s;
+    SelectOptions o;
+    o.metrics = {"reap-lcb"};
+    for (double sd : {0.0, 0.05, 0.5, 2.0}) {
+        std::vector<ExpertSpec> spec;
+        for (uint64_t c = 1; c <= 200; ++c) {
+            spec.push_back({c, 1, 1.0, c >= 2 ? sd : 0.0, 1, 1});
+        }
+        spec.push_back({40, 1, 1.0, 0.3, 1, 1});  // sets the pooled variance with the rest
+        s = stats_of({layer_of(spec)}, 1, 1);
+        const std::vector<double> b = criterion_scores(s, 0, "reap-lcb", o);
+        for (size_t e = 1; e < 200; ++e) {
+            EXPECT_GE(b[e] + 1e-12, b[e - 1]) << "sd " << sd << ": " << e + 1 << " hits bound " << b[e] << " < " << e
+                                              << " hits bound " << b[e - 1];
+        }
+    }
+    for (uint64_t c : {1, 2, 3, 10, 100}) {
+        std::vector<ExpertSpec> spec;
+        for (int i = 0; i < 50; ++i) {
+            spec.push_back({c, 1, 0.5 + 0.02 * i, 0.2, 1, 1});
+        }
+        s = stats_of({layer_of(spec)}, 1, 1);
+        const std::vector<double> b = criterion_scores(s, 0, "reap-lcb", o);
+        for (size_t e = 1; e < b.size(); ++e) {
+            EXPECT_GE(b[e], b[e - 1]) << c << " hits";
+        }
+    }
+}
