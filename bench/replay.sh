@@ -9,6 +9,9 @@
 #    by one; the miss counts must agree.
 # 2. A 1M-token trace (8 layers) replayed by `moeprune replay`: peak RSS against the
 #    file size.
+# 3. Every policy against LRU where users run them: a global cache over a seed-geometry
+#    trace and a storage-style trace of ~49k objects (one thread each).
+# Second-to-last line: replay-policies: slowest=P ratio_to_lru=R (R <= 3 is the target).
 # Last line: replay: speedup=S mreq_per_s=R
 #   S = reference time / engine time, R = million expert requests per second per core.
 set -euo pipefail
@@ -27,4 +30,9 @@ rss_kib=$(grep "Maximum resident set size" "$work/million.time" | awk '{print $N
 size=$(stat -c %s "$big")
 awk -v r="$rss_kib" -v s="$size" 'BEGIN { printf "1M-token trace: %.0f MiB on disk, replay peak RSS %.0f MiB (%.1f%% of the file)\n", s / 1048576, r / 1024, 100 * r * 1024 / s }'
 
-"$bin/moeprune_bench_replay" sweep "$work" "$tokens"
+"$bin/moeprune_bench_replay" policies "$work" > "$work/policies.log"
+head -n -1 "$work/policies.log"
+sweep=$("$bin/moeprune_bench_replay" sweep "$work" "$tokens")
+echo "$sweep" | head -n -1
+tail -n 1 "$work/policies.log"
+echo "$sweep" | tail -n 1

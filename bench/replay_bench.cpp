@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <utility>
 
 using namespace moeprune;
 namespace fs = std::filesystem;
@@ -44,21 +45,25 @@ void write_trace(const fs::path & path, uint32_t n_tokens, uint32_t n_layer, uin
     std::vector<uint16_t> ids(size_t(n_layer) * top_m);
     std::vector<float> logits(ids.size());
     std::vector<char> taken(n_expert);
+    std::vector<uint32_t> ranks(top_m);
     for (uint32_t t = 0; t < n_tokens; ++t) {
         for (uint32_t l = 0; l < n_layer; ++l) {
             if (t % 64 == 0) {  // drift: neighbours in popularity swap places now and then
                 const size_t i = rng() % (n_expert - 1);
                 std::swap(order[l][i], order[l][i + 1]);
             }
-            std::fill(taken.begin(), taken.end(), 0);
             for (uint32_t m = 0; m < top_m; ++m) {
                 uint32_t r;
                 do {
                     r = rank_of[rng() % rank_of.size()];
                 } while (taken[r]);
                 taken[r] = 1;
+                ranks[m] = r;
                 ids[l * top_m + m] = order[l][r];
                 logits[l * top_m + m] = 8.0f - 0.125f * float(m);
+            }
+            for (uint32_t r : ranks) {
+                taken[r] = 0;
             }
         }
         w.append({int32_t(t), int32_t(t), 0, 0, TracePhase::Decode}, ids.data(), logits.data());
@@ -70,6 +75,55 @@ double seconds_since(clock_type::time_point t0) {
     return std::chrono::duration<double>(clock_type::now() - t0).count();
 }
 
+// One configuration's wall time on one thread.
+double time_policy(ReplayOptions o, const std::string & policy) {
+    o.policies = {policy};
+    o.threads = 1;
+    const auto t0 = clock_type::now();
+    run_replay(o);
+    return seconds_since(t0);
+}
+
+// Issue 20's two settings: a global cache over a seed-geometry trace (48 layers x 512
+// experts = 24,576 ids) and a storage-style trace of ~49k objects with one request per
+// token; every policy timed against LRU on the same trace, cache and thread count.
+int policies(const fs::path & dir) {
+    fs::create_directories(dir);
+    const fs::path seed = dir / "policies-seed.trace", objects = dir / "policies-objects.trace";
+    if (!fs::exists(seed)) {
+        write_trace(seed, 7486, 48, 512, 64, 10);
+    }
+    if (!fs::exists(objects)) {
+        write_trace(objects, 113872, 1, 48974, 1, 1);
+    }
+    ReplayOptions global;
+    global.trace = seed;
+    global.global = true;
+    global.caches = {3072};
+    ReplayOptions storage;
+    storage.trace = objects;
+    storage.caches = {1000, 4000};
+    std::string slowest;
+    double worst = 0;
+    for (const auto & [name, o] : {std::pair{"global 48x512, 3072 slots", global}, std::pair{"49k objects, 1000 and 4000 slots", storage}}) {
+        const double lru = time_policy(o, "lru");
+        std::printf("%s: lru %.3f s\n", name, lru);
+        for (const std::string & p : policy_names()) {
+            if (p == "lru") {
+                continue;
+            }
+            const double t = time_policy(o, p);
+            std::printf("  %-20s %.3f s  %.2fx lru\n", p.c_str(), t, t / lru);
+            if (t / lru > worst) {
+                worst = t / lru;
+                slowest = p;
+            }
+        }
+    }
+    std::printf("replay-policies: slowest=%s ratio_to_lru=%.2f\n", slowest.c_str(), worst);
+    return 0;
+}
+
 } // namespace
 
 int main(int argc, char ** argv) {
@@ -78,9 +132,14 @@ int main(int argc, char ** argv) {
         write_trace(argv[2], uint32_t(std::stoul(argv[3])), uint32_t(std::stoul(argv[4])), 512, 64, 10);
         return 0;
     }
+    // replay_bench policies DIR: every policy's time against LRU's where users run them
+    if (argc == 3 && std::string(argv[1]) == "policies") {
+        return policies(argv[2]);
+    }
     // replay_bench sweep DIR [TOKENS]
     if (argc < 3 || std::string(argv[1]) != "sweep") {
-        std::fprintf(stderr, "usage: replay_bench sweep DIR [TOKENS] | replay_bench write-trace PATH TOKENS LAYERS\n");
+        std::fprintf(stderr, "usage: replay_bench sweep DIR [TOKENS] | replay_bench policies DIR | "
+                             "replay_bench write-trace PATH TOKENS LAYERS\n");
         return 2;
     }
     const fs::path dir = argv[2];

@@ -200,19 +200,20 @@ class DecayedScore : public KeyedCache {
 public:
     DecayedScore(int n_expert, int capacity, double decay, Credit credit, int near_pick)
         : KeyedCache(n_expert, capacity, false), decay_(decay), log_decay_(std::log(decay)), credit_(credit),
-          near_pick_(near_pick), score_(size_t(n_expert), 0.0), stamp_(size_t(n_expert), 0) {
+          near_pick_(near_pick), score_(size_t(n_expert), 0.0), stamp_(size_t(n_expert), 0), decay_pow_(kDecayTable) {
         for (size_t i = 0; i < decay_pow_.size(); ++i) {
             decay_pow_[i] = std::pow(decay, double(i));
         }
     }
 private:
-    int64_t add(int32_t e, double credit) {
+    double add_score(int32_t e, double credit) {
         double & s = score_[size_t(e)];
         const uint64_t gap = now() - stamp_[size_t(e)];
         s = s * (gap < decay_pow_.size() ? decay_pow_[gap] : std::pow(decay_, double(gap))) + credit;
         stamp_[size_t(e)] = now();
-        return ema_key(std::log(s), now(), log_decay_);
+        return s;
     }
+    int64_t add(int32_t e, double credit) { return ema_key(std::log(add_score(e, credit)), now(), log_decay_); }
     int64_t chosen_key(int32_t e, size_t) override { return add(e, 1.0); }
     void credit_candidates(const Request & r) override {
         if (credit_ == Credit::ChosenOnly) {
@@ -226,8 +227,15 @@ private:
             }
             const double c = credit_ == Credit::NearPick ? 1.0 - double(i) / double(near_pick_)
                                                          : std::exp(double(r.logits[i]) - double(r.logits[0]));
-            if (c > 0.0) {
+            if (c <= 0.0) {
+                continue;
+            }
+            // Only residents are ordered by their key; an expert that is not resident gets
+            // a fresh key from chosen_key when a request loads it, so its log can wait.
+            if (resident(e)) {
                 set_key(e, add(e, c));
+            } else {
+                add_score(e, c);
             }
         }
     }
@@ -240,7 +248,10 @@ private:
     int near_pick_;
     std::vector<double> score_;
     std::vector<uint64_t> stamp_;
-    std::array<double, 1024> decay_pow_;
+    // Gaps between an expert's updates reach thousands of requests in a global cache
+    // (one request per layer and token); beyond the table, pow.
+    static constexpr size_t kDecayTable = size_t(1) << 14;
+    std::vector<double> decay_pow_;
 };
 
 // Belady's MIN: evict the resident whose next use is farthest; never again is farthest.
@@ -457,8 +468,9 @@ public:
         remove(e);
         push_back(list, e);
     }
-    // The oldest member for which skip(e) is false, or -1.
-    template <class Skip> int32_t oldest(int list, Skip skip) const {
+    // The oldest member for which skip(e) is false, or -1. `skip` by reference: a
+    // ChosenMarks holds one mark per id, and copying it would cost every request O(ids).
+    template <class Skip> int32_t oldest(int list, const Skip & skip) const {
         const int32_t s = sentinel(list);
         for (int32_t e = next_[size_t(s)]; e != s; e = next_[size_t(e)]) {
             if (!skip(e)) {
@@ -482,6 +494,9 @@ private:
 class ChosenMarks {
 public:
     explicit ChosenMarks(int n_expert) : at_(size_t(n_expert), 0) {}
+    // One mark per id: a copy per request would cost O(ids), so none is allowed.
+    ChosenMarks(const ChosenMarks &) = delete;
+    ChosenMarks & operator=(const ChosenMarks &) = delete;
     void mark(std::span<const int32_t> chosen) {
         ++now_;
         for (int32_t e : chosen) {

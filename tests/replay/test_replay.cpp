@@ -633,3 +633,27 @@ TEST(Replay, CommandWritesJsonRecords) {
               std::string::npos)
         << csv;
 }
+
+// A storage-cache workload (issue 20): one layer, one candidate per request, thousands
+// of objects with skewed popularity: every policy equals the reference there too.
+TEST(Replay, ManyObjectsOneCandidateEqualTheReference) {
+    test::TempDir dir;
+    const uint32_t n_objects = 3000;
+    TraceSpec s{1, n_objects, 1, {}};
+    std::mt19937 rng(11);
+    std::vector<double> weight(n_objects);
+    for (uint32_t e = 0; e < n_objects; ++e) {
+        weight[e] = 1.0 / std::pow(double(e + 1), 0.8);
+    }
+    std::discrete_distribution<uint32_t> pick(weight.begin(), weight.end());
+    for (size_t t = 0; t < 8000; ++t) {
+        TokenRow row;
+        row.meta.pos = int32_t(t);
+        row.meta.phase = TracePhase::Decode;
+        row.ids = {uint16_t((pick(rng) * 7919u) % n_objects)};  // popularity spread over the id range
+        s.tokens.push_back(std::move(row));
+    }
+    write_trace(dir / "objects.trace", s);
+    const ReplayOptions o = options(dir / "objects.trace", policy_names(), {100, 1000}, 1);
+    EXPECT_EQ(expect_equals_reference(run_replay(o), o, to_reference(s, 1, nullptr)), int(policy_names().size()) * 2);
+}
