@@ -1,4 +1,5 @@
 #include "formats/base_logits.h"
+#include "core/bytes.h"
 #include "core/errors.h"
 #include "core/json.h"
 
@@ -15,15 +16,6 @@ constexpr char kMagic[4] = {'M', 'P', 'K', 'L'};
 constexpr uint32_t kVersion = 1;
 constexpr uint32_t kMaxTop = 65536;
 
-template <typename T> void put(std::vector<uint8_t> & b, T v) {
-    const auto * p = reinterpret_cast<const uint8_t *>(&v);
-    b.insert(b.end(), p, p + sizeof(T));
-}
-template <typename T> T get(const uint8_t * p) {
-    T v;
-    std::memcpy(&v, p, sizeof(T));
-    return v;
-}
 
 } // namespace
 
@@ -32,9 +24,9 @@ uint64_t base_record_bytes(uint32_t top) { return 12 + 8 * uint64_t(top); }
 BaseLogitsWriter::BaseLogitsWriter(File & file, const nlohmann::json & header, uint32_t top) : file_(file), top_(top) {
     const std::string h = header.dump();
     std::vector<uint8_t> b(kMagic, kMagic + 4);
-    put<uint32_t>(b, kVersion);
-    put<uint32_t>(b, top);
-    put<uint32_t>(b, uint32_t(h.size()));
+    put_bytes<uint32_t>(b, kVersion);
+    put_bytes<uint32_t>(b, top);
+    put_bytes<uint32_t>(b, uint32_t(h.size()));
     b.insert(b.end(), h.begin(), h.end());
     file_.pwrite_all(b.data(), b.size(), 0);
     offset_ = b.size();
@@ -42,14 +34,14 @@ BaseLogitsWriter::BaseLogitsWriter(File & file, const nlohmann::json & header, u
 
 void BaseLogitsWriter::append(const BaseRecord & r) {
     buf_.clear();
-    put<int32_t>(buf_, r.target);
-    put<float>(buf_, r.lp_target);
-    put<float>(buf_, r.ln_tail);
+    put_bytes<int32_t>(buf_, r.target);
+    put_bytes<float>(buf_, r.lp_target);
+    put_bytes<float>(buf_, r.ln_tail);
     for (uint32_t i = 0; i < top_; ++i) {
-        put<int32_t>(buf_, r.ids[i]);
+        put_bytes<int32_t>(buf_, r.ids[i]);
     }
     for (uint32_t i = 0; i < top_; ++i) {
-        put<float>(buf_, r.lp[i]);
+        put_bytes<float>(buf_, r.lp[i]);
     }
     file_.pwrite_all(buf_.data(), buf_.size(), offset_);
     offset_ += buf_.size();
@@ -68,11 +60,11 @@ BaseLogitsReader BaseLogitsReader::open(const std::filesystem::path & path) {
     if (std::memcmp(head, kMagic, 4) != 0) {
         fail_file(origin, "not an eval base file (magic is not MPKL; made by moeprune eval --base-out)");
     }
-    if (get<uint32_t>(head + 4) != kVersion) {
-        fail_file(origin, fmt::format("eval base version {} is not supported (only {})", get<uint32_t>(head + 4), kVersion));
+    if (get_bytes<uint32_t>(head + 4) != kVersion) {
+        fail_file(origin, fmt::format("eval base version {} is not supported (only {})", get_bytes<uint32_t>(head + 4), kVersion));
     }
-    r.top_ = get<uint32_t>(head + 8);
-    const uint32_t header_len = get<uint32_t>(head + 12);
+    r.top_ = get_bytes<uint32_t>(head + 8);
+    const uint32_t header_len = get_bytes<uint32_t>(head + 12);
     if (r.top_ == 0 || r.top_ > kMaxTop || 16 + uint64_t(header_len) > size) {
         fail_file(origin, fmt::format("header is inconsistent: top {} and {} header bytes in a file of {}", r.top_,
                                       header_len, size));
@@ -105,9 +97,9 @@ std::vector<BaseRecord> BaseLogitsReader::read(uint64_t first, uint64_t n) const
     for (uint64_t i = 0; i < n; ++i) {
         const uint8_t * p = raw.data() + i * rec;
         BaseRecord & r = out[i];
-        r.target = get<int32_t>(p);
-        r.lp_target = get<float>(p + 4);
-        r.ln_tail = get<float>(p + 8);
+        r.target = get_bytes<int32_t>(p);
+        r.lp_target = get_bytes<float>(p + 4);
+        r.ln_tail = get_bytes<float>(p + 8);
         r.ids.resize(top_);
         r.lp.resize(top_);
         std::memcpy(r.ids.data(), p + 12, 4 * size_t(top_));

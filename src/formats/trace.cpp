@@ -1,4 +1,5 @@
 #include "formats/trace.h"
+#include "core/bytes.h"
 #include "core/errors.h"
 #include "core/json.h"
 #include "core/atomic_file.h"
@@ -33,15 +34,6 @@ constexpr size_t kQ4rtHeader = 16;
 // costs 4 bytes), so a section's claimed size is bounded by its stored size.
 constexpr uint64_t kZstdMaxRatio = 32768;
 
-template <typename T> void put(std::vector<uint8_t> & buf, T v) {
-    const auto * p = reinterpret_cast<const uint8_t *>(&v);
-    buf.insert(buf.end(), p, p + sizeof(T));
-}
-template <typename T> T get(const uint8_t * p) {
-    T v;
-    std::memcpy(&v, p, sizeof(T));
-    return v;
-}
 
 void fwrite_exact(FILE * f, const void * data, size_t size, const fs::path & path) {
     if (std::fwrite(data, 1, size, f) != size) {
@@ -74,11 +66,11 @@ TraceWriter::TraceWriter(const fs::path & path, TraceHeader header, uint32_t blo
     }
     const std::string meta = json{{"domains", header_.domains}, {"meta", header_.meta}}.dump();
     std::vector<uint8_t> buf(kFileMagic, kFileMagic + 4);
-    put<uint32_t>(buf, kVersion);
-    put<uint32_t>(buf, header_.n_layer);
-    put<uint32_t>(buf, header_.n_expert);
-    put<uint32_t>(buf, header_.top_m);
-    put<uint32_t>(buf, uint32_t(meta.size()));
+    put_bytes<uint32_t>(buf, kVersion);
+    put_bytes<uint32_t>(buf, header_.n_layer);
+    put_bytes<uint32_t>(buf, header_.n_expert);
+    put_bytes<uint32_t>(buf, header_.top_m);
+    put_bytes<uint32_t>(buf, uint32_t(meta.size()));
     buf.insert(buf.end(), meta.begin(), meta.end());
     fwrite_exact(file_, buf.data(), buf.size(), path_);
     std::fflush(file_);
@@ -135,10 +127,10 @@ void TraceWriter::append(const TraceTokenMeta & meta, const uint16_t * ids, cons
                 fail_file(path_.string(), fmt::format("expert id {} at layer {} is not below n_expert {}", ids[l * m + i], l,
                                                       header_.n_expert));
             }
-            put<uint16_t>(pending_records_, ids[l * m + i]);
+            put_bytes<uint16_t>(pending_records_, ids[l * m + i]);
         }
         for (uint32_t i = 0; i < m; ++i) {
-            put<uint16_t>(pending_records_, ggml_fp32_to_fp16(logits[l * m + i]));
+            put_bytes<uint16_t>(pending_records_, ggml_fp32_to_fp16(logits[l * m + i]));
         }
     }
     if (pending_meta_.size() >= block_tokens_) {
@@ -155,12 +147,12 @@ void TraceWriter::flush() {
     std::vector<std::vector<uint8_t>> sections;
     std::vector<uint8_t> meta;
     for (const auto & t : pending_meta_) {
-        put<int32_t>(meta, t.token);
-        put<int32_t>(meta, t.pos);
-        put<int32_t>(meta, t.seq);
-        put<uint16_t>(meta, t.domain);
-        put<uint8_t>(meta, uint8_t(t.phase));
-        put<uint8_t>(meta, 0);
+        put_bytes<int32_t>(meta, t.token);
+        put_bytes<int32_t>(meta, t.pos);
+        put_bytes<int32_t>(meta, t.seq);
+        put_bytes<uint16_t>(meta, t.domain);
+        put_bytes<uint8_t>(meta, uint8_t(t.phase));
+        put_bytes<uint8_t>(meta, 0);
     }
     sections.push_back(std::move(meta));
     for (uint32_t l = 0; l < header_.n_layer; ++l) {
@@ -183,11 +175,11 @@ void TraceWriter::flush() {
         }
     }
     std::vector<uint8_t> block(kBlockMagic, kBlockMagic + 4);
-    put<uint32_t>(block, n);
-    put<uint32_t>(block, codec);
-    put<uint32_t>(block, uint32_t(sections.size()));
+    put_bytes<uint32_t>(block, n);
+    put_bytes<uint32_t>(block, codec);
+    put_bytes<uint32_t>(block, uint32_t(sections.size()));
     for (const auto & s : sections) {
-        put<uint64_t>(block, s.size());
+        put_bytes<uint64_t>(block, s.size());
     }
     for (const auto & s : sections) {
         block.insert(block.end(), s.begin(), s.end());
@@ -228,14 +220,14 @@ TraceReader TraceReader::open(const fs::path & path) {
 
     if (std::memcmp(head, "Q4RT", 4) == 0) {
         r.q4rt_ = true;
-        const uint16_t version = get<uint16_t>(head + 4);
+        const uint16_t version = get_bytes<uint16_t>(head + 4);
         if (version != 1) {
             fail_file(path.string(), fmt::format("Q4RT version {} is not supported (only 1)", version));
         }
-        r.header_.n_layer = get<uint16_t>(head + 6);
-        r.header_.n_expert = get<uint16_t>(head + 8);
-        r.header_.top_m = get<uint16_t>(head + 10);
-        const uint32_t header_count = get<uint32_t>(head + 12);
+        r.header_.n_layer = get_bytes<uint16_t>(head + 6);
+        r.header_.n_expert = get_bytes<uint16_t>(head + 8);
+        r.header_.top_m = get_bytes<uint16_t>(head + 10);
+        const uint32_t header_count = get_bytes<uint32_t>(head + 12);
         if (r.header_.n_layer == 0 || r.header_.top_m == 0 || r.header_.top_m > r.header_.n_expert) {
             fail_file(path.string(), fmt::format("Q4RT header is inconsistent: {} layers, {} experts, top-{}",
                                                  r.header_.n_layer, r.header_.n_expert, r.header_.top_m));
@@ -261,14 +253,14 @@ TraceReader TraceReader::open(const fs::path & path) {
         fail_file(path.string(), "not a router trace (magic is neither MPTR nor Q4RT)");
     }
     r.file_.pread_exact(head, 24, 0);
-    const uint32_t version = get<uint32_t>(head + 4);
+    const uint32_t version = get_bytes<uint32_t>(head + 4);
     if (version != kVersion) {
         fail_file(path.string(), fmt::format("trace version {} is not supported (only {})", version, kVersion));
     }
-    r.header_.n_layer = get<uint32_t>(head + 8);
-    r.header_.n_expert = get<uint32_t>(head + 12);
-    r.header_.top_m = get<uint32_t>(head + 16);
-    const uint32_t meta_len = get<uint32_t>(head + 20);
+    r.header_.n_layer = get_bytes<uint32_t>(head + 8);
+    r.header_.n_expert = get_bytes<uint32_t>(head + 12);
+    r.header_.top_m = get_bytes<uint32_t>(head + 16);
+    const uint32_t meta_len = get_bytes<uint32_t>(head + 20);
     if (r.header_.n_layer == 0 || r.header_.n_layer > 100000 || r.header_.top_m == 0 ||
         r.header_.top_m > r.header_.n_expert || r.header_.n_expert > 65536) {
         fail_file(path.string(), fmt::format("trace header is inconsistent: {} layers, {} experts, top-{}",
@@ -311,16 +303,16 @@ TraceReader TraceReader::open(const fs::path & path) {
         }
         Block b;
         b.first_token = r.n_tokens_;
-        b.n_tokens = get<uint32_t>(bh.data() + 4);
-        b.codec = get<uint32_t>(bh.data() + 8);
-        if (get<uint32_t>(bh.data() + 12) != n_sections || b.n_tokens == 0 || b.codec > kCodecZstd) {
+        b.n_tokens = get_bytes<uint32_t>(bh.data() + 4);
+        b.codec = get_bytes<uint32_t>(bh.data() + 8);
+        if (get_bytes<uint32_t>(bh.data() + 12) != n_sections || b.n_tokens == 0 || b.codec > kCodecZstd) {
             fail_file(path.string(), fmt::format("corrupt trace: bad block header at offset {} (block {})", offset,
                                                  block_index));
         }
         uint64_t pos = offset + header_bytes;
         bool torn = false;
         for (uint32_t s = 0; s < n_sections && !torn; ++s) {
-            const uint64_t size = get<uint64_t>(bh.data() + kBlockHeaderFixed + 8 * s);
+            const uint64_t size = get_bytes<uint64_t>(bh.data() + kBlockHeaderFixed + 8 * s);
             // What a section stores must decode to exactly the block's tokens; checked here,
             // before anything is allocated, against what its stored bytes can possibly hold.
             const uint64_t raw = uint64_t(b.n_tokens) * (s == 0 ? kMetaBytes : rec);
@@ -398,10 +390,10 @@ std::vector<TraceTokenMeta> TraceReader::token_meta() const {
         for (uint32_t t = 0; t < b.n_tokens; ++t) {
             const uint8_t * p = raw.data() + size_t(t) * kMetaBytes;
             TraceTokenMeta m;
-            m.token = get<int32_t>(p);
-            m.pos = get<int32_t>(p + 4);
-            m.seq = get<int32_t>(p + 8);
-            m.domain = get<uint16_t>(p + 12);
+            m.token = get_bytes<int32_t>(p);
+            m.pos = get_bytes<int32_t>(p + 4);
+            m.seq = get_bytes<int32_t>(p + 8);
+            m.domain = get_bytes<uint16_t>(p + 12);
             m.phase = TracePhase(p[14]);
             if (m.phase != TracePhase::Prefill && m.phase != TracePhase::Decode) {
                 fail_file(path().string(), fmt::format("corrupt trace: token {} has phase {}", b.first_token + t, p[14]));
@@ -426,8 +418,8 @@ void TraceReader::for_each_layer_chunk(uint32_t layer, const LayerChunkFn & fn) 
     std::vector<float> logits;
     const auto decode = [&](const uint8_t * p, uint64_t t) {
         for (uint32_t i = 0; i < m; ++i) {
-            ids[t * m + i] = get<uint16_t>(p + 2 * i);
-            logits[t * m + i] = ggml_fp16_to_fp32(get<ggml_fp16_t>(p + 2 * (m + i)));
+            ids[t * m + i] = get_bytes<uint16_t>(p + 2 * i);
+            logits[t * m + i] = ggml_fp16_to_fp32(get_bytes<ggml_fp16_t>(p + 2 * (m + i)));
         }
     };
     if (q4rt_) {
@@ -487,7 +479,7 @@ static void write_npy(const fs::path & path, const char * descr, const std::vect
     header.append((64 - total % 64) % 64, ' ');
     header += '\n';
     std::vector<uint8_t> out = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0};
-    put<uint16_t>(out, uint16_t(header.size()));
+    put_bytes<uint16_t>(out, uint16_t(header.size()));
     out.insert(out.end(), header.begin(), header.end());
     const auto * p = static_cast<const uint8_t *>(data);
     out.insert(out.end(), p, p + bytes);
