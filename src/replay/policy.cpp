@@ -196,10 +196,11 @@ enum class Credit { ChosenOnly, NearPick, InverseRouter };
 // at its last update t0 is worth s * d^(t - t0) later. Comparing those at a common t
 // is comparing ln(s) - t0 * ln(d), which no longer moves with time, so that (on a
 // grid of 2^-20, see ema_key) is the key, and untouched experts never need updating.
+// Credit is positive, so a key only grows: heap entries may stay stale (see KeyedCache).
 class DecayedScore : public KeyedCache {
 public:
     DecayedScore(int n_expert, int capacity, double decay, Credit credit, int near_pick)
-        : KeyedCache(n_expert, capacity, false), decay_(decay), log_decay_(std::log(decay)), credit_(credit),
+        : KeyedCache(n_expert, capacity, true), decay_(decay), log_decay_(std::log(decay)), credit_(credit),
           near_pick_(near_pick), score_(size_t(n_expert), 0.0), stamp_(size_t(n_expert), 0), decay_pow_(kDecayTable) {
         for (size_t i = 0; i < decay_pow_.size(); ++i) {
             decay_pow_[i] = std::pow(decay, double(i));
