@@ -537,7 +537,7 @@ TEST_F(Hostile, NumericFlagsOutsideTheirRangeAreRefusedAtParseTime) {
         {fmt::format("replay --trace {} --policy lru --cache-mib 8 --expert-mb 1e-300", t), "--expert-mb must be a finite size"},
         {replay + "-t -3", "-t and --prefetch-n must be >= 0"},
         {replay + "--warmup -1", "--warmup"},
-        {fmt::format("select --stats {} -k 4 --metric reap-lcb --lcb-z nan", st), "--lcb-z must be a finite number"},
+        {fmt::format("select --stats {} -k 4 --metric reap-lcb --lcb-z nan", st), "--lcb-z must be a number from 0 to 10"},
         {fmt::format("slice -m {} --keep {} -o {} --split-max-size -1", s(path("m.gguf")), s(path("k.json")),
                      s(local("o.gguf"))), "size \"-1\" is not a number"},
         {fmt::format("collect -m {} -f {} -o {} --chunks 0", s(path("m.gguf")), s(path("c.jsonl")), s(local("x.json"))),
