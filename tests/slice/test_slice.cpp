@@ -36,7 +36,8 @@ std::map<int, std::vector<int32_t>> planted_dead(const SynthResult & r) {
 
 std::vector<int> moe_layers(const fs::path & model) {
     std::set<int> layers;
-    for (const TensorEntry & t : GgufModel::open(model).tensors()) {
+    const GgufModel m = GgufModel::open(model);  // a temporary would die before the loop body
+    for (const TensorEntry & t : m.tensors()) {
         if (t.cls.role == TensorRole::Expert) {
             layers.insert(t.cls.layer);
         }
@@ -353,7 +354,8 @@ TEST(Slice, DryRunReportsSizesAndWritesNothing) {
     EXPECT_FALSE(fs::exists(dir / "s.gguf"));
     const auto j = nlohmann::json::parse(r.output);
     uint64_t expert_bytes = 0, before = 0;
-    for (const TensorEntry & t : GgufModel::open(dir / "m.gguf").tensors()) {
+    const GgufModel model = GgufModel::open(dir / "m.gguf");  // a temporary would die before the loop body
+    for (const TensorEntry & t : model.tensors()) {
         before += t.nbytes;
         expert_bytes += is_per_expert(t.cls.role) ? t.nbytes : 0;
     }
