@@ -19,7 +19,6 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
-#include <numeric>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -279,11 +278,10 @@ void decode_window(llama_context * ctx, const Window & w, RouterMask * mask) {
     }
 }
 
+// A loaded model and the context its windows decode in.
 struct Model {
-    std::string name, kind, source;
     ModelPtr model{nullptr, llama_model_free};
     ContextPtr ctx{nullptr, llama_free};
-    std::optional<KeepMap> keep;
 };
 
 json model_identity(const InspectReport & info, const fs::path & path, const std::string & vocab) {

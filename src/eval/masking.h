@@ -40,11 +40,11 @@ struct MaskFacts {
 
 class RouterMask {
 public:
-    // `probe`: only record which router nodes the graph has (see shape()).
     explicit RouterMask(const MaskFacts & facts) : facts_(facts) {}
 
     static bool callback(ggml_tensor * t, bool ask, void * ud);
 
+    // Between these, passes only record which router nodes the graph has (see shape()).
     void start_probe() { probing_ = true; }
     void stop_probe() { probing_ = false; }
     const RouterShape & shape() const { return shape_; }
