@@ -28,17 +28,8 @@ if [ ! -f corpus.txt ]; then
   done > corpus.txt
 fi
 threads=$(nproc)
-now() { date +%s.%N; }
-run() {  # run NAME COMMAND...: seconds of wall time
-  local name=$1 t0 t1
-  shift
-  t0=$(now)
-  "$@" >"$work/$name.log" 2>&1 || { echo "$name failed, see $work/$name.log" >&2; exit 1; }
-  t1=$(now)
-  awk "BEGIN { print $t1 - $t0 }"
-}
+. "$root/bench/lib.sh"
 ctx=512
-best() { sort -g | head -1; }
 c_times=() i_times=() p_times=()
 for round in 1 2 3; do
   c_times+=("$(run collect "$bin/moeprune" collect -m m.gguf -f corpus.txt -o stats.json --trace run.trace -c $ctx -b $ctx -t "$threads")")

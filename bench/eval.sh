@@ -43,16 +43,7 @@ done
 threads=$(nproc)
 ctx=512
 common=(-f text.txt -c $ctx -b $ctx -t "$threads")
-now() { date +%s.%N; }
-run() {  # run NAME COMMAND...: seconds of wall time
-  local name=$1 t0 t1
-  shift
-  t0=$(now)
-  "$@" >"$work/$name.log" 2>&1 || { echo "$name failed, see $work/$name.log" >&2; exit 1; }
-  t1=$(now)
-  awk "BEGIN { print $t1 - $t0 }"
-}
-best() { sort -g | head -1; }
+. "$root/bench/lib.sh"
 eb=() lb=() ec=() lc=()
 for round in 1 2 3; do
   rm -f base.mpkl base.kld
