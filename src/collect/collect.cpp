@@ -171,17 +171,12 @@ public:
 
 private:
     bool on_node(ggml_tensor * t, bool ask) {
-        static constexpr const char * kPrefix = "ffn_moe_";
         const char * name = t->name;
-        if (std::strncmp(name, kPrefix, std::strlen(kPrefix)) != 0) {
+        const RouterNode parsed = parse_router_node(name);
+        if (parsed.layer < 0) {
             return false;
         }
-        const char * dash = std::strrchr(name, '-');
-        // Exactly NAME-LAYER: views and reshapes of a node carry suffixes like " (reshaped)".
-        if (!dash || dash[1] == '\0' || std::strspn(dash + 1, "0123456789") != std::strlen(dash + 1)) {
-            return false;
-        }
-        const std::string node(name, size_t(dash - name));
+        const std::string & node = parsed.name;
         // Every watched node splits llama.cpp's graph there, so only what this run uses:
         // logits and selection scores only for a trace; all gate stages, since the last
         // one present is the gate the model applies; f only at its final stage, where the
@@ -199,7 +194,7 @@ private:
         if (ask) {
             return true;
         }
-        const int il = std::atoi(dash + 1);
+        const int il = parsed.layer;
         const auto it = ordinal_.find(il);
         if (it == ordinal_.end()) {
             throw Error(fmt::format("{}: node {} belongs to layer {}, which has no routed experts in the model's tensors",

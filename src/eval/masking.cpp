@@ -1,5 +1,6 @@
 #include "eval/masking.h"
 #include "core/errors.h"
+#include "llama/session.h"
 
 #include "ggml-backend.h"
 
@@ -10,22 +11,6 @@
 #include <limits>
 
 namespace moeprune {
-
-namespace {
-
-// "ffn_moe_logits-12" -> {"ffn_moe_logits", 12}; anything else (views carry suffixes) -> layer -1.
-std::pair<std::string, int> split_node(const char * name) {
-    if (std::strncmp(name, "ffn_moe_", 8) != 0) {
-        return {"", -1};
-    }
-    const char * dash = std::strrchr(name, '-');
-    if (!dash || dash[1] == '\0' || std::strspn(dash + 1, "0123456789") != std::strlen(dash + 1)) {
-        return {"", -1};
-    }
-    return {std::string(name, size_t(dash - name)), std::atoi(dash + 1)};
-}
-
-} // namespace
 
 bool RouterMask::callback(ggml_tensor * t, bool ask, void * ud) {
     auto * self = static_cast<RouterMask *>(ud);
@@ -125,7 +110,7 @@ void RouterMask::set(const KeepMap & km, const std::string & origin) {
 }
 
 bool RouterMask::on_node(ggml_tensor * t, bool ask) {
-    const auto [node, layer] = split_node(t->name);
+    const auto [node, layer] = parse_router_node(t->name);
     if (layer < 0) {
         return false;
     }

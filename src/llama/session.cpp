@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <regex>
 
 namespace moeprune {
@@ -101,6 +103,17 @@ std::vector<llama_token> tokenize(const llama_vocab * vocab, const std::string &
     }
     out.resize(size_t(n));
     return out;
+}
+
+RouterNode parse_router_node(const char * tensor_name) {
+    if (std::strncmp(tensor_name, "ffn_moe_", 8) != 0) {
+        return {};
+    }
+    const char * dash = std::strrchr(tensor_name, '-');
+    if (!dash || dash[1] == '\0' || std::strspn(dash + 1, "0123456789") != std::strlen(dash + 1)) {
+        return {};
+    }
+    return {std::string(tensor_name, size_t(dash - tensor_name)), std::atoi(dash + 1)};
 }
 
 std::string document_text(const llama_model * model, const CorpusDocument & d, bool for_generation,

@@ -31,6 +31,14 @@ std::string render_chat(const llama_model * model, const CorpusDocument & d, boo
 std::vector<llama_token> tokenize(const llama_vocab * vocab, const std::string & text, bool parse_special,
                                   const std::string & where);
 
+// A router node of build_moe_ffn by its graph name, "ffn_moe_logits-12" -> {"ffn_moe_logits", 12};
+// layer -1 for any other node (views and reshapes carry suffixes such as " (reshaped)").
+struct RouterNode {
+    std::string name;
+    int layer = -1;
+};
+RouterNode parse_router_node(const char * tensor_name);
+
 // The text of a document as the model reads it: plain, or rendered chat.
 std::string document_text(const llama_model * model, const CorpusDocument & d, bool for_generation,
                           const std::string & where);
