@@ -27,6 +27,7 @@ int main(int argc, char ** argv) {
     moeprune::cli::add_merge(app, action);
     moeprune::cli::add_keep(app, action);
     moeprune::cli::add_slice(app, action);
+    moeprune::cli::add_corpus(app, action);
     moeprune::cli::add_collect(app, action);
     moeprune::cli::add_select(app, action);
     moeprune::cli::add_replay(app, action);

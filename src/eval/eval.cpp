@@ -2,6 +2,7 @@
 #include "collect/corpus.h"
 #include "core/atomic_file.h"
 #include "core/errors.h"
+#include "core/parallel.h"
 #include "core/progress.h"
 #include "eval/masking.h"
 #include "formats/base_logits.h"
@@ -167,50 +168,6 @@ BaseRecord compact_record(const BaseRow & b, const std::vector<float> & exps, ui
     }
     r.ln_tail = tail > 0 ? float(std::log(tail) - b.lse) : -std::numeric_limits<float>::infinity();
     return r;
-}
-
-// Runs fn(i) for i in [0, n) on up to `threads` threads.
-template <class Fn> void parallel_for(int n, int threads, Fn fn) {
-    const int workers = std::max(1, std::min(threads, n));
-    std::vector<std::thread> pool;
-    std::exception_ptr failure;
-    std::mutex m;
-    for (int w = 0; w < workers; ++w) {
-        pool.emplace_back([&, w] {
-            try {
-                for (int i = w; i < n; i += workers) {
-                    fn(i);
-                }
-            } catch (...) {
-                std::lock_guard<std::mutex> lock(m);
-                failure = std::current_exception();
-            }
-        });
-    }
-    for (auto & t : pool) {
-        t.join();
-    }
-    if (failure) {
-        std::rethrow_exception(failure);
-    }
-}
-
-// The identity of a vocabulary: every token's text, type and the special ids, hashed.
-std::string vocab_digest(const llama_vocab * v) {
-    XXH64_state_t * st = XXH64_createState();
-    XXH64_reset(st, 0);
-    const int32_t head[6] = {int32_t(llama_vocab_type(v)), llama_vocab_n_tokens(v), llama_vocab_bos(v),
-                             llama_vocab_eos(v), int32_t(llama_vocab_get_add_bos(v)), int32_t(llama_vocab_get_add_eos(v))};
-    XXH64_update(st, head, sizeof(head));
-    for (int32_t i = 0; i < llama_vocab_n_tokens(v); ++i) {
-        const char * text = llama_vocab_get_text(v, i);
-        XXH64_update(st, text, std::strlen(text) + 1);
-        const int32_t attr = int32_t(llama_vocab_get_attr(v, i));
-        XXH64_update(st, &attr, sizeof(attr));
-    }
-    const uint64_t h = XXH64_digest(st);
-    XXH64_freeState(st);
-    return fmt::format("xxh64:{:016x}", h);
 }
 
 std::string piece(const llama_vocab * v, llama_token t) {
@@ -626,7 +583,7 @@ EvalReport run_eval(const EvalOptions & opt) {
             }
             rows.assign(size_t(n), {});
             records.assign(base_writer ? size_t(n) : 0, {});
-            parallel_for(n, threads, [&](int i) {
+            run_parallel(size_t(n), threads, [&](size_t i) {
                 thread_local std::vector<float> exps;
                 rows[size_t(i)] = base_row(llama_get_logits_ith(ref, w.first + i), n_vocab, base_writer ? &exps : nullptr);
                 if (base_writer) {
@@ -638,7 +595,7 @@ EvalReport run_eval(const EvalOptions & opt) {
             }
         }
         const auto score_all = [&](llama_context * ctx, EvalCandidate & cand) {
-            parallel_for(n, threads, [&](int i) {
+            run_parallel(size_t(n), threads, [&](size_t i) {
                 const float * c = llama_get_logits_ith(ctx, w.first + i);
                 const int32_t target = w.tokens[size_t(w.first + i + 1)];
                 thread_local std::vector<uint8_t> mark;

@@ -43,4 +43,8 @@ RouterNode parse_router_node(const char * tensor_name);
 std::string document_text(const llama_model * model, const CorpusDocument & d, bool for_generation,
                           const std::string & where);
 
+// The identity of a tokenizer: every token's text and attributes and the special ids,
+// hashed ("xxh64:..."); two models tokenize alike when their digests agree.
+std::string vocab_digest(const llama_vocab * v);
+
 } // namespace moeprune

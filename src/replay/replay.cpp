@@ -1,6 +1,7 @@
 #include "replay/replay.h"
-#include "core/errors.h"
 #include "core/atomic_file.h"
+#include "core/errors.h"
+#include "core/parallel.h"
 #include "formats/keep_map.h"
 #include "formats/trace.h"
 #include "gguf/model_file.h"
@@ -583,39 +584,6 @@ std::vector<Config> make_configs(const ReplayOptions & opt, const Setup & s, jso
         }
     }
     return out;
-}
-
-template <class Fn> void run_parallel(unsigned n_items, int threads, Fn fn) {
-    std::atomic<unsigned> next{0};
-    std::exception_ptr failure;
-    std::mutex failure_mutex;
-    const auto worker = [&] {
-        for (unsigned i = next++; i < n_items; i = next++) {
-            try {
-                fn(i);
-            } catch (...) {
-                std::lock_guard<std::mutex> lock(failure_mutex);
-                if (!failure) {
-                    failure = std::current_exception();
-                }
-                next = n_items;
-                return;
-            }
-        }
-    };
-    const unsigned n_threads =
-        std::max(1u, std::min<unsigned>(threads > 0 ? unsigned(threads) : std::thread::hardware_concurrency(), n_items));
-    std::vector<std::thread> pool;
-    for (unsigned i = 1; i < n_threads; ++i) {
-        pool.emplace_back(worker);
-    }
-    worker();
-    for (auto & th : pool) {
-        th.join();
-    }
-    if (failure) {
-        std::rethrow_exception(failure);
-    }
 }
 
 } // namespace

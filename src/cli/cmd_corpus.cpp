@@ -1,0 +1,109 @@
+#include "cli/commands.h"
+#include "core/errors.h"
+#include "corpus/build.h"
+#include "llama/session.h"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <memory>
+#include <optional>
+
+namespace moeprune::cli {
+
+namespace {
+
+std::string summary(const nlohmann::json & r) {
+    std::string out;
+    for (const char * side : {"calib", "eval"}) {
+        const auto & o = r["outputs"][side];
+        out += fmt::format("{:<5} {} documents, {} tokens -> {}\n", side, o["documents"].get<uint64_t>(),
+                           o["tokens"].get<uint64_t>(), o["path"].get<std::string>());
+    }
+    for (const auto & d : r["domains"]) {
+        out += fmt::format("  {:<16} calib {:>10} tokens ({:5.1f}%, target {:5.1f}%)  eval {:>9} tokens\n",
+                           d["domain"].get<std::string>(), d["calib"]["tokens"].get<uint64_t>(),
+                           100 * d["calib"]["share"].get<double>(), 100 * d["calib"]["target_share"].get<double>(),
+                           d["eval"]["tokens"].get<uint64_t>());
+    }
+    out += fmt::format("dedupe: {} exact and {} near duplicates dropped; {} boilerplate prefixes found\n",
+                       r["dedupe"]["exact"].get<uint64_t>(), r["dedupe"]["near"].get<uint64_t>(), r["boilerplate"].size());
+    const auto & l = r["leak_check"];
+    out += fmt::format("leak check (eval vs calib): exact {}, near {}, shared {}-grams {}, shared groups {}{}\n",
+                       l["exact"].get<uint64_t>(), l["near"].get<uint64_t>(), l["ngram_units"].get<int>(),
+                       l["shared_ngrams"].get<uint64_t>(), l["shared_groups"].get<uint64_t>(),
+                       l["clean"].get<bool>() ? " (clean)" : " (see corpus.json for examples)");
+    for (const auto & s : r["shortfalls"]) {
+        out += "shortfall: " + s.get<std::string>() + "\n";
+    }
+    return out;
+}
+
+} // namespace
+
+void add_corpus(CLI::App & app, Action & action) {
+    auto opt = std::make_shared<CorpusOptions>();
+    auto manifest = std::make_shared<std::filesystem::path>();
+    auto sources = std::make_shared<std::vector<std::string>>();
+    auto seed = std::make_shared<std::optional<uint64_t>>();
+    auto near_dup = std::make_shared<std::optional<double>>();
+    auto eval_share = std::make_shared<std::optional<double>>();
+    auto tokens = std::make_shared<std::optional<uint64_t>>();
+    auto doc_tokens = std::make_shared<std::optional<uint32_t>>();
+    auto strip = std::make_shared<bool>(false);
+    CLI::App * sub = app.add_subcommand(
+        "corpus", "Build leak-free, token-budgeted calib.jsonl and eval.jsonl from text, Markdown and JSONL sources "
+                  "(docs/corpus.md)");
+    sub->add_option("-m,--model", opt->model, "Model whose tokenizer and chat template measure the budgets (GGUF)")
+        ->required();
+    sub->add_option("--manifest", *manifest, "Sources and settings (TOML, docs/corpus.md)");
+    sub->add_option("--source", *sources, "DOMAIN=PATH_OR_GLOB, one group per file (repeatable)");
+    sub->add_option("-o,--out", opt->out_dir, "Output directory: calib.jsonl, eval.jsonl, corpus.json")->required();
+    sub->add_option("--seed", *seed, "Seed of the split and the order (default: the manifest's, or 0)");
+    sub->add_option("--near-dup", *near_dup, "Jaccard over shingles at which two documents are one (default 0.5)")
+        ->check(CLI::Range(0.01, 1.0));
+    sub->add_option("--eval-share", *eval_share, "Share of groups held out for eval (default 0.1)")
+        ->check(CLI::Range(0.0, 0.99));
+    sub->add_option("--tokens", *tokens, "Calib tokens shared by the weighted sources (default: all they have)")
+        ->check(CLI::Range(uint64_t(1), uint64_t(1) << 50));
+    sub->add_option("--doc-tokens", *doc_tokens, "Longest document in tokens; longer ones are cut (default 4096)")
+        ->check(CLI::Range(16u, 1u << 24));
+    sub->add_flag("--strip-boilerplate", *strip, "Keep a long prefix shared by many documents in the first only");
+    sub->add_flag("--allow-shortfall", opt->allow_shortfall, "Build even when a source cannot meet its budget");
+    sub->add_option("--json", opt->report, "Also write the report (moeprune-corpus JSON) here");
+    sub->add_option("-t,--threads", opt->threads, "Threads (0: one per core)")->capture_default_str();
+    sub->callback([=, &action] {
+        action = [=] {
+            if (manifest->empty() == sources->empty()) {
+                throw Error("give either --manifest FILE or --source DOMAIN=PATH (one or more)");
+            }
+            if (!manifest->empty()) {
+                opt->spec = read_manifest(*manifest);
+            }
+            for (const std::string & s : *sources) {
+                opt->spec.sources.push_back(source_from_flag(s));
+            }
+            if (*seed) {
+                opt->spec.seed = **seed;
+            }
+            if (*near_dup) {
+                opt->spec.near_dup = **near_dup;
+            }
+            if (*eval_share) {
+                opt->spec.eval_share = **eval_share;
+            }
+            if (*tokens) {
+                opt->spec.tokens = **tokens;
+            }
+            if (*doc_tokens) {
+                opt->spec.doc_tokens = **doc_tokens;
+            }
+            opt->spec.strip_boilerplate = opt->spec.strip_boilerplate || *strip;
+            init_llama({});
+            std::printf("%s", summary(build_corpus(*opt)).c_str());
+            return 0;
+        };
+    });
+}
+
+} // namespace moeprune::cli

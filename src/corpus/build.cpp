@@ -1,0 +1,925 @@
+#include "corpus/build.h"
+#include "core/atomic_file.h"
+#include "core/errors.h"
+#include "core/parallel.h"
+#include "core/progress.h"
+#include "corpus/dedupe.h"
+#include "corpus/sources.h"
+#include "llama/session.h"
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <mutex>
+#include <set>
+#include <random>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace moeprune {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr int kCalib = 0, kEval = 1;
+constexpr const char * kSideName[2] = {"calib", "eval"};
+constexpr size_t kExamples = 5;
+constexpr double kPrefixes[] = {0.10, 0.25, 0.50, 1.00};
+
+struct Doc {
+    SourceDocument d;
+    bool dropped = false;
+    size_t boiler_skip = 0;  // bytes of the body that are reported boilerplate
+    int side = kCalib;
+};
+
+// The part of a document boilerplate lives in: a text, or a conversation's first message.
+std::string & body(SourceDocument & d) {
+    return d.messages.empty() ? d.text : d.messages.front().content;
+}
+
+std::string content_text(const SourceDocument & d) {
+    if (d.messages.empty()) {
+        return d.text;
+    }
+    std::string s;
+    for (const CorpusMessage & m : d.messages) {
+        s += m.content;
+        s += '\n';
+    }
+    return s;
+}
+
+std::string label(const std::vector<SourceFile> & files, const SourceDocument & d) {
+    const std::string f = files[d.file].path.string();
+    return d.line ? fmt::format("{}:{}", f, d.line) : f;
+}
+
+// A unit of output: one document or one piece of one, with its exact token count.
+struct Unit {
+    size_t doc;
+    std::string text;
+    std::vector<CorpusMessage> messages;
+    uint64_t tokens = 0;
+    bool truncated = false;
+    bool piece = false;
+};
+
+// Snaps a byte offset of UTF-8 text back to the start of a code point.
+size_t char_start(const std::string & s, size_t at) {
+    while (at > 0 && at < s.size() && (static_cast<unsigned char>(s[at]) & 0xC0) == 0x80) {
+        --at;
+    }
+    return at;
+}
+
+class Tokenizer {
+public:
+    Tokenizer(const llama_model * model, uint32_t limit) : model_(model), vocab_(llama_model_get_vocab(model)), limit_(limit) {}
+
+    uint64_t count(const std::string & text, const std::string & where) const {
+        return tokenize(vocab_, text, true, where).size();
+    }
+
+    // Whether a prompt already holds the model's chat template: it has control tokens.
+    bool templated(const std::string & prompt) const {
+        std::vector<llama_token> t(prompt.size() + 8);
+        const int n = llama_tokenize(vocab_, prompt.data(), int32_t(prompt.size()), t.data(), int32_t(t.size()), false, true);
+        for (int i = 0; i < n; ++i) {
+            if (llama_vocab_get_attr(vocab_, t[size_t(i)]) & LLAMA_TOKEN_ATTR_CONTROL) {
+                return true;
+            }
+        }
+        return false;
+    }
+
+    uint64_t count_chat(const std::vector<CorpusMessage> & msgs, const std::string & where) const {
+        CorpusDocument c;
+        c.messages = msgs;
+        return count(render_chat(model_, c, false, where), where);
+    }
+
+    // The units one document becomes under the limit.
+    std::vector<Unit> units(size_t index, const SourceDocument & src, Truncate rule, const std::string & where) const {
+        SourceDocument d = src;
+        if (d.prompt_response && templated(d.messages[0].content)) {
+            d.text = d.messages[0].content + d.messages[1].content;  // used as it is: never wrapped twice
+            d.messages.clear();
+        }
+        const bool chat = !d.messages.empty() || src.prompt_response;
+        if (rule == Truncate::Auto) {
+            rule = chat ? Truncate::Left : Truncate::Pieces;
+        }
+        Unit u{index, d.text, d.messages, 0, false, false};
+        u.tokens = d.messages.empty() ? count(d.text, where) : count_chat(d.messages, where);
+        if (u.tokens <= limit_) {
+            return {std::move(u)};
+        }
+        if (!d.messages.empty()) {
+            return rule == Truncate::Left ? std::vector<Unit>{chat_tail(index, d.messages, where)}
+                                          : chat_pieces(index, d.messages, where);
+        }
+        return rule == Truncate::Left ? std::vector<Unit>{text_tail(index, d.text, u.tokens, where)}
+                                      : text_pieces(index, d.text, u.tokens, where);
+    }
+
+private:
+    // The longest end of `text` (starting at a line, word or character boundary) within the limit.
+    Unit text_tail(size_t index, const std::string & text, uint64_t tokens, const std::string & where) const {
+        double keep = 0.95 * double(limit_) / double(tokens);
+        for (;;) {
+            size_t at = char_start(text, text.size() - size_t(keep * double(text.size())));
+            const size_t line = text.find('\n', at);
+            if (line != std::string::npos && line + 1 < text.size() && line - at < 200) {
+                at = line + 1;
+            }
+            Unit u{index, text.substr(at), {}, 0, true, false};
+            u.tokens = count(u.text, where);
+            if (u.tokens <= limit_ || u.text.size() <= 1) {
+                return u;
+            }
+            keep *= 0.85;
+        }
+    }
+
+    // Consecutive pieces within the limit, cut at line ends where possible.
+    std::vector<Unit> text_pieces(size_t index, const std::string & text, uint64_t tokens, const std::string & where) const {
+        std::vector<Unit> out;
+        const double bytes_per_token = double(text.size()) / double(tokens);
+        size_t pos = 0;
+        while (pos < text.size()) {
+            double want = 0.95 * double(limit_) * bytes_per_token;
+            for (;;) {
+                size_t end = std::min(text.size(), pos + std::max<size_t>(1, size_t(want)));
+                if (end < text.size()) {
+                    const size_t line = text.rfind('\n', end - 1);
+                    const size_t space = text.find_last_of(" \t", end - 1);
+                    if (line != std::string::npos && line > pos && line + 1 - pos > (end - pos) / 2) {
+                        end = line + 1;
+                    } else if (space != std::string::npos && space > pos && space + 1 - pos > (end - pos) / 2) {
+                        end = space + 1;
+                    } else {
+                        end = std::max(pos + 1, char_start(text, end));
+                    }
+                }
+                Unit u{index, text.substr(pos, end - pos), {}, 0, false, true};
+                u.tokens = count(u.text, where);
+                if (u.tokens <= limit_ || end - pos <= 4) {
+                    pos = end;
+                    if (u.text.find_first_not_of(" \t\r\n") != std::string::npos) {
+                        out.push_back(std::move(u));
+                    }
+                    break;
+                }
+                want *= 0.85;
+            }
+        }
+        return out;
+    }
+
+    // Drops the fewest leading messages that brings the conversation within the limit; a
+    // last message still too long keeps its end.
+    Unit chat_tail(size_t index, const std::vector<CorpusMessage> & msgs, const std::string & where) const {
+        size_t lo = std::min<size_t>(1, msgs.size() - 1), hi = msgs.size() - 1;  // drops that many, in [lo, hi]
+        while (lo < hi) {
+            const size_t mid = (lo + hi) / 2;
+            if (count_chat({msgs.begin() + long(mid), msgs.end()}, where) <= limit_) {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        Unit u{index, {}, {msgs.begin() + long(lo), msgs.end()}, 0, true, false};
+        u.tokens = count_chat(u.messages, where);
+        double keep = 0.9;
+        while (u.tokens > limit_ && u.messages.back().content.size() > 1) {
+            std::string & c = u.messages.back().content;
+            c = c.substr(char_start(c, c.size() - size_t(keep * double(c.size()))));
+            u.tokens = count_chat(u.messages, where);
+            keep = 0.85;
+        }
+        return u;
+    }
+
+    std::vector<Unit> chat_pieces(size_t index, const std::vector<CorpusMessage> & msgs, const std::string & where) const {
+        std::vector<Unit> out;
+        size_t start = 0;
+        while (start < msgs.size()) {
+            size_t end = start + 1;
+            while (end < msgs.size() && count_chat({msgs.begin() + long(start), msgs.begin() + long(end + 1)}, where) <= limit_) {
+                ++end;
+            }
+            std::vector<CorpusMessage> part(msgs.begin() + long(start), msgs.begin() + long(end));
+            Unit u = count_chat(part, where) <= limit_ ? Unit{index, {}, part, count_chat(part, where), false, true}
+                                                       : chat_tail(index, part, where);
+            u.piece = true;
+            out.push_back(std::move(u));
+            start = end;
+        }
+        return out;
+    }
+
+    const llama_model * model_;
+    const llama_vocab * vocab_;
+    uint64_t limit_;
+};
+
+double group_draw(uint64_t seed, const std::string & group) {
+    return double(XXH64(group.data(), group.size(), seed) >> 11) * 0x1.0p-53;
+}
+
+json doc_ref(const std::vector<SourceFile> & files, const std::vector<SourceSpec> & specs, const SourceDocument & d) {
+    return {{"source", specs[d.source].name}, {"at", label(files, d)}};
+}
+
+} // namespace
+
+json leak_check(const std::vector<LeakDocument> & calib, const std::vector<LeakDocument> & eval, double near_dup, int threads) {
+    json examples = json::array();
+    const auto example = [&](const char * kind, const LeakDocument & c, const LeakDocument & e, json extra) {
+        if (examples.size() < 3 * kExamples) {
+            json x = {{"kind", kind}, {"calib", c.label}, {"eval", e.label}};
+            x.update(extra);
+            examples.push_back(std::move(x));
+        }
+    };
+    // Calib's side, computed once.
+    std::vector<std::string> digests(calib.size());
+    std::vector<Signature> sigs(calib.size());
+    std::vector<std::vector<Ngram>> grams(calib.size());
+    run_parallel(calib.size(), threads, [&](size_t i) {
+        digests[i] = normalized_digest(calib[i].text);
+        sigs[i] = minhash(shingle_set(calib[i].text));
+        grams[i] = sampled_ngrams(std::string_view(calib[i].text).substr(calib[i].skip));
+    });
+    std::unordered_map<std::string, size_t> digest_at;
+    std::unordered_map<uint64_t, std::pair<size_t, uint32_t>> gram_at;
+    std::unordered_map<std::string, size_t> group_at;
+    LshIndex lsh(near_dup);
+    for (size_t i = 0; i < calib.size(); ++i) {
+        digest_at.emplace(digests[i], i);
+        lsh.add(uint32_t(i), sigs[i]);
+        for (const Ngram & g : grams[i]) {
+            gram_at.emplace(g.hash, std::pair{i, g.offset});
+        }
+        grams[i].clear();
+        grams[i].shrink_to_fit();
+        group_at.emplace(calib[i].group, i);
+    }
+    uint64_t exact = 0, near = 0, ngram_docs = 0, shared_ngrams = 0;
+    std::set<std::string> shared_groups;
+    std::vector<json> per_eval(eval.size());
+    struct Hit {
+        int exact = -1, near = -1, gram = -1;
+        double jaccard = 0;
+        uint32_t gram_count = 0, eval_offset = 0, calib_offset = 0;
+    };
+    std::vector<Hit> hits(eval.size());
+    run_parallel(eval.size(), threads, [&](size_t i) {
+        Hit & h = hits[i];
+        const LeakDocument & e = eval[i];
+        if (auto it = digest_at.find(normalized_digest(e.text)); it != digest_at.end()) {
+            h.exact = int(it->second);
+            return;
+        }
+        const std::vector<uint64_t> shingles = shingle_set(e.text);
+        for (const uint32_t c : lsh.candidates(minhash(shingles))) {
+            const double j = jaccard(shingles, shingle_set(calib[c].text));
+            if (j >= near_dup && j > h.jaccard) {
+                h.near = int(c);
+                h.jaccard = j;
+            }
+        }
+        for (const Ngram & g : sampled_ngrams(std::string_view(e.text).substr(e.skip))) {
+            if (auto it = gram_at.find(g.hash); it != gram_at.end()) {
+                if (h.gram < 0) {
+                    h.gram = int(it->second.first);
+                    h.calib_offset = it->second.second;
+                    h.eval_offset = uint32_t(g.offset + e.skip);
+                }
+                ++h.gram_count;
+            }
+        }
+    });
+    const auto snippet = [](const std::string & text, size_t at) {
+        return text.substr(at, char_start(text, std::min(text.size(), at + 80)) - at);
+    };
+    for (size_t i = 0; i < eval.size(); ++i) {
+        const Hit & h = hits[i];
+        if (h.exact >= 0) {
+            ++exact;
+            example("exact", calib[size_t(h.exact)], eval[i], json::object());
+        }
+        if (h.near >= 0) {
+            ++near;
+            example("near", calib[size_t(h.near)], eval[i], {{"jaccard", h.jaccard}});
+        }
+        if (h.gram >= 0) {
+            ++ngram_docs;
+            shared_ngrams += h.gram_count;
+            example("ngram", calib[size_t(h.gram)], eval[i], {{"text", snippet(eval[i].text, h.eval_offset)}});
+        }
+        if (auto it = group_at.find(eval[i].group); it != group_at.end() && shared_groups.insert(eval[i].group).second) {
+            example("group", calib[it->second], eval[i], {{"group", eval[i].group}});
+        }
+    }
+    return {{"exact", exact},
+            {"near", near},
+            {"shared_ngrams", ngram_docs},
+            {"shared_ngram_hashes", shared_ngrams},
+            {"shared_groups", shared_groups.size()},
+            {"ngram_units", kLeakNgramUnits},
+            {"ngram_sample", kLeakNgramSample},
+            {"clean", exact + near + ngram_docs + shared_groups.size() == 0},
+            {"examples", examples}};
+}
+
+json build_corpus(const CorpusOptions & opt) {
+    namespace fs = std::filesystem;
+    const CorpusSpec & spec = opt.spec;
+    const std::vector<SourceSpec> & specs = spec.sources;
+    if (specs.empty()) {
+        throw Error("no sources: give --manifest or --source DOMAIN=PATH");
+    }
+    {
+        std::set<std::string> names;
+        for (const SourceSpec & s : specs) {
+            if (!names.insert(s.name).second) {
+                throw Error(fmt::format("two sources are named \"{}\"", s.name));
+            }
+        }
+    }
+    if (!(spec.near_dup > 0 && spec.near_dup <= 1) || !(spec.eval_share >= 0 && spec.eval_share < 1)) {
+        throw Error("--near-dup must be in (0, 1] and --eval-share in [0, 1)");
+    }
+
+    // Inputs, and the check that no output is one of them.
+    std::vector<std::vector<fs::path>> paths(specs.size());
+    std::vector<fs::path> inputs{opt.model};
+    if (!spec.manifest.empty()) {
+        inputs.push_back(spec.manifest);
+    }
+    uint64_t total_bytes = 0;
+    for (size_t s = 0; s < specs.size(); ++s) {
+        paths[s] = expand_source_path(specs[s], spec.base_dir);
+        for (const fs::path & p : paths[s]) {
+            inputs.push_back(p);
+            std::error_code ec;
+            total_bytes += fs::file_size(p, ec);
+        }
+    }
+    const fs::path calib_path = opt.out_dir / "calib.jsonl", eval_path = opt.out_dir / "eval.jsonl",
+                   report_path = opt.out_dir / "corpus.json";
+    std::vector<fs::path> outputs{calib_path, eval_path, report_path};
+    if (!opt.report.empty()) {
+        outputs.push_back(opt.report);
+    }
+    refuse_output_clashes(outputs, inputs);
+
+    // The tokenizer first: a model that cannot load should fail before minutes of reading.
+    llama_model_params mp = llama_model_default_params();
+    mp.vocab_only = true;
+    mp.progress_callback = [](float, void *) { return true; };
+    ModelPtr model(llama_model_load_from_file(opt.model.c_str(), mp), llama_model_free);
+    if (!model) {
+        fail_file(opt.model.string(), "llama.cpp could not load its vocabulary");
+    }
+    const Tokenizer tokenizer(model.get(), spec.doc_tokens);
+
+    // Read every file, in parallel, keeping the sources' order.
+    std::vector<std::pair<uint32_t, fs::path>> jobs;
+    for (size_t s = 0; s < specs.size(); ++s) {
+        for (const fs::path & p : paths[s]) {
+            jobs.emplace_back(uint32_t(s), p);
+        }
+    }
+    std::vector<SourceFiles> read(jobs.size());
+    {
+        Progress progress("reading", total_bytes, "MiB", 1.0 / 1048576);
+        std::mutex m;
+        run_parallel(jobs.size(), opt.threads, [&](size_t i) {
+            read_source_file(specs[jobs[i].first], jobs[i].first, jobs[i].second, read[i]);
+            std::lock_guard<std::mutex> lock(m);
+            progress.advance(read[i].files[0].bytes);
+        });
+        progress.finish();
+    }
+    std::vector<SourceFile> files;
+    std::vector<Doc> docs;
+    std::vector<json> source_reports(specs.size());
+    std::vector<uint64_t> empty_skipped(specs.size(), 0), read_docs(specs.size(), 0);
+    for (size_t i = 0; i < read.size(); ++i) {
+        const uint32_t offset = uint32_t(files.size());
+        files.push_back(read[i].files[0]);
+        empty_skipped[jobs[i].first] += read[i].empty_skipped;
+        for (SourceDocument & d : read[i].documents) {
+            d.file += offset;
+            ++read_docs[d.source];
+            docs.push_back({std::move(d), false, 0, kCalib});
+        }
+        read[i] = {};
+    }
+
+    // Exact duplicates, across sources, the first kept.
+    std::vector<uint64_t> exact_dropped(specs.size(), 0), near_dropped(specs.size(), 0), boiler_only(specs.size(), 0);
+    json dedupe_examples = json::array();
+    {
+        std::vector<std::string> digests(docs.size());
+        run_parallel(docs.size(), opt.threads, [&](size_t i) { digests[i] = normalized_digest(content_text(docs[i].d)); });
+        std::unordered_map<std::string, size_t> first;
+        for (size_t i = 0; i < docs.size(); ++i) {
+            auto [it, fresh] = first.emplace(digests[i], i);
+            if (!fresh) {
+                docs[i].dropped = true;
+                ++exact_dropped[docs[i].d.source];
+                if (dedupe_examples.size() < kExamples) {
+                    dedupe_examples.push_back({{"kind", "exact"},
+                                               {"kept", doc_ref(files, specs, docs[it->second].d)},
+                                               {"dropped", doc_ref(files, specs, docs[i].d)}});
+                }
+            }
+        }
+    }
+
+    // Boilerplate, per source; never compared, and with --strip-boilerplate kept once.
+    json boilerplate = json::array();
+    for (size_t s = 0; s < specs.size(); ++s) {
+        std::vector<size_t> ids;
+        std::vector<std::string_view> bodies;
+        for (size_t i = 0; i < docs.size(); ++i) {
+            if (docs[i].d.source == s && !docs[i].dropped) {
+                ids.push_back(i);
+                bodies.push_back(body(docs[i].d));
+            }
+        }
+        for (const Boilerplate & b : find_boilerplate(bodies)) {
+            uint64_t bytes = 0;
+            for (const size_t m : b.members) {
+                Doc & d = docs[ids[m]];
+                bytes += content_text(d.d).size();
+                d.boiler_skip = b.prefix.size();
+            }
+            boilerplate.push_back({{"source", specs[s].name},
+                                   {"chars", b.prefix.size()},
+                                   {"documents", b.members.size()},
+                                   {"share_of_their_bytes", double(b.prefix.size() * b.members.size()) / double(bytes)},
+                                   {"begins", b.prefix.substr(0, char_start(b.prefix, std::min<size_t>(80, b.prefix.size())))},
+                                   {"stripped", spec.strip_boilerplate}});
+            if (spec.strip_boilerplate) {
+                for (size_t k = 1; k < b.members.size(); ++k) {
+                    Doc & d = docs[ids[b.members[k]]];
+                    body(d.d).erase(0, b.prefix.size());
+                    d.boiler_skip = 0;
+                    if (content_text(d.d).find_first_not_of(" \t\r\n") == std::string::npos) {
+                        d.dropped = true;
+                        ++boiler_only[s];
+                    }
+                }
+            }
+        }
+    }
+
+    // Near duplicates: each document against those kept before it, decided on exact Jaccard.
+    LshIndex lsh(spec.near_dup);
+    {
+        const auto similarity_text = [&](const Doc & d) {
+            const std::string c = content_text(d.d);
+            return d.boiler_skip < c.size() ? c.substr(d.boiler_skip) : std::string();
+        };
+        std::vector<Signature> sigs(docs.size());
+        std::vector<uint8_t> has_units(docs.size(), 0);
+        run_parallel(docs.size(), opt.threads, [&](size_t i) {
+            if (!docs[i].dropped) {
+                const std::vector<uint64_t> sh = shingle_set(similarity_text(docs[i]));
+                has_units[i] = !sh.empty();
+                sigs[i] = minhash(sh);
+            }
+        });
+        for (size_t i = 0; i < docs.size(); ++i) {
+            if (docs[i].dropped || !has_units[i]) {
+                continue;
+            }
+            const std::vector<uint32_t> cands = lsh.candidates(sigs[i]);
+            bool dup = false;
+            if (!cands.empty()) {
+                const std::vector<uint64_t> mine = shingle_set(similarity_text(docs[i]));
+                for (const uint32_t c : cands) {
+                    const double j = jaccard(mine, shingle_set(similarity_text(docs[c])));
+                    if (j >= spec.near_dup) {
+                        dup = true;
+                        docs[i].dropped = true;
+                        ++near_dropped[docs[i].d.source];
+                        if (dedupe_examples.size() < 2 * kExamples) {
+                            dedupe_examples.push_back({{"kind", "near"},
+                                                       {"jaccard", j},
+                                                       {"kept", doc_ref(files, specs, docs[c].d)},
+                                                       {"dropped", doc_ref(files, specs, docs[i].d)}});
+                        }
+                        break;
+                    }
+                }
+            }
+            if (!dup) {
+                lsh.add(uint32_t(i), sigs[i]);
+            }
+        }
+    }
+
+    // Sides by group; each source's documents of a side in a seeded random order.
+    std::vector<std::array<std::vector<size_t>, 2>> order(specs.size());
+    std::vector<std::array<std::set<std::string>, 2>> groups(specs.size());
+    for (size_t i = 0; i < docs.size(); ++i) {
+        Doc & d = docs[i];
+        if (d.dropped) {
+            continue;
+        }
+        const SourceSpec & s = specs[d.d.source];
+        d.side = s.split == SplitSide::Calib  ? kCalib
+                 : s.split == SplitSide::Eval ? kEval
+                 : group_draw(spec.seed, d.d.group) < spec.eval_share ? kEval
+                                                                       : kCalib;
+        order[d.d.source][size_t(d.side)].push_back(i);
+        groups[d.d.source][size_t(d.side)].insert(d.d.group);
+    }
+    for (size_t s = 0; s < specs.size(); ++s) {
+        for (int side : {kCalib, kEval}) {
+            std::mt19937_64 rng(XXH64(specs[s].name.data(), specs[s].name.size(), spec.seed * 2 + uint64_t(side)));
+            std::shuffle(order[s][size_t(side)].begin(), order[s][size_t(side)].end(), rng);
+        }
+    }
+
+    // Taking units from one source and side in order, tokenizing in parallel batches.
+    std::vector<std::array<std::vector<Unit>, 2>> taken(specs.size());
+    std::vector<std::array<size_t, 2>> next_doc(specs.size(), {0, 0});
+    std::vector<std::array<uint64_t, 2>> taken_tokens(specs.size(), {0, 0});
+    std::vector<std::array<std::vector<Unit>, 2>> spare(specs.size());  // pieces past the budget
+    uint64_t tokenized_bytes = 0;
+    const auto take = [&](size_t s, int side, uint64_t budget, Progress * progress) {
+        std::vector<Unit> & out = taken[s][size_t(side)];
+        const std::vector<size_t> & ids = order[s][size_t(side)];
+        std::vector<Unit> & pending = spare[s][size_t(side)];
+        const size_t batch = 64;
+        while (taken_tokens[s][size_t(side)] < budget) {
+            if (pending.empty()) {
+                const size_t from = next_doc[s][size_t(side)];
+                if (from >= ids.size()) {
+                    return;
+                }
+                const size_t n = std::min(batch, ids.size() - from);
+                std::vector<std::vector<Unit>> made(n);
+                run_parallel(n, opt.threads, [&](size_t k) {
+                    const Doc & d = docs[ids[from + k]];
+                    made[k] = tokenizer.units(ids[from + k], d.d, specs[s].truncate, label(files, d.d));
+                });
+                next_doc[s][size_t(side)] = from + n;
+                for (size_t k = 0; k < n; ++k) {
+                    tokenized_bytes += content_text(docs[ids[from + k]].d).size();
+                    for (Unit & u : made[k]) {
+                        pending.push_back(std::move(u));
+                    }
+                }
+                std::reverse(pending.begin(), pending.end());
+            }
+            while (!pending.empty() && taken_tokens[s][size_t(side)] < budget) {
+                taken_tokens[s][size_t(side)] += pending.back().tokens;
+                if (progress) {
+                    progress->advance(pending.back().tokens);
+                }
+                out.push_back(std::move(pending.back()));
+                pending.pop_back();
+            }
+        }
+    };
+
+    // Budgets: fixed ones first; weighted sources share the corpus budget, or without one
+    // take as much as every weighted source can give in proportion.
+    std::vector<std::array<uint64_t, 2>> budget(specs.size(), {0, 0});
+    const double eval_ratio = spec.eval_share / (1.0 - spec.eval_share);
+    const auto eval_budget_for = [&](const SourceSpec & s, uint64_t calib) -> uint64_t {
+        return s.eval_tokens ? *s.eval_tokens : uint64_t(std::llround(double(calib) * eval_ratio));
+    };
+    constexpr uint64_t all = std::numeric_limits<uint64_t>::max();
+    uint64_t fixed = 0;
+    double weight_sum = 0;
+    for (const SourceSpec & s : specs) {
+        if (s.split != SplitSide::Eval) {
+            fixed += s.tokens.value_or(0);
+            weight_sum += s.tokens ? 0 : *s.weight;
+        }
+    }
+    if (spec.tokens && weight_sum > 0 && *spec.tokens <= fixed) {
+        throw Error(fmt::format("the corpus budget of {} tokens leaves nothing for the weighted sources after the {} "
+                                "tokens the others ask for", *spec.tokens, fixed));
+    }
+    uint64_t planned = 0;
+    for (size_t s = 0; s < specs.size(); ++s) {
+        const SourceSpec & src = specs[s];
+        if (src.split == SplitSide::Eval) {
+            budget[s][kEval] = src.eval_tokens ? *src.eval_tokens : src.tokens ? *src.tokens : all;
+            continue;
+        }
+        if (src.tokens) {
+            budget[s][kCalib] = *src.tokens;
+        } else if (spec.tokens) {
+            budget[s][kCalib] = uint64_t(std::llround(double(*spec.tokens - fixed) * *src.weight / weight_sum));
+        } else {
+            budget[s][kCalib] = all;
+        }
+    }
+    bool weighted_open = false;
+    for (size_t s = 0; s < specs.size(); ++s) {
+        weighted_open = weighted_open || budget[s][kCalib] == all;
+        planned += budget[s][kCalib] == all ? 0 : budget[s][kCalib];
+    }
+    {
+        Progress progress("tokenizing", std::max<uint64_t>(planned, 1), "tokens");
+        if (weighted_open) {
+            // Everything the weighted sources have, then the largest budget all can meet.
+            double scale = std::numeric_limits<double>::infinity();
+            for (size_t s = 0; s < specs.size(); ++s) {
+                if (budget[s][kCalib] == all) {
+                    take(s, kCalib, all, &progress);
+                    scale = std::min(scale, double(taken_tokens[s][kCalib]) / *specs[s].weight);
+                }
+            }
+            for (size_t s = 0; s < specs.size(); ++s) {
+                if (budget[s][kCalib] == all) {
+                    budget[s][kCalib] = uint64_t(std::floor(scale * *specs[s].weight));
+                    // Give back what is past the budget, whole units, in the order taken.
+                    auto & out = taken[s][kCalib];
+                    uint64_t sum = 0;
+                    size_t keep = 0;
+                    while (keep < out.size() && sum < budget[s][kCalib]) {
+                        sum += out[keep++].tokens;
+                    }
+                    out.resize(keep);
+                    taken_tokens[s][kCalib] = sum;
+                }
+            }
+        }
+        for (size_t s = 0; s < specs.size(); ++s) {
+            if (specs[s].split == SplitSide::Both) {
+                budget[s][kEval] = eval_budget_for(specs[s], budget[s][kCalib]);
+            }
+            for (int side : {kCalib, kEval}) {
+                take(s, side, budget[s][size_t(side)], &progress);
+            }
+        }
+        progress.finish();
+    }
+
+    // Shortfalls: a budget a source could not meet.
+    // An eval budget derived from the eval share is a cap: how many groups fall on the
+    // eval side is chance. Calib budgets and eval budgets asked for by number are demands.
+    std::vector<std::string> shortfalls;
+    bool demand_missed = false;
+    for (size_t s = 0; s < specs.size(); ++s) {
+        for (int side : {kCalib, kEval}) {
+            const uint64_t b = budget[s][size_t(side)];
+            if (b != all && taken_tokens[s][size_t(side)] < b) {
+                demand_missed = demand_missed || side == kCalib || specs[s].eval_tokens || specs[s].split == SplitSide::Eval;
+                shortfalls.push_back(fmt::format(
+                    "source \"{}\" ({}) has {} {} tokens, short of its budget of {}: {} documents in {} groups fell on "
+                    "that side after deduplication and the split by group \"{}\"",
+                    specs[s].name, paths[s].size() == 1 ? paths[s][0].string() : specs[s].path, taken_tokens[s][size_t(side)],
+                    kSideName[side], b, order[s][size_t(side)].size(), groups[s][size_t(side)].size(), specs[s].group.written));
+            }
+        }
+    }
+    if (demand_missed && !opt.allow_shortfall) {
+        std::string msg = "budgets cannot be met (--allow-shortfall builds the corpus anyway and reports them):";
+        for (const std::string & m : shortfalls) {
+            msg += "\n  " + m;
+        }
+        throw Error(msg);
+    }
+
+    // Interleave: the source furthest behind its share of the side's tokens goes next, so
+    // every prefix holds each source (and so each domain) at its share.
+    std::array<std::vector<const Unit *>, 2> sequence;
+    std::array<uint64_t, 2> side_tokens{0, 0};
+    for (int side : {kCalib, kEval}) {
+        std::vector<size_t> pos(specs.size(), 0);
+        std::vector<uint64_t> emitted(specs.size(), 0);
+        for (size_t s = 0; s < specs.size(); ++s) {
+            side_tokens[size_t(side)] += taken_tokens[s][size_t(side)];
+        }
+        for (;;) {
+            long best = -1;
+            double best_progress = 0;
+            for (size_t s = 0; s < specs.size(); ++s) {
+                const auto & units = taken[s][size_t(side)];
+                if (pos[s] >= units.size()) {
+                    continue;
+                }
+                const double p = (double(emitted[s]) + 0.5 * double(units[pos[s]].tokens)) / double(taken_tokens[s][size_t(side)]);
+                if (best < 0 || p < best_progress) {
+                    best = long(s);
+                    best_progress = p;
+                }
+            }
+            if (best < 0) {
+                break;
+            }
+            const Unit & u = taken[size_t(best)][size_t(side)][pos[size_t(best)]++];
+            emitted[size_t(best)] += u.tokens;
+            sequence[size_t(side)].push_back(&u);
+        }
+    }
+
+    // Domains: target shares from budgets, reached shares, and shares of every prefix.
+    std::vector<std::string> domains;
+    for (const SourceSpec & s : specs) {
+        if (std::find(domains.begin(), domains.end(), s.domain) == domains.end()) {
+            domains.push_back(s.domain);
+        }
+    }
+    const auto domain_of = [&](size_t s) { return size_t(std::find(domains.begin(), domains.end(), specs[s].domain) - domains.begin()); };
+    json domain_report = json::array();
+    json prefix_report = json::object();
+    for (int side : {kCalib, kEval}) {
+        std::vector<double> target(domains.size(), 0), reached(domains.size(), 0);
+        double target_sum = 0;
+        for (size_t s = 0; s < specs.size(); ++s) {
+            const uint64_t b = budget[s][size_t(side)];
+            const double t = b == all ? double(taken_tokens[s][size_t(side)]) : double(b);
+            target[domain_of(s)] += t;
+            target_sum += t;
+            reached[domain_of(s)] += double(taken_tokens[s][size_t(side)]);
+        }
+        json rows = json::array();
+        const uint64_t total = side_tokens[size_t(side)];
+        for (const double f : kPrefixes) {
+            const double cutoff = f * double(total);
+            std::vector<double> got(domains.size(), 0);
+            double seen = 0;
+            for (const Unit * u : sequence[size_t(side)]) {
+                if (seen >= cutoff) {
+                    break;
+                }
+                const double part = std::min(double(u->tokens), cutoff - seen);
+                got[domain_of(docs[u->doc].d.source)] += part;
+                seen += part;
+            }
+            json shares = json::object();
+            double worst = 0;
+            for (size_t d = 0; d < domains.size(); ++d) {
+                const double share = seen > 0 ? got[d] / seen : 0;
+                shares[domains[d]] = share;
+                if (target_sum > 0) {
+                    worst = std::max(worst, std::abs(share - target[d] / target_sum));
+                }
+            }
+            rows.push_back({{"prefix", f}, {"tokens", uint64_t(seen)}, {"shares", shares}, {"max_abs_error_vs_target", worst}});
+        }
+        prefix_report[kSideName[side]] = rows;
+        for (size_t d = 0; d < domains.size(); ++d) {
+            if (side == kCalib) {
+                domain_report.push_back({{"domain", domains[d]}});
+            }
+            domain_report[d][kSideName[side]] = {{"tokens", uint64_t(reached[d])},
+                                                 {"target_share", target_sum > 0 ? target[d] / target_sum : 0},
+                                                 {"share", total > 0 ? reached[d] / double(total) : 0}};
+        }
+    }
+
+    // Leak check of what is written.
+    std::array<std::vector<LeakDocument>, 2> leak_docs;
+    for (int side : {kCalib, kEval}) {
+        for (const Unit * u : sequence[size_t(side)]) {
+            const Doc & d = docs[u->doc];
+            SourceDocument view;
+            view.text = u->text;
+            view.messages = u->messages;
+            const std::string text = content_text(view);
+            const size_t skip = d.boiler_skip && !u->truncated && !u->piece ? d.boiler_skip : 0;
+            leak_docs[size_t(side)].push_back({text, d.d.group, label(files, d.d), std::min(skip, text.size())});
+        }
+    }
+    const json leaks = leak_check(leak_docs[kCalib], leak_docs[kEval], spec.near_dup, opt.threads);
+
+    // The JSONL collect and eval read.
+    std::array<json, 2> output_report;
+    for (int side : {kCalib, kEval}) {
+        std::string bytes;
+        for (const Unit * u : sequence[size_t(side)]) {
+            const SourceDocument & d = docs[u->doc].d;
+            json line;
+            if (u->messages.empty()) {
+                line["text"] = u->text;
+            } else {
+                json msgs = json::array();
+                for (const CorpusMessage & m : u->messages) {
+                    msgs.push_back({{"role", m.role}, {"content", m.content}});
+                }
+                line["messages"] = std::move(msgs);
+            }
+            line["domain"] = specs[d.source].domain;
+            line["group"] = d.group;
+            line["source"] = specs[d.source].name;
+            bytes += line.dump();
+            bytes += '\n';
+        }
+        const fs::path & path = side == kCalib ? calib_path : eval_path;
+        output_report[size_t(side)] = {{"path", path.string()},
+                                       {"documents", sequence[size_t(side)].size()},
+                                       {"tokens", side_tokens[size_t(side)]},
+                                       {"bytes", bytes.size()},
+                                       {"digest", fmt::format("{:016x}", XXH64(bytes.data(), bytes.size(), 0))}};
+        fs::create_directories(opt.out_dir);
+        write_file_atomic(path, bytes);
+    }
+
+    // The report.
+    json sources = json::array();
+    for (size_t s = 0; s < specs.size(); ++s) {
+        const SourceSpec & src = specs[s];
+        json f = json::array();
+        for (const SourceFile & file : files) {
+            if (std::find(paths[s].begin(), paths[s].end(), file.path) != paths[s].end()) {
+                f.push_back({{"path", file.path.string()}, {"bytes", file.bytes}, {"digest", file.digest}});
+            }
+        }
+        json row = {{"name", src.name},
+                    {"path", src.path},
+                    {"domain", src.domain},
+                    {"group", src.group.written},
+                    {"split", to_string(src.split)},
+                    {"files", f},
+                    {"documents_read", read_docs[s]},
+                    {"empty_skipped", empty_skipped[s]},
+                    {"exact_duplicates", exact_dropped[s]},
+                    {"near_duplicates", near_dropped[s]},
+                    {"boilerplate_only", boiler_only[s]}};
+        if (src.tokens) {
+            row["tokens"] = *src.tokens;
+        } else {
+            row["weight"] = *src.weight;
+        }
+        for (int side : {kCalib, kEval}) {
+            uint64_t pieces = 0, truncated = 0;
+            std::set<size_t> whole;
+            for (const Unit & u : taken[s][size_t(side)]) {
+                pieces += u.piece;
+                truncated += u.truncated;
+                whole.insert(u.doc);
+            }
+            const uint64_t b = budget[s][size_t(side)];
+            row[kSideName[side]] = {{"budget", b == all ? json(nullptr) : json(b)},
+                                    {"tokens", taken_tokens[s][size_t(side)]},
+                                    {"shortfall", b != all && taken_tokens[s][size_t(side)] < b ? b - taken_tokens[s][size_t(side)] : 0},
+                                    {"documents", whole.size()},
+                                    {"units", taken[s][size_t(side)].size()},
+                                    {"pieces", pieces},
+                                    {"truncated", truncated},
+                                    {"documents_available", order[s][size_t(side)].size()},
+                                    {"groups_available", groups[s][size_t(side)].size()}};
+        }
+        sources.push_back(std::move(row));
+    }
+    uint64_t exact_total = 0, near_total = 0;
+    for (size_t s = 0; s < specs.size(); ++s) {
+        exact_total += exact_dropped[s];
+        near_total += near_dropped[s];
+    }
+    std::error_code ec;
+    const json report = {
+        {"format", "moeprune-corpus"},
+        {"version", 1},
+        {"inputs",
+         {{"model", {{"path", opt.model.string()}, {"bytes", fs::file_size(opt.model, ec)}, {"vocab", vocab_digest(llama_model_get_vocab(model.get()))}}},
+          {"manifest", spec.manifest.empty() ? json(nullptr) : json(spec.manifest.string())},
+          {"bytes", total_bytes}}},
+        {"settings",
+         {{"seed", spec.seed},
+          {"near_dup", spec.near_dup},
+          {"eval_share", spec.eval_share},
+          {"tokens", spec.tokens ? json(*spec.tokens) : json(nullptr)},
+          {"doc_tokens", spec.doc_tokens},
+          {"strip_boilerplate", spec.strip_boilerplate},
+          {"allow_shortfall", opt.allow_shortfall},
+          {"tokens_counted_as", "llama.cpp tokenizer with BOS where the model adds one, special tokens parsed; "
+                                "conversations rendered with the model's chat template"},
+          {"minhash", {{"shingle_units", kShingleUnits}, {"signature", kSignatureSize}, {"lsh_rows", lsh.rows()}, {"lsh_bands", lsh.bands()}}}}},
+        {"sources", sources},
+        {"domains", domain_report},
+        {"dedupe", {{"exact", exact_total}, {"near", near_total}, {"examples", dedupe_examples}}},
+        {"boilerplate", boilerplate},
+        {"leak_check", leaks},
+        {"prefix_shares", prefix_report},
+        {"shortfalls", shortfalls},
+        {"tokenized_bytes", tokenized_bytes},
+        {"outputs", {{"calib", output_report[kCalib]}, {"eval", output_report[kEval]}}}};
+    const std::string text = report.dump(2) + "\n";
+    write_file_atomic(report_path, text);
+    if (!opt.report.empty()) {
+        write_file_atomic(opt.report, text);
+    }
+    return report;
+}
+
+} // namespace moeprune

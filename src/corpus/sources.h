@@ -1,0 +1,49 @@
+#pragma once
+// Reading a source's files into documents: plain text and Markdown (one document per
+// file), JSONL (one per line: "text", chat "messages", or "prompt" + "response").
+#include "collect/corpus.h"
+#include "corpus/manifest.h"
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace moeprune {
+
+struct SourceDocument {
+    uint32_t source = 0;
+    uint32_t file = 0;                     // index into SourceFiles::files
+    uint64_t line = 0;                     // 1-based JSONL line; 0 for a whole file
+    std::string text;                      // plain text (empty for a conversation)
+    std::vector<CorpusMessage> messages;   // a conversation
+    bool prompt_response = false;          // messages came from "prompt" + "response"
+    std::string group;                     // the group key, qualified by the rule's kind
+};
+
+struct SourceFile {
+    std::filesystem::path path;
+    uint64_t bytes = 0;
+    std::string digest;                    // xxh64 of the bytes
+};
+
+struct SourceFiles {
+    std::vector<SourceFile> files;
+    std::vector<SourceDocument> documents;
+    uint64_t empty_skipped = 0;            // empty files and whitespace-only texts
+};
+
+// Files of a source's path (a file, a directory searched recursively, or a glob), sorted,
+// relative paths starting at `base_dir`. No match is an error naming the source.
+std::vector<std::filesystem::path> expand_source_path(const SourceSpec & s, const std::filesystem::path & base_dir);
+
+// Reads one file of source `index`. Every malformed document (invalid UTF-8, a JSONL
+// line of the wrong shape, a group key that cannot be found) is an error naming the
+// file and line.
+void read_source_file(const SourceSpec & s, uint32_t index, const std::filesystem::path & path, SourceFiles & out);
+
+// Offset of the first byte that breaks UTF-8 (overlong forms, surrogates and code points
+// past U+10FFFF included), or npos.
+size_t invalid_utf8_at(std::string_view text);
+
+} // namespace moeprune
