@@ -74,12 +74,14 @@ Truncate get_truncate(const toml::node & n, const std::string & where) {
 
 void check_keys(const toml::table & t, const std::string & file, const std::set<std::string> & known, const std::string & table) {
     for (const auto & [key, node] : t) {
+        (void)node;
         if (!known.count(std::string(key.str()))) {
             std::string names;
             for (const std::string & k : known) {
                 names += (names.empty() ? "" : ", ") + k;
             }
-            fail_file(at(file, node), fmt::format("unknown key \"{}\" in {} (known: {})", key.str(), table, names));
+            const auto & b = key.source().begin;
+            fail_file(fmt::format("{}:{}:{}", file, b.line, b.column), fmt::format("unknown key \"{}\" in {} (known: {})", key.str(), table, names));
         }
     }
 }
