@@ -11,6 +11,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <mutex>
@@ -252,9 +253,10 @@ json leak_check(const std::vector<LeakDocument> & calib, const std::vector<LeakD
     std::vector<Signature> sigs(calib.size());
     std::vector<std::vector<Ngram>> grams(calib.size());
     run_parallel(calib.size(), threads, [&](size_t i) {
+        const std::string_view compared = std::string_view(calib[i].text).substr(calib[i].skip);
         digests[i] = normalized_digest(calib[i].text);
-        sigs[i] = minhash(shingle_set(calib[i].text));
-        grams[i] = sampled_ngrams(std::string_view(calib[i].text).substr(calib[i].skip));
+        sigs[i] = minhash(shingle_set(compared));
+        grams[i] = sampled_ngrams(compared);
     });
     std::unordered_map<std::string, size_t> digest_at;
     std::unordered_map<uint64_t, std::pair<size_t, uint32_t>> gram_at;
@@ -286,15 +288,16 @@ json leak_check(const std::vector<LeakDocument> & calib, const std::vector<LeakD
             h.exact = int(it->second);
             return;
         }
-        const std::vector<uint64_t> shingles = shingle_set(e.text);
+        const std::string_view compared = std::string_view(e.text).substr(e.skip);
+        const std::vector<uint64_t> shingles = shingle_set(compared);
         for (const uint32_t c : lsh.candidates(minhash(shingles))) {
-            const double j = jaccard(shingles, shingle_set(calib[c].text));
+            const double j = jaccard(shingles, shingle_set(std::string_view(calib[c].text).substr(calib[c].skip)));
             if (j >= near_dup && j > h.jaccard) {
                 h.near = int(c);
                 h.jaccard = j;
             }
         }
-        for (const Ngram & g : sampled_ngrams(std::string_view(e.text).substr(e.skip))) {
+        for (const Ngram & g : sampled_ngrams(compared)) {
             if (auto it = gram_at.find(g.hash); it != gram_at.end()) {
                 if (h.gram < 0) {
                     h.gram = int(it->second.first);
@@ -390,6 +393,14 @@ json build_corpus(const CorpusOptions & opt) {
     }
     const Tokenizer tokenizer(model.get(), spec.doc_tokens);
 
+    json seconds = json::object();
+    auto last = std::chrono::steady_clock::now();
+    const auto lap = [&](const char * stage) {
+        const auto now = std::chrono::steady_clock::now();
+        seconds[stage] = std::chrono::duration<double>(now - last).count();
+        last = now;
+    };
+
     // Read every file, in parallel, keeping the sources' order.
     std::vector<std::pair<uint32_t, fs::path>> jobs;
     for (size_t s = 0; s < specs.size(); ++s) {
@@ -424,6 +435,8 @@ json build_corpus(const CorpusOptions & opt) {
         read[i] = {};
     }
 
+    lap("read");
+
     // Exact duplicates, across sources, the first kept.
     std::vector<uint64_t> exact_dropped(specs.size(), 0), near_dropped(specs.size(), 0), boiler_only(specs.size(), 0);
     json dedupe_examples = json::array();
@@ -456,7 +469,10 @@ json build_corpus(const CorpusOptions & opt) {
                 bodies.push_back(body(docs[i].d));
             }
         }
-        for (const Boilerplate & b : find_boilerplate(bodies)) {
+        // Shared by one document in a hundred at least: a prefix a few near copies share
+        // is theirs, not boilerplate.
+        const size_t min_documents = std::max<size_t>(3, (bodies.size() + 99) / 100);
+        for (const Boilerplate & b : find_boilerplate(bodies, 256, min_documents)) {
             uint64_t bytes = 0;
             for (const size_t m : b.members) {
                 Doc & d = docs[ids[m]];
@@ -528,6 +544,8 @@ json build_corpus(const CorpusOptions & opt) {
             }
         }
     }
+
+    lap("dedupe");
 
     // Sides by group; each source's documents of a side in a seeded random order.
     std::vector<std::array<std::vector<size_t>, 2>> order(specs.size());
@@ -673,6 +691,8 @@ json build_corpus(const CorpusOptions & opt) {
     }
 
     // Shortfalls: a budget a source could not meet.
+    lap("tokenize");
+
     // An eval budget derived from the eval share is a cap: how many groups fall on the
     // eval side is chance. Calib budgets and eval budgets asked for by number are demands.
     std::vector<std::string> shortfalls;
@@ -801,6 +821,7 @@ json build_corpus(const CorpusOptions & opt) {
         }
     }
     const json leaks = leak_check(leak_docs[kCalib], leak_docs[kEval], spec.near_dup, opt.threads);
+    lap("leak_check");
 
     // The JSONL collect and eval read.
     std::array<json, 2> output_report;
@@ -833,6 +854,8 @@ json build_corpus(const CorpusOptions & opt) {
         fs::create_directories(opt.out_dir);
         write_file_atomic(path, bytes);
     }
+
+    lap("write");
 
     // The report.
     json sources = json::array();
@@ -913,6 +936,7 @@ json build_corpus(const CorpusOptions & opt) {
         {"prefix_shares", prefix_report},
         {"shortfalls", shortfalls},
         {"tokenized_bytes", tokenized_bytes},
+        {"seconds", seconds},
         {"outputs", {{"calib", output_report[kCalib]}, {"eval", output_report[kEval]}}}};
     const std::string text = report.dump(2) + "\n";
     write_file_atomic(report_path, text);

@@ -30,7 +30,7 @@ struct LeakDocument {
     std::string text;        // the text (a conversation's contents joined by newlines)
     std::string group;
     std::string label;       // where it came from, for examples
-    size_t skip = 0;         // leading bytes that are reported boilerplate, not compared for n-grams
+    size_t skip = 0;         // leading bytes that are reported boilerplate, not compared
 };
 
 // Eval against calib: exact duplicates (normalized), near duplicates (Jaccard >= near_dup),
