@@ -19,5 +19,6 @@ void add_collect(CLI::App & app, Action & action);
 void add_select(CLI::App & app, Action & action);
 void add_eval(CLI::App & app, Action & action);
 void add_corpus(CLI::App & app, Action & action);
+void add_plan(CLI::App & app, Action & action);
 
 } // namespace moeprune::cli

@@ -32,6 +32,7 @@ int main(int argc, char ** argv) {
     moeprune::cli::add_select(app, action);
     moeprune::cli::add_replay(app, action);
     moeprune::cli::add_eval(app, action);
+    moeprune::cli::add_plan(app, action);
     CLI11_PARSE(app, argc, argv);
     moeprune::install_cleanup_on_signals();
     try {

@@ -1,0 +1,89 @@
+#include "cli/commands.h"
+#include "core/atomic_file.h"
+#include "core/errors.h"
+#include "plan/plan.h"
+
+#include <cstdio>
+#include <memory>
+#include <optional>
+
+namespace moeprune::cli {
+
+void add_plan(CLI::App & app, Action & action) {
+    auto opt = std::make_shared<PlanOptions>();
+    auto ram = std::make_shared<std::string>();
+    auto reserve = std::make_shared<std::string>();
+    auto other_gb = std::make_shared<std::optional<double>>();
+    auto max_kld = std::make_shared<std::optional<double>>();
+    auto json_out = std::make_shared<std::filesystem::path>();
+    CLI::App * sub = app.add_subcommand(
+        "plan", "Every feasible (K, criterion, cache, policy, λ) for a RAM budget and an SSD: bytes, misses, tokens/s, "
+                "KLD, the Pareto front and a recommendation (docs/plan.md)");
+    sub->add_option("-m,--model", opt->model, "The model's geometry from its GGUF (first shard)");
+    sub->add_option("--expert-mb", opt->expert_mb, "Or: one routed expert of one layer, MB (10^6 bytes)");
+    sub->add_option("--layers", opt->layers, "MoE layers (with --expert-mb)");
+    sub->add_option("--experts", opt->experts, "Routed experts per layer (with --expert-mb)");
+    sub->add_option("--used", opt->used, "Experts per token (with --expert-mb)");
+    sub->add_option("--other-gb", *other_gb, "Weights that are not routed experts, GB (with --expert-mb)")
+        ->check(CLI::Range(0.0, 1e6));
+    sub->add_option("-k", opt->ks, "Expert counts to plan (default: those measured)")->delimiter(',');
+    sub->add_option("--ram", *ram, "RAM for the model: 24G (GiB), 24GB (10^9 bytes), or bytes");
+    sub->add_option("--reserve", *reserve, "RAM kept for the KV cache, the OS and the program (default 2G)");
+    sub->add_option("--ssd", opt->throughput.ssd_gbps, "SSD read bandwidth, GB/s (3.9: PCIe 3, 6.8: PCIe 4)")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    sub->add_option("--read-latency-us", opt->throughput.read_latency_us, "Latency of one round of reads")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
+    sub->add_option("--queue-depth", opt->throughput.queue_depth, "Reads in flight per round")
+        ->check(CLI::Range(1, 65536))
+        ->capture_default_str();
+    sub->add_option("--compute-ms", opt->throughput.compute_ms, "Compute time per token")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
+    sub->add_option("--sync-us", opt->throughput.sync_us, "Synchronization per layer and token")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
+    sub->add_option("--replay", opt->replays, "moeprune-replay results (JSON)")->delimiter(',');
+    sub->add_option("--eval", opt->evals, "moeprune-eval reports (JSON)")->delimiter(',');
+    sub->add_option("--misses-per-token", opt->misses_per_token, "Misses per token, all layers, given by hand")
+        ->delimiter(',')
+        ->check(CLI::NonNegativeNumber);
+    sub->add_option("--cache-experts", opt->cache_experts, "Per-layer cache size of each --misses-per-token value")
+        ->delimiter(',')
+        ->check(CLI::NonNegativeNumber);
+    sub->add_option("--max-kld", *max_kld, "Recommend the fastest option with mean KLD at most this")
+        ->check(CLI::NonNegativeNumber);
+    sub->add_option("--speed-share", opt->speed_share, "Else the most accurate option within this share of the fastest")
+        ->check(CLI::Range(0.0, 1.0))
+        ->capture_default_str();
+    sub->add_option("--json", *json_out, "Write the plan (moeprune-plan JSON, docs/formats.md)");
+    sub->callback([=, &action] {
+        action = [=] {
+            if (!ram->empty()) {
+                opt->ram_bytes = parse_size(*ram, "--ram");
+            }
+            if (!reserve->empty()) {
+                opt->reserve_bytes = parse_size(*reserve, "--reserve");
+            }
+            opt->other_gb = *other_gb;
+            opt->max_kld = *max_kld;
+            std::vector<std::filesystem::path> inputs = opt->replays;
+            inputs.insert(inputs.end(), opt->evals.begin(), opt->evals.end());
+            if (!opt->model.empty()) {
+                inputs.push_back(opt->model);
+            }
+            if (!json_out->empty()) {
+                refuse_output_clashes({*json_out}, inputs);
+            }
+            const nlohmann::json plan = make_plan(*opt);
+            std::printf("%s", plan_text(plan).c_str());
+            if (!json_out->empty()) {
+                write_file_atomic(*json_out, plan.dump(1) + "\n");
+            }
+            return 0;
+        };
+    });
+}
+
+} // namespace moeprune::cli

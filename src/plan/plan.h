@@ -1,0 +1,43 @@
+#pragma once
+// `moeprune plan`: from a model's geometry, a RAM budget, an SSD, and whatever was
+// measured (replay sweeps, eval reports), every feasible (K, criterion, cache, policy, λ)
+// with its bytes, misses, tokens/s and KLD, the Pareto front of speed against quality,
+// and one recommendation with the reason. Unknown numbers stay null, never invented.
+#include "replay/replay.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace moeprune {
+
+struct PlanOptions {
+    // Geometry: a model, or the numbers of one not at hand.
+    std::filesystem::path model;
+    double expert_mb = 0;                  // one routed expert of one layer, 10^6 bytes
+    int layers = 0;                        // MoE layers
+    int64_t experts = 0, used = 0;
+    std::optional<double> other_gb;        // everything but routed experts, 10^9 bytes
+    std::vector<int64_t> ks;               // expert counts to plan (default: those measured)
+    double ram_bytes = 0;                  // 0: no RAM limit given
+    double reserve_bytes = 2.0 * (1ull << 30);  // KV cache, the OS, the program
+    ThroughputParams throughput;
+    std::vector<std::filesystem::path> replays;   // moeprune-replay JSON
+    std::vector<std::filesystem::path> evals;     // moeprune-eval JSON
+    std::vector<double> misses_per_token;  // given by hand, for a plan without a replay
+    std::vector<int64_t> cache_experts;    // per-layer cache sizes that go with them
+    std::optional<double> max_kld;         // recommend the fastest option within this
+    double speed_share = 0.9;              // else the most accurate within this share of the fastest
+};
+
+nlohmann::json make_plan(const PlanOptions & opt);
+std::string plan_text(const nlohmann::json & plan);
+
+// "24G" / "24GiB" (2^30), "24GB" (10^9), "512M", "1.5T", or bytes; `what` names the flag.
+double parse_size(const std::string & text, const std::string & what);
+
+} // namespace moeprune

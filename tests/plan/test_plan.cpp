@@ -1,0 +1,196 @@
+// moeprune plan: the seed's arithmetic, the throughput formula, feasibility against a RAM
+// budget, KLD measured or interpolated (and marked), the Pareto front and the
+// recommendation; refusals name what is wrong.
+#include "plan/plan.h"
+#include "support/test_support.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fmt/format.h>
+
+using namespace moeprune;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+PlanOptions seed_geometry() {
+    PlanOptions o;
+    o.expert_mb = 1.3824;
+    o.layers = 48;
+    o.experts = 512;
+    o.used = 10;
+    return o;
+}
+
+// A replay result as `moeprune replay --json` writes it, for a keep map named by select.
+json replay_result(const std::string & keep, int64_t k, const std::vector<std::tuple<std::string, int, double>> & records) {
+    json recs = json::array();
+    for (const auto & [policy, cache, misses] : records) {
+        recs.push_back({{"policy", policy}, {"cache", cache}, {"slots", {cache}}, {"lambda", 0.0}, {"misses_per_token", misses}});
+    }
+    return {{"format", "moeprune-replay"},
+            {"version", 2},
+            {"inputs", {{"n_layer", 48}, {"keep", keep}, {"n_expert_after_keep", k}, {"cache_scope", "per-layer"}}},
+            {"records", recs}};
+}
+
+json eval_report(const std::vector<std::tuple<std::string, double>> & maps) {
+    json c = json::array();
+    for (const auto & [name, kld] : maps) {
+        c.push_back({{"name", name}, {"kind", "keep"}, {"source", "maps/" + name + ".json"}, {"all", {{"kld_mean", kld}}}});
+    }
+    return {{"format", "moeprune-eval"}, {"version", 1}, {"candidates", c}};
+}
+
+} // namespace
+
+TEST(Plan, ReproducesTheSeedSizesAndThroughputFormula) {
+    PlanOptions o = seed_geometry();
+    o.ks = {224, 256, 320};
+    o.throughput.ssd_gbps = 6.8;
+    o.throughput.compute_ms = 12;
+    o.throughput.read_latency_us = 0;
+    o.misses_per_token = {30};
+    const json p = make_plan(o);
+    bool seen224 = false;
+    for (const json & opt : p["options"]) {
+        if (opt["k"] == 224) {
+            // 224 experts x 48 layers x 1.3824 MB = 14.86 GB (the seed audit: 14.9 GB, not 16.5).
+            EXPECT_NEAR(opt["routed_bytes"].get<double>() / 1e9, 14.864, 0.001);
+            seen224 = true;
+        }
+        if (opt["policy"] == "given") {
+            // The seed's formula: tok/s = 1 / (misses x 1.3824 MB / BW + 12 ms).
+            EXPECT_NEAR(opt["tok_per_s"].get<double>(), 1.0 / (30 * 1.3824e6 / 6.8e9 + 0.012), 1e-9);
+            EXPECT_TRUE(opt["kld_mean"].is_null()) << "no eval: KLD unknown, never invented";
+            EXPECT_TRUE(opt["resident_bytes"].is_null()) << "no cache size given";
+        }
+    }
+    EXPECT_TRUE(seen224);
+    EXPECT_TRUE(p["pareto"].empty());
+    EXPECT_TRUE(p["inputs"]["geometry"]["other_bytes"].is_null());
+}
+
+TEST(Plan, ParetoFrontAndRecommendationFromMeasurements) {
+    test::TempDir dir;
+    test::write_text(dir / "r224.json", replay_result("maps/reap-k224.json", 224, {{"lru", 64, 60}, {"lru", 128, 30}, {"belady", 64, 20}}).dump());
+    test::write_text(dir / "r320.json", replay_result("maps/reap-k320.json", 320, {{"lru", 64, 70}, {"lru", 128, 40}}).dump());
+    test::write_text(dir / "r256.json", replay_result("maps/reap-k256.json", 256, {{"lru", 128, 35}}).dump());
+    test::write_text(dir / "eval.json", eval_report({{"reap-k224", 0.30}, {"reap-k320", 0.10}}).dump());
+    PlanOptions o = seed_geometry();
+    o.other_gb = 3.0;
+    o.ram_bytes = 20e9;
+    o.reserve_bytes = 2e9;
+    o.throughput.ssd_gbps = 6.8;
+    o.throughput.compute_ms = 12;
+    o.replays = {dir / "r224.json", dir / "r320.json", dir / "r256.json"};
+    o.evals = {dir / "eval.json"};
+    const json p = make_plan(o);
+    const json & opts = p["options"];
+    for (const json & x : opts) {
+        EXPECT_LE(x["resident_bytes"].get<double>(), 18e9) << "only feasible options are listed";
+        const int64_t k = x["k"].get<int64_t>();
+        if (k == 256) {
+            EXPECT_NEAR(x["kld_mean"].get<double>(), 0.30 + (0.10 - 0.30) * 32.0 / 96.0, 1e-12);
+            EXPECT_FALSE(x["kld_measured"].get<bool>()) << "interpolated KLD is marked";
+        } else {
+            EXPECT_TRUE(x["kld_measured"].get<bool>());
+        }
+        if (x["policy"] == "lru" && x["cache_experts"] == 128) {
+            // Resident bytes: other weights + 128 experts in each of 48 layers.
+            EXPECT_NEAR(x["resident_bytes"].get<double>(), 3e9 + 128 * 48 * 1.3824e6, 1);
+        }
+    }
+    // All-resident K 224 and 320 need 3 + 14.9 / 21.2 GB: 224 fits, 320 does not.
+    EXPECT_GT(p["infeasible"].get<int>(), 0);
+    // The front: faster options have higher KLD, every option off it is dominated.
+    double last_speed = 1e300, last_kld = 1e300;
+    for (const json & i : p["pareto"]) {
+        const json & x = opts[i.get<size_t>()];
+        EXPECT_LE(x["tok_per_s"].get<double>(), last_speed);
+        EXPECT_LT(x["kld_mean"].get<double>(), last_kld);
+        last_speed = x["tok_per_s"].get<double>();
+        last_kld = x["kld_mean"].get<double>();
+    }
+    for (size_t i = 0; i < opts.size(); ++i) {
+        bool dominated = false;
+        for (size_t j = 0; j < opts.size(); ++j) {
+            const double sj = opts[j]["tok_per_s"].get<double>(), si = opts[i]["tok_per_s"].get<double>();
+            const double kj = opts[j]["kld_mean"].get<double>(), ki = opts[i]["kld_mean"].get<double>();
+            dominated = dominated || (sj >= si && kj <= ki && (sj > si || kj < ki));
+        }
+        const bool on_front = std::find(p["pareto"].begin(), p["pareto"].end(), json(i)) != p["pareto"].end();
+        EXPECT_EQ(on_front, !dominated) << opts[i].dump();
+    }
+    // Recommendation: with --max-kld 0.2 the fastest option within it.
+    o.max_kld = 0.2;
+    const json q = make_plan(o);
+    const json & r = q["options"][q["recommended"].get<size_t>()];
+    EXPECT_LE(r["kld_mean"].get<double>(), 0.2);
+    for (const json & x : q["options"]) {
+        if (x["kld_mean"].get<double>() <= 0.2) {
+            EXPECT_LE(x["tok_per_s"].get<double>(), r["tok_per_s"].get<double>());
+        }
+    }
+    EXPECT_NE(q["why"].get<std::string>().find("max-kld"), std::string::npos);
+}
+
+TEST(Plan, RefusesWhatCannotBePlanned) {
+    PlanOptions o = seed_geometry();
+    o.ks = {224};
+    o.other_gb = 5.0;
+    o.ram_bytes = 6e9;
+    o.reserve_bytes = 2e9;
+    try {
+        make_plan(o);
+        FAIL() << "a RAM budget below the non-expert weights must be refused";
+    } catch (const std::exception & e) {
+        EXPECT_NE(std::string(e.what()).find("less than the 5.00 GB of weights that are not routed experts"), std::string::npos)
+            << e.what();
+    }
+    o.ram_bytes = 0;
+    o.ks = {4};
+    EXPECT_THROW(make_plan(o), std::exception) << "K below the experts used per token";
+    EXPECT_DOUBLE_EQ(parse_size("24G", "--ram"), 24.0 * (1ull << 30));
+    EXPECT_DOUBLE_EQ(parse_size("24GB", "--ram"), 24e9);
+    EXPECT_DOUBLE_EQ(parse_size("1.5T", "--ram"), 1.5 * double(1ull << 40));
+    EXPECT_THROW(parse_size("24 bananas", "--ram"), std::exception);
+
+    test::TempDir dir;
+    test::write_text(dir / "bad.json", R"({"format": "moeprune-replay", "inputs": {"n_layer": "x"}, "records": []})");
+    PlanOptions b = seed_geometry();
+    b.replays = {dir / "bad.json"};
+    try {
+        make_plan(b);
+        FAIL();
+    } catch (const std::exception & e) {
+        EXPECT_NE(std::string(e.what()).find("bad.json"), std::string::npos) << e.what();
+    }
+}
+
+TEST(Plan, GeometryFromAModelFile) {
+    test::TempDir dir;
+    const auto r = test::run_command(fmt::format("{} synth --arch qwen3moe --layers 3 --experts 8 --used 2 -o {}",
+                                                 test::bin("moeprune").string(), (dir / "m.gguf").string()));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    PlanOptions o;
+    o.model = dir / "m.gguf";
+    o.ks = {4, 8};
+    const json p = make_plan(o);
+    const json & g = p["inputs"]["geometry"];
+    EXPECT_EQ(g["moe_layers"].get<int>(), 3);
+    EXPECT_EQ(g["experts"].get<int>(), 8);
+    EXPECT_GT(g["other_bytes"].get<double>(), 0);
+    // K = all experts is the base itself: KLD 0, measured by definition.
+    for (const json & x : p["options"]) {
+        if (x["k"] == 8) {
+            EXPECT_EQ(x["kld_mean"].get<double>(), 0.0);
+        }
+    }
+    const auto cli = test::run_command(fmt::format("{} plan -m {} -k 4 --ram 8G --json {}", test::bin("moeprune").string(),
+                                                   (dir / "m.gguf").string(), (dir / "m.gguf").string()));
+    EXPECT_NE(cli.exit_code, 0) << "the plan may not overwrite its model";
+    EXPECT_NE(cli.output.find("m.gguf"), std::string::npos) << cli.output;
+}
