@@ -26,6 +26,7 @@ deps:
 
 llama: deps
 	@if ! echo "$(CMAKE_ARGS)" | grep -q MOEPRUNE_LLAMA_DIR; then bash scripts/fetch-llama.sh third_party/llama.cpp; fi
+	@bash scripts/fetch-vega.sh third_party/vega
 
 configure: llama
 	@if [ ! -f $(BUILD_DIR)/CMakeCache.txt ]; then \

@@ -20,5 +20,6 @@ void add_select(CLI::App & app, Action & action);
 void add_eval(CLI::App & app, Action & action);
 void add_corpus(CLI::App & app, Action & action);
 void add_plan(CLI::App & app, Action & action);
+void add_run(CLI::App & app, Action & action);
 
 } // namespace moeprune::cli

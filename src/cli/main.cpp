@@ -33,6 +33,7 @@ int main(int argc, char ** argv) {
     moeprune::cli::add_replay(app, action);
     moeprune::cli::add_eval(app, action);
     moeprune::cli::add_plan(app, action);
+    moeprune::cli::add_run(app, action);
     CLI11_PARSE(app, argc, argv);
     moeprune::install_cleanup_on_signals();
     try {

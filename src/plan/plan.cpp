@@ -477,12 +477,27 @@ std::string plan_text(const json & plan) {
         order[i] = i;
     }
     const auto num = [](const json & v, const char * f) { return v.is_null() ? std::string("-") : fmt::format(fmt::runtime(f), v.get<double>()); };
-    // The front and the recommendation always; other options only while the table is short.
+    // A long table shows the front, the recommendation and the fastest option of every
+    // (K, criterion); the JSON has them all.
+    std::set<size_t> shown_rows;
+    if (opts.size() > 40) {
+        std::map<std::pair<int64_t, std::string>, size_t> fastest;
+        for (size_t i = 0; i < opts.size(); ++i) {
+            const auto key = std::pair{opts[i]["k"].get<int64_t>(), opts[i]["criterion"].get<std::string>()};
+            const auto speed = [&](size_t j) { return opts[j]["tok_per_s"].is_null() ? 1e300 : opts[j]["tok_per_s"].get<double>(); };
+            if (!fastest.count(key) || speed(i) > speed(fastest[key])) {
+                fastest[key] = i;
+            }
+        }
+        for (const auto & [key, i] : fastest) {
+            shown_rows.insert(i);
+        }
+    }
     size_t shown = 0;
     for (const size_t i : order) {
         const json & o = opts[i];
         const bool rec = !plan["recommended"].is_null() && plan["recommended"].get<size_t>() == i;
-        if (!front.count(i) && !rec && (opts.size() > 40 || shown >= 40)) {
+        if (opts.size() > 40 && !front.count(i) && !rec && !shown_rows.count(i)) {
             continue;
         }
         ++shown;

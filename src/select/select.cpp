@@ -377,6 +377,8 @@ SubstitutionScreen substitution_screen(const std::filesystem::path & trace_path,
             }
             kept[size_t(e)] = 1;
         }
+        const uint64_t slots_before = sc.slots, replaced_before = sc.replaced, token_layers_before = sc.token_layers;
+        const double moved_before = sc.moved_mass;
         reader.for_each_layer_chunk(l, [&](uint64_t first, uint32_t n, const uint16_t * cand, const float * z) {
             for (uint32_t t = 0; t < n; ++t) {
                 const uint16_t * c = cand + size_t(t) * h.top_m;
@@ -411,6 +413,10 @@ SubstitutionScreen substitution_screen(const std::filesystem::path & trace_path,
                 }
             }
         });
+        const uint64_t slots = sc.slots - slots_before, token_layers = sc.token_layers - token_layers_before;
+        sc.layers.push_back({{"layer", layer},
+                             {"replaced_share", slots ? double(sc.replaced - replaced_before) / double(slots) : 0.0},
+                             {"moved_mass", token_layers ? (sc.moved_mass - moved_before) / double(token_layers) : 0.0}});
         ++l;
     }
     return sc;
@@ -547,7 +553,8 @@ SelectReport run_select(const SelectOptions & opt, const std::vector<std::filesy
                                {"moved_mass", moved},
                                {"substitute_rank", rank},
                                {"ran_out", sc.ran_out},
-                               {"ran_out_examples", sc.ran_out_examples}};
+                               {"ran_out_examples", sc.ran_out_examples},
+                               {"layers", sc.layers}};
                 row += fmt::format(" {:>9.2f} {:>7.4f} {:>8.2f} {:>8}", 100 * replaced, moved, rank, sc.ran_out);
             }
             rep.text += row + "\n";

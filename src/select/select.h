@@ -56,6 +56,7 @@ struct SubstitutionScreen {
     double substitute_rank = 0;   // summed over substitutes: their rank in the trace's top-M
     uint64_t substitutes = 0;
     nlohmann::json ran_out_examples = nlohmann::json::array();  // {token, layer, survivors}
+    nlohmann::json layers = nlohmann::json::array();            // {layer, replaced_share, moved_mass}
 };
 
 // Replays a keep map on a trace's top-M: per token and layer, the top-k is re-chosen

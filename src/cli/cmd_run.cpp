@@ -1,0 +1,74 @@
+#include "cli/commands.h"
+#include "core/errors.h"
+#include "llama/session.h"
+#include "run/run.h"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <memory>
+#include <optional>
+
+namespace moeprune::cli {
+
+void add_run(CLI::App & app, Action & action) {
+    auto opt = std::make_shared<RunOptions>();
+    auto config = std::make_shared<std::filesystem::path>();
+    auto c = std::make_shared<RunConfig>();  // flags given on the command line
+    auto max_kld = std::make_shared<std::optional<double>>();
+    auto tokens = std::make_shared<std::optional<uint64_t>>();
+    CLI::App * sub = app.add_subcommand(
+        "run", "From a model and a corpus to an answer: corpus, collect, select, eval, replay, plan and an HTML report "
+               "in one resumable run (docs/run.md)");
+    sub->add_option("--config", *config, "Settings of every stage (run.toml; flags override it)");
+    sub->add_option("-m,--model", c->model, "The model (GGUF; first shard of a split model)");
+    sub->add_option("--corpus", c->corpus, "A corpus manifest (.toml) or DOMAIN=PATH_OR_GLOB sources (repeatable)");
+    sub->add_option("-k", c->ks, "Experts to keep per layer, one map per K and criterion")->delimiter(',');
+    sub->add_option("-o,--out", opt->run_dir, "Run directory")->required();
+    sub->add_option("--criteria", c->criteria, "Selection criteria")->delimiter(',');
+    sub->add_option("--ram", c->ram, "RAM for the model (24G = GiB, 24GB = 10^9 bytes)");
+    sub->add_option("--reserve", c->reserve, "RAM kept for the KV cache and the OS");
+    sub->add_option("--ssd", c->ssd, "SSD read bandwidth, GB/s")->check(CLI::PositiveNumber);
+    sub->add_option("--compute-ms", c->compute_ms, "Compute time per token")->check(CLI::NonNegativeNumber);
+    sub->add_option("--policies", c->policies, "Cache policies to replay")->delimiter(',');
+    sub->add_option("--cache-shares", c->cache_shares, "Per-layer cache sizes as shares of K")->delimiter(',');
+    sub->add_option("--lambda", c->lambdas, "Cache-aware routing strengths (0: unbiased)")->delimiter(',');
+    sub->add_option("--max-kld", *max_kld, "Recommend the fastest option within this mean KLD");
+    sub->add_option("--tokens", *tokens, "Calib tokens shared by weighted corpus sources");
+    sub->add_option("-c,--ctx-size", c->ctx, "Context of collect and eval windows");
+    sub->add_option("-t,--threads", c->threads, "Threads (0: one per core)");
+    sub->add_option("--seed", c->seed, "Seed of the corpus split and order");
+    sub->add_option("--slice", c->slice, "Write sliced GGUFs at the end: best (the recommendation) or all")
+        ->check(CLI::IsMember({"best", "all"}));
+    sub->add_option("--from", opt->from, "Re-run this stage and every later one");
+    sub->callback([=, &action] {
+        action = [=] {
+            RunConfig merged = config->empty() ? RunConfig{} : read_run_config(*config);
+            const RunConfig defaults;
+            const auto given = [&](const char * flag) { return sub->count(flag) > 0; };
+            if (given("--model")) merged.model = c->model;
+            if (given("--corpus")) merged.corpus = c->corpus;
+            if (given("-k")) merged.ks = c->ks;
+            if (given("--criteria")) merged.criteria = c->criteria;
+            if (given("--ram")) merged.ram = c->ram;
+            if (given("--reserve")) merged.reserve = c->reserve;
+            if (given("--ssd")) merged.ssd = c->ssd;
+            if (given("--compute-ms")) merged.compute_ms = c->compute_ms;
+            if (given("--policies")) merged.policies = c->policies;
+            if (given("--cache-shares")) merged.cache_shares = c->cache_shares;
+            if (given("--lambda")) merged.lambdas = c->lambdas;
+            if (given("--max-kld")) merged.max_kld = *max_kld;
+            if (given("--tokens")) merged.tokens = *tokens;
+            if (given("--ctx-size")) merged.ctx = c->ctx;
+            if (given("--threads")) merged.threads = c->threads;
+            if (given("--seed")) merged.seed = c->seed;
+            if (given("--slice")) merged.slice = c->slice;
+            opt->config = merged;
+            init_llama({});
+            std::printf("%s\n", run_pipeline(*opt).c_str());
+            return 0;
+        };
+    });
+}
+
+} // namespace moeprune::cli

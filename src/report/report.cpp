@@ -1,0 +1,356 @@
+#include "report/report.h"
+#include "core/atomic_file.h"
+#include "core/errors.h"
+#include "core/json.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <map>
+#include <set>
+
+namespace moeprune {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+json load(const fs::path & p) { return parse_json(read_text_file(p), p.string()); }
+
+std::string html_escape(const std::string & s) {
+    std::string out;
+    for (const char c : s) {
+        switch (c) {
+        case '&': out += "&amp;"; break;
+        case '<': out += "&lt;"; break;
+        case '>': out += "&gt;"; break;
+        case '"': out += "&quot;"; break;
+        default: out += c;
+        }
+    }
+    return out;
+}
+
+std::string csv_field(const json & v) {
+    if (v.is_null()) {
+        return "";
+    }
+    if (!v.is_string()) {
+        return v.dump();
+    }
+    const std::string s = v.get<std::string>();
+    if (s.find_first_of(",\"\n") == std::string::npos) {
+        return s;
+    }
+    std::string out = "\"";
+    for (const char c : s) {
+        out += c == '"' ? std::string("\"\"") : std::string(1, c);
+    }
+    return out + "\"";
+}
+
+// Rows of objects as CSV, columns in the order given.
+std::string to_csv(const json & rows, const std::vector<std::string> & columns) {
+    std::string out;
+    for (size_t i = 0; i < columns.size(); ++i) {
+        out += i ? "," : "";
+        out += columns[i];
+    }
+    out += "\n";
+    for (const json & r : rows) {
+        for (size_t i = 0; i < columns.size(); ++i) {
+            out += i ? "," : "";
+            out += csv_field(r.value(columns[i], json(nullptr)));
+        }
+        out += "\n";
+    }
+    return out;
+}
+
+// "reap-k8" from a keep map path; "none" for the unpruned model.
+std::pair<std::string, int64_t> map_name(const std::string & path, int64_t n_expert) {
+    if (path.empty()) {
+        return {"none", n_expert};
+    }
+    const std::string stem = fs::path(path).stem().string();
+    const auto dash = stem.rfind("-k");
+    if (dash == std::string::npos) {
+        return {stem, 0};
+    }
+    return {stem.substr(0, dash), std::stoll(stem.substr(dash + 2))};
+}
+
+json chart(const std::string & title, const json & values, json spec) {
+    spec["$schema"] = "https://vega.github.io/schema/vega-lite/v6.json";  // an identifier, never fetched
+    spec["title"] = title;
+    spec["data"] = {{"values", values}};
+    if (!spec.contains("width") && !spec.contains("facet")) {
+        spec["width"] = 520;
+        spec["height"] = 260;
+    }
+    return spec;
+}
+
+std::string table(const std::vector<std::pair<std::string, std::string>> & rows) {
+    std::string out = "<table>";
+    for (const auto & [k, v] : rows) {
+        out += "<tr><th>" + html_escape(k) + "</th><td>" + html_escape(v) + "</td></tr>";
+    }
+    return out + "</table>";
+}
+
+} // namespace
+
+fs::path chart_library_dir() { return fs::path(MOEPRUNE_VEGA_DIR); }
+
+std::vector<fs::path> write_report(const ReportInputs & in) {
+    const json corpus = load(in.corpus), select = load(in.select), eval = load(in.eval), plan = load(in.plan);
+    const int64_t n_expert = plan["inputs"]["geometry"]["experts"].get<int64_t>();
+
+    // Quality: KLD per criterion, K and domain.
+    json kld_rows = json::array();
+    for (const json & c : eval["candidates"]) {
+        if (c["kind"] != "keep") {
+            continue;
+        }
+        const auto [criterion, k] = map_name(c.value("source", ""), n_expert);
+        const auto row = [&](const std::string & domain, const json & st) {
+            kld_rows.push_back({{"criterion", criterion}, {"k", k}, {"domain", domain}, {"kld_mean", st["kld_mean"]},
+                                {"kld_p99", st["kld_p99"]}, {"same_top1", st["same_top1"]}, {"tokens", st["tokens"]}});
+        };
+        row("all", c["all"]);
+        for (const auto & [d, st] : c["domains"].items()) {
+            row(d, st);
+        }
+    }
+
+    // Per layer: kept share (statistics and held out) and substitution.
+    json layer_rows = json::array();
+    for (const json & r : select["results"]) {
+        const std::string map = fmt::format("{}-k{}", r["metric"].get<std::string>(), r["k"].get<int64_t>());
+        std::map<int, json> screen;
+        if (r.contains("screen")) {
+            for (const json & l : r["screen"].value("layers", json::array())) {
+                screen[l["layer"].get<int>()] = l;
+            }
+        }
+        for (const json & l : r["layers"]) {
+            const int layer = l["layer"].get<int>();
+            json row = {{"map", map}, {"criterion", r["metric"]}, {"k", r["k"]}, {"layer", layer},
+                        {"kept_reap_share", l["reap_share"]}, {"kept_count_share", l["count_share"]},
+                        {"heldout_reap_share", l.value("heldout", json::object()).value("reap_share", json(nullptr))},
+                        {"replaced_share", nullptr}, {"moved_mass", nullptr}};
+            if (screen.count(layer)) {
+                row["replaced_share"] = screen[layer]["replaced_share"];
+                row["moved_mass"] = screen[layer]["moved_mass"];
+            }
+            layer_rows.push_back(row);
+        }
+    }
+
+    // Caches: misses/token per policy and size, for every map, with Belady as the bound.
+    json replay_rows = json::array();
+    json throughput_inputs;
+    for (const fs::path & p : in.replays) {
+        const json r = load(p);
+        const json & inputs = r["inputs"];
+        const auto [criterion, k] = map_name(inputs.value("keep", json(nullptr)).is_string() ? inputs["keep"].get<std::string>() : "",
+                                             n_expert);
+        throughput_inputs = inputs.value("throughput", json(nullptr));
+        for (const json & rec : r["records"]) {
+            replay_rows.push_back({{"map", criterion == "none" ? std::string("unpruned") : fmt::format("{}-k{}", criterion, k)},
+                                   {"criterion", criterion}, {"k", k}, {"policy", rec["policy"]}, {"cache", rec["slots"][0]},
+                                   {"lambda", rec["lambda"]}, {"misses_per_token", rec["misses_per_token"]},
+                                   {"hit_rate", rec["hit_rate"]}, {"tokens_per_s", rec.value("tokens_per_s", json(nullptr))},
+                                   {"bound", rec["policy"] == "belady" ? "Belady (offline bound)" : "online policy"}});
+        }
+    }
+
+    // The plan's options, with the front and the recommendation marked.
+    json plan_rows = json::array();
+    std::set<size_t> front;
+    for (const json & i : plan["pareto"]) {
+        front.insert(i.get<size_t>());
+    }
+    for (size_t i = 0; i < plan["options"].size(); ++i) {
+        const json & o = plan["options"][i];
+        json row = o;
+        row["option"] = i;
+        row["resident_gb"] = o["resident_bytes"].is_null() ? json(nullptr) : json(o["resident_bytes"].get<double>() / 1e9);
+        row["pareto"] = front.count(i) > 0;
+        row["recommended"] = !plan["recommended"].is_null() && plan["recommended"].get<size_t>() == i;
+        row["label"] = fmt::format("{} K{} {} {}", o["criterion"].get<std::string>(), o["k"].get<int64_t>(), o["policy"].get<std::string>(),
+                                   o["cache_experts"].is_null() ? std::string("-") : o["cache_experts"].dump());
+        plan_rows.push_back(row);
+    }
+
+    // Corpus composition.
+    json corpus_rows = json::array();
+    for (const json & d : corpus["domains"]) {
+        for (const char * side : {"calib", "eval"}) {
+            corpus_rows.push_back({{"domain", d["domain"]}, {"side", side}, {"tokens", d[side]["tokens"]},
+                                   {"target_share", d[side]["target_share"]}, {"share", d[side]["share"]}});
+        }
+    }
+
+    json charts = json::object();
+    charts["kld_vs_k"] = chart("Mean KLD against the original model, by K and criterion (per domain)", kld_rows,
+                               {{"mark", {{"type", "line"}, {"point", true}}},
+                                {"encoding", {{"x", {{"field", "k"}, {"type", "quantitative"}, {"title", "experts kept per layer (K)"}}},
+                                              {"y", {{"field", "kld_mean"}, {"type", "quantitative"}, {"title", "mean KLD (nats)"}}},
+                                              {"color", {{"field", "criterion"}, {"type", "nominal"}}},
+                                              {"strokeDash", {{"field", "domain"}, {"type", "nominal"}}},
+                                              {"tooltip", json::array({{{"field", "criterion"}}, {{"field", "k"}}, {{"field", "domain"}},
+                                                                       {{"field", "kld_mean"}}, {{"field", "same_top1"}}})}}}});
+    charts["kept_share_per_layer"] = chart("Kept share of REAP mass per layer (calibration statistics)", layer_rows,
+                                           {{"mark", {{"type", "line"}, {"point", true}}},
+                                            {"encoding", {{"x", {{"field", "layer"}, {"type", "ordinal"}}},
+                                                          {"y", {{"field", "kept_reap_share"}, {"type", "quantitative"}, {"title", "kept share"}}},
+                                                          {"color", {{"field", "map"}, {"type", "nominal"}}}}}});
+    charts["substitution_per_layer"] = chart("Slots of the original top-k replaced per layer (held-out trace)", layer_rows,
+                                             {{"mark", {{"type", "line"}, {"point", true}}},
+                                              {"encoding", {{"x", {{"field", "layer"}, {"type", "ordinal"}}},
+                                                            {"y", {{"field", "replaced_share"}, {"type", "quantitative"}, {"title", "replaced share"}}},
+                                                            {"color", {{"field", "map"}, {"type", "nominal"}}}}}});
+    charts["misses_vs_cache"] = chart("Misses per token against cache size, per policy (Belady dashed: the offline bound)", replay_rows,
+                                      {{"facet", {{"field", "map"}, {"type", "nominal"}}},
+                                       {"columns", 3},
+                                       {"spec", {{"width", 220}, {"height", 160},
+                                                 {"mark", {{"type", "line"}, {"point", true}}},
+                                                 {"encoding", {{"x", {{"field", "cache"}, {"type", "quantitative"}, {"title", "experts cached per layer"}}},
+                                                               {"y", {{"field", "misses_per_token"}, {"type", "quantitative"}}},
+                                                               {"color", {{"field", "policy"}, {"type", "nominal"}}},
+                                                               {"strokeDash", {{"field", "bound"}, {"type", "nominal"}}}}}}},
+                                       {"resolve", {{"scale", {{"y", "independent"}}}}}});
+    charts["speed_vs_ram"] = chart(
+        "Tokens/s against resident RAM: every feasible option, the Pareto front (line) and the recommendation (star)", plan_rows,
+        {{"layer", json::array({{{"mark", {{"type", "point"}, {"filled", true}, {"opacity", 0.6}}},
+                                 {"encoding", {{"x", {{"field", "resident_gb"}, {"type", "quantitative"}, {"title", "resident GB"}}},
+                                               {"y", {{"field", "tok_per_s"}, {"type", "quantitative"}, {"title", "tokens/s"}}},
+                                               {"color", {{"field", "kld_mean"}, {"type", "quantitative"}, {"title", "mean KLD"}}},
+                                               {"tooltip", json::array({{{"field", "label"}}, {{"field", "tok_per_s"}}, {{"field", "kld_mean"}}})}}}},
+                                {{"transform", json::array({{{"filter", "datum.pareto"}}})},
+                                 {"mark", {{"type", "line"}, {"color", "#444"}}},
+                                 {"encoding", {{"x", {{"field", "resident_gb"}, {"type", "quantitative"}}},
+                                               {"y", {{"field", "tok_per_s"}, {"type", "quantitative"}}},
+                                               {"order", {{"field", "resident_gb"}}}}}},
+                                {{"transform", json::array({{{"filter", "datum.recommended"}}})},
+                                 {"mark", {{"type", "point"}, {"shape", "diamond"}, {"size", 300}, {"color", "#d62728"}, {"filled", true}}},
+                                 {"encoding", {{"x", {{"field", "resident_gb"}, {"type", "quantitative"}}},
+                                               {"y", {{"field", "tok_per_s"}, {"type", "quantitative"}}}}}}})}});
+    charts["corpus_composition"] = chart("Corpus tokens per domain, calib and eval", corpus_rows,
+                                         {{"mark", "bar"},
+                                          {"encoding", {{"x", {{"field", "tokens"}, {"type", "quantitative"}}},
+                                                        {"y", {{"field", "side"}, {"type", "nominal"}}},
+                                                        {"color", {{"field", "domain"}, {"type", "nominal"}}}}}});
+
+    // CSV next to the report.
+    const fs::path data_dir = in.run_dir / "report";
+    fs::create_directories(data_dir);
+    std::vector<fs::path> written;
+    const auto csv = [&](const std::string & name, const json & rows, const std::vector<std::string> & cols) {
+        write_file_atomic(data_dir / name, to_csv(rows, cols));
+        written.push_back(data_dir / name);
+    };
+    csv("kld.csv", kld_rows, {"criterion", "k", "domain", "kld_mean", "kld_p99", "same_top1", "tokens"});
+    csv("layers.csv", layer_rows, {"map", "criterion", "k", "layer", "kept_reap_share", "kept_count_share", "heldout_reap_share",
+                                   "replaced_share", "moved_mass"});
+    csv("replay.csv", replay_rows, {"map", "criterion", "k", "policy", "cache", "lambda", "misses_per_token", "hit_rate", "tokens_per_s"});
+    csv("plan.csv", plan_rows, {"option", "k", "criterion", "policy", "cache_experts", "cache_scope", "lambda", "routed_bytes",
+                                "resident_bytes", "misses_per_token", "tok_per_s", "kld_mean", "kld_measured", "pareto", "recommended"});
+    csv("corpus.csv", corpus_rows, {"domain", "side", "tokens", "target_share", "share"});
+
+    const json leak = corpus["leak_check"];
+    const json report = {{"format", "moeprune-report"},
+                         {"version", 1},
+                         {"config", in.config},
+                         {"recommendation", {{"option", plan["recommended"]}, {"why", plan["why"]}}},
+                         {"corpus", {{"domains", corpus["domains"]}, {"leak_check", leak}, {"dedupe", corpus["dedupe"]},
+                                     {"boilerplate", corpus["boilerplate"]}, {"outputs", corpus["outputs"]}}},
+                         {"kld", kld_rows},
+                         {"layers", layer_rows},
+                         {"replay", replay_rows},
+                         {"plan", plan},
+                         {"throughput", throughput_inputs},
+                         {"closed_loop", nullptr},
+                         {"charts", charts}};
+    write_file_atomic(in.run_dir / "report.json", report.dump(1) + "\n");
+    written.push_back(in.run_dir / "report.json");
+
+    // The HTML: the chart library inlined, every spec with its data.
+    std::string libs;
+    for (const char * f : {"vega.min.js", "vega-lite.min.js", "vega-embed.min.js"}) {
+        const fs::path p = chart_library_dir() / f;
+        std::error_code ec;
+        if (!fs::exists(p, ec)) {
+            fail_file(p.string(), "is missing: the report's chart library is fetched by set-up (make build, scripts/fetch-vega.sh)");
+        }
+        std::string js = read_text_file(p);
+        for (size_t at = js.find("</script"); at != std::string::npos; at = js.find("</script", at)) {
+            js.replace(at, 2, "<\\/");
+        }
+        libs += "<script>" + js + "</script>\n";
+    }
+    const json & ti = throughput_inputs.is_null() ? plan["inputs"]["throughput"] : throughput_inputs;
+    const json & geo = plan["inputs"]["geometry"];
+    std::string body;
+    body += "<h1>moeprune run report</h1>\n<p class=\"why\"><b>Recommended:</b> " + html_escape(plan["why"].get<std::string>()) + "</p>\n";
+    const auto section = [&](const std::string & id, const std::string & title, const std::string & note) {
+        body += "<h2>" + html_escape(title) + "</h2>\n";
+        if (!note.empty()) {
+            body += "<p>" + html_escape(note) + "</p>\n";
+        }
+        body += "<div class=\"chart\" id=\"" + id + "\"></div>\n";
+    };
+    section("kld_vs_k", "Quality cost", "Keep maps masked inside the original model, scored on the held-out side (report/kld.csv).");
+    section("kept_share_per_layer", "Kept share per layer", "");
+    section("substitution_per_layer", "Substitution per layer", "");
+    section("misses_vs_cache", "Expert cache", "Replayed on the held-out router trace (report/replay.csv).");
+    section("speed_vs_ram", "Speed, RAM and quality", "From the plan (plan/plan.json, report/plan.csv).");
+    body += "<h2>Open- vs closed-loop cache routing</h2>\n<p>Not measured in this run: every cache figure here is "
+            "open-loop (the trace was recorded with the unbiased router).</p>\n";
+    section("corpus_composition", "Corpus", "");
+    body += "<h3>Leak check (eval against calib)</h3>\n" +
+            table({{"exact duplicates", leak["exact"].dump()}, {"near duplicates", leak["near"].dump()},
+                   {"documents sharing a long n-gram", leak["shared_ngrams"].dump()}, {"groups on both sides", leak["shared_groups"].dump()},
+                   {"clean", leak["clean"].dump()}}) +
+            "\n";
+    body += "<h2>Throughput model inputs</h2>\n" +
+            table({{"model geometry", geo["source"].get<std::string>()},
+                   {"MoE layers", geo["moe_layers"].dump()},
+                   {"experts, used per token", geo["experts"].dump() + ", " + geo["used"].dump()},
+                   {"bytes of one expert (first layer)", geo["expert_bytes"][0].dump()},
+                   {"other weights (bytes)", geo["other_bytes"].dump()},
+                   {"RAM budget (bytes)", plan["inputs"]["budget_bytes"].dump()},
+                   {"SSD GB/s", ti.value("ssd_gbps", json(nullptr)).dump()},
+                   {"read latency (us)", ti.value("read_latency_us", json(nullptr)).dump()},
+                   {"queue depth", ti.value("queue_depth", json(nullptr)).dump()},
+                   {"compute per token (ms)", ti.value("compute_ms", json(nullptr)).dump()},
+                   {"formula", plan["inputs"]["throughput"]["model"].get<std::string>()}}) +
+            "\n<h2>Settings</h2>\n<pre>" + html_escape(in.config) + "</pre>\n";
+    const std::string specs = charts.dump(-1, ' ', false, json::error_handler_t::replace);
+    std::string page = "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>moeprune report</title>\n<style>"
+                       "body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
+                       "table{border-collapse:collapse}th,td{border:1px solid #ccc;padding:3px 8px;text-align:left}"
+                       "pre{background:#f6f6f6;padding:1em;overflow:auto}.why{font-size:1.1em}.chart{margin:1em 0}"
+                       "#errors{color:#b00}</style>\n";
+    page += libs;
+    page += "</head><body data-charts=\"" + std::to_string(charts.size()) + "\" data-rendered=\"0\">\n" + body;
+    page += "<pre id=\"errors\"></pre>\n<script>\nconst specs = " + specs + ";\n" + R"JS(
+const errors = document.getElementById('errors');
+window.addEventListener('error', e => { errors.textContent += 'error: ' + e.message + '\n'; });
+let rendered = 0;
+Promise.all(Object.entries(specs).map(([id, spec]) =>
+  vegaEmbed('#' + id, spec, {renderer: 'svg', actions: false})
+    .then(() => { rendered += 1; document.body.dataset.rendered = String(rendered); })
+    .catch(e => { errors.textContent += id + ': ' + e + '\n'; })));
+</script>
+</body></html>
+)JS";
+    write_file_atomic(in.run_dir / "report.html", page);
+    written.push_back(in.run_dir / "report.html");
+    return written;
+}
+
+} // namespace moeprune

@@ -1,0 +1,64 @@
+#pragma once
+// `moeprune run`: corpus -> collect (calib statistics) -> heldout (statistics and trace
+// on eval) -> select -> eval -> replay -> plan -> report [-> slice], each stage in its
+// own folder of RUN_DIR with a stage.json of its inputs (digests), settings and outputs
+// (digests). A stage whose inputs and settings are unchanged is skipped; one whose
+// outputs changed since it wrote them is an error; a killed collect resumes from its
+// checkpoint. docs/run.md is the user's description.
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace moeprune {
+
+struct RunConfig {
+    std::filesystem::path model;
+    std::vector<std::string> corpus;       // one manifest (.toml), or DOMAIN=PATH sources
+    std::vector<int64_t> ks;
+    std::vector<std::string> criteria{"reap", "reap-lcb", "freq"};
+    std::string ram;                       // e.g. "24G"; empty: no limit
+    std::string reserve = "2G";
+    double ssd = 6.8;                      // GB/s
+    double read_latency_us = 80;
+    int queue_depth = 32;
+    double compute_ms = 0;
+    double sync_us = 0;
+    std::vector<std::string> policies{"lru", "lfu", "sieve", "s3fifo", "belady"};
+    std::vector<double> cache_shares{0.125, 0.25, 0.5};  // per-layer cache sizes as shares of K
+    std::vector<double> lambdas{0.0};
+    std::optional<double> max_kld;
+    int ctx = 512;
+    int threads = 0;
+    uint64_t seed = 0;
+    double eval_share = 0.1;
+    std::optional<uint64_t> tokens;        // calib tokens for weighted corpus sources
+    uint32_t doc_tokens = 4096;
+    int trace_top = 64;                    // at most the model's experts
+    int save_every = 16;                   // collect checkpoints, in windows
+    std::string slice;                     // "", "best" or "all"
+};
+
+// Reads a run.toml (every key of RunConfig; unknown keys are errors naming file, line, key).
+RunConfig read_run_config(const std::filesystem::path & path);
+// The config as run.toml writes it: every setting, human-readable.
+std::string run_config_toml(const RunConfig & c);
+
+struct RunOptions {
+    RunConfig config;
+    std::filesystem::path run_dir;
+    std::string from;                      // re-run this stage and every later one
+    bool progress = true;
+};
+
+const std::vector<std::string> & run_stages();
+
+// Runs or skips every stage; returns the plan's recommendation sentence.
+std::string run_pipeline(const RunOptions & opt);
+
+// A file's identity for stage manifests: xxh3 of its bytes (files over 256 MiB: size,
+// modification time and xxh3 of their first and last 16 MiB).
+std::string identity_digest(const std::filesystem::path & p);
+
+} // namespace moeprune

@@ -1,0 +1,213 @@
+// moeprune run end to end on a small synthesized model: every stage writes its outputs
+// and a manifest; a second run does no work; changing -k reruns select and what follows
+// but not collect; a kill -9 mid-collect resumes to the statistics of an uninterrupted
+// run; a hand-edited output is named; the HTML report renders every chart in headless
+// Chromium with no error.
+#include "support/test_support.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <random>
+#include <thread>
+
+#include <csignal>
+#include <sys/wait.h>
+#include <unistd.h>
+
+using namespace moeprune;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+std::string moeprune_cmd(const std::string & args) { return test::bin("moeprune").string() + " " + args; }
+
+json read_json(const fs::path & p) { return json::parse(test::read_bytes(p)); }
+
+class RunTest : public ::testing::Test {
+protected:
+    static void SetUpTestSuite() {
+        dir_ = new test::TempDir();
+        const fs::path d = dir_->path();
+        auto r = test::run_command(moeprune_cmd(fmt::format(
+            "synth --arch qwen3moe --layers 3 --experts 12 --used 2 --dead 2 --specialists -o {}", (d / "m.gguf").string())));
+        ASSERT_EQ(r.exit_code, 0) << r.output;
+        std::mt19937_64 rng(1);
+        static const char * syll[] = {"ka", "lo", "mi", "ne", "ru", "ta", "vo", "xe", "zi", "pu"};
+        fs::create_directories(d / "src" / "prose");
+        fs::create_directories(d / "src" / "code");
+        fs::create_directories(d / "src" / "zh");
+        for (int i = 0; i < 24; ++i) {
+            std::string prose, code, zh;
+            for (int w = 0; w < 120; ++w) {
+                prose += std::string(syll[rng() % 10]) + syll[rng() % 10] + (w % 12 == 11 ? ".\n" : " ");
+            }
+            for (int l = 0; l < 12; ++l) {
+                code += fmt::format("int {}{}(int x) {{ return x * {}; }}\n", syll[rng() % 10], l, rng() % 100);
+            }
+            for (int c = 0; c < 80; ++c) {
+                const uint32_t cp = 0x4E00 + uint32_t(rng() % 1500);
+                zh += fmt::format("{}{}{}", char(0xE0 | (cp >> 12)), char(0x80 | ((cp >> 6) & 0x3F)), char(0x80 | (cp & 0x3F)));
+            }
+            test::write_text(d / "src" / "prose" / fmt::format("p{}.md", i), prose);
+            test::write_text(d / "src" / "code" / fmt::format("c{}.cpp", i), code);
+            test::write_text(d / "src" / "zh" / fmt::format("z{}.txt", i), zh);
+        }
+        test::write_text(d / "corpus.toml", R"([corpus]
+seed = 2
+[[source]]
+path = "src/prose"
+domain = "prose"
+[[source]]
+path = "src/code"
+domain = "code"
+[[source]]
+path = "src/zh"
+domain = "zh"
+)");
+    }
+    static void TearDownTestSuite() { delete dir_; }
+    static fs::path d() { return dir_->path(); }
+    static std::string base_args() {
+        return fmt::format("run -m {} --corpus {} --criteria reap,freq --ram 0.2GB --reserve 0 --compute-ms 5 -c 128 -t 2",
+                           (d() / "m.gguf").string(), (d() / "corpus.toml").string());
+    }
+    static test::TempDir * dir_;
+    test::TempDir tmp_;
+};
+test::TempDir * RunTest::dir_ = nullptr;
+
+int count(const std::string & text, const std::string & what) {
+    int n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) {
+        ++n;
+    }
+    return n;
+}
+
+} // namespace
+
+TEST_F(RunTest, RunsEveryStageSkipsWhatIsUnchangedAndRendersTheReport) {
+    const fs::path run = tmp_ / "run";
+    auto r = test::run_command(moeprune_cmd(base_args() + " -k 6,8 -o " + run.string()));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(count(r.output, "running"), 8) << r.output;
+    EXPECT_NE(r.output.find("recommended:"), std::string::npos);
+    for (const char * f : {"run.toml", "corpus/calib.jsonl", "collect/stats.json", "heldout/router.trace", "select/maps/reap-k6.json",
+                           "select/maps/freq-k8.json", "eval/eval.json", "replay/none.json", "replay/reap-k8.json",
+                           "plan/plan.json", "report.html", "report.json", "report/kld.csv", "report/plan.csv"}) {
+        EXPECT_TRUE(fs::exists(run / f)) << f;
+    }
+    const json report = read_json(run / "report.json");
+    EXPECT_EQ(report["kld"].size() > 0, true);
+    std::set<std::string> maps;
+    for (const json & row : report["kld"]) {
+        if (row["domain"] == "all") {
+            maps.insert(fmt::format("{}-k{}", row["criterion"].get<std::string>(), row["k"].get<int>()));
+        }
+    }
+    EXPECT_EQ(maps, (std::set<std::string>{"reap-k6", "reap-k8", "freq-k6", "freq-k8"}));
+    const json plan = read_json(run / "plan" / "plan.json");
+    ASSERT_FALSE(plan["recommended"].is_null()) << plan["why"];
+    EXPECT_FALSE(plan["pareto"].empty());
+
+    // Nothing changed: no work, within 5 s.
+    const auto t0 = std::chrono::steady_clock::now();
+    r = test::run_command(moeprune_cmd(base_args() + " -k 6,8 -o " + run.string()));
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(count(r.output, "unchanged, skipped"), 8) << r.output;
+    EXPECT_LE(seconds, 5.0);
+
+    // Only -k changed: select and everything after it, not corpus or collect.
+    r = test::run_command(moeprune_cmd(base_args() + " -k 6,10 -o " + run.string()));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    for (const char * skipped : {"corpus   unchanged", "collect  unchanged", "heldout  unchanged"}) {
+        EXPECT_NE(r.output.find(skipped), std::string::npos) << skipped << "\n" << r.output;
+    }
+    for (const char * rerun : {"select   running", "eval     running", "replay   running", "plan     running", "report   running"}) {
+        EXPECT_NE(r.output.find(rerun), std::string::npos) << rerun << "\n" << r.output;
+    }
+    EXPECT_FALSE(fs::exists(run / "select" / "maps" / "reap-k8.json")) << "maps of a K no longer asked for are gone";
+
+    // A stage output edited by hand is named, with the way out.
+    test::write_text(run / "select" / "select.json", test::read_bytes(run / "select" / "select.json") + " ");
+    r = test::run_command(moeprune_cmd(base_args() + " -k 6,10 -o " + run.string()));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find("select/select.json: changed since stage select wrote it"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("--from select"), std::string::npos) << r.output;
+    r = test::run_command(moeprune_cmd(base_args() + " -k 6,10 --from select -o " + run.string()));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+
+    // The report in a real browser: every chart rendered as SVG, no error, a screenshot kept.
+    const std::string url = "file://" + fs::absolute(run / "report.html").string();
+    const std::string chromium = "chromium --headless --no-sandbox --disable-gpu --virtual-time-budget=30000";
+    const auto dom = test::run_command(chromium + " --dump-dom " + url + " 2>/dev/null");
+    ASSERT_EQ(dom.exit_code, 0) << "headless Chromium (Debian package chromium, installed by scripts/install-deps.sh)";
+    const json charts = report["charts"];
+    EXPECT_NE(dom.output.find(fmt::format("data-rendered=\"{}\"", charts.size())), std::string::npos)
+        << "every chart rendered";
+    EXPECT_NE(dom.output.find("<pre id=\"errors\"></pre>"), std::string::npos) << "no script or chart error";
+    EXPECT_GE(count(dom.output, "class=\"marks\""), int(charts.size()));
+    const std::string html = test::read_bytes(run / "report.html");
+    EXPECT_EQ(html.find("<script src="), std::string::npos) << "the report opens offline: every script inlined";
+    const fs::path shots = fs::path(MOEPRUNE_BIN_DIR).parent_path() / "test-artifacts";
+    fs::create_directories(shots);
+    const auto shot = test::run_command(chromium + " --window-size=1200,4200 --screenshot=" + (shots / "report.png").string() +
+                                        " " + url + " 2>/dev/null");
+    EXPECT_EQ(shot.exit_code, 0);
+    EXPECT_GT(fs::file_size(shots / "report.png"), 10000u);
+}
+
+TEST_F(RunTest, KilledCollectResumesToTheSameStatistics) {
+    const std::string args = base_args() + " -k 6 --config " + (tmp_ / "run.toml").string();
+    test::write_text(tmp_ / "run.toml", "save_every = 1\n");
+    // Uninterrupted.
+    auto r = test::run_command(moeprune_cmd(args + " -o " + (tmp_ / "a").string()));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    // Killed with SIGKILL once collect has written a checkpoint, then run again.
+    const fs::path b = tmp_ / "b";
+    const pid_t pid = fork();
+    if (pid == 0) {
+        const std::string cmd = moeprune_cmd(args + " -o " + b.string()) + " >/dev/null 2>&1";
+        execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), nullptr);
+        _exit(127);
+    }
+    bool killed = false;
+    for (int i = 0; i < 2000 && !killed; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        std::error_code ec;
+        if (fs::exists(b / "collect" / "stats.json", ec)) {
+            kill(pid, SIGKILL);
+            killed = true;
+        }
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    ASSERT_TRUE(killed) << "collect wrote no checkpoint to kill after";
+    ASSERT_TRUE(WIFSIGNALED(status)) << "the run finished before the kill";
+    EXPECT_FALSE(fs::exists(b / "collect" / "stage.json")) << "a killed stage has no manifest";
+    r = test::run_command(moeprune_cmd(args + " -o " + b.string()));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const json sa = read_json(tmp_ / "a" / "collect" / "stats.json"), sb = read_json(b / "collect" / "stats.json");
+    EXPECT_TRUE(sa["layers"] == sb["layers"]) << "statistics differ from the uninterrupted run's";
+    EXPECT_EQ(sa["n_tokens"], sb["n_tokens"]);
+    const json ha = read_json(tmp_ / "a" / "heldout" / "stats.json"), hb = read_json(b / "heldout" / "stats.json");
+    EXPECT_TRUE(ha["layers"] == hb["layers"]) << "held-out statistics differ";
+    EXPECT_EQ(fs::file_size(tmp_ / "a" / "heldout" / "router.trace"), fs::file_size(b / "heldout" / "router.trace"));
+}
+
+TEST_F(RunTest, BadConfigIsNamedByFileAndKey) {
+    test::write_text(tmp_ / "run.toml", "k = [6]\nram = \"1G\"\ncriterias = [\"reap\"]\n");
+    auto r = test::run_command(moeprune_cmd("run --config " + (tmp_ / "run.toml").string() + " -o " + (tmp_ / "o").string()));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find("run.toml:3:1: unknown key \"criterias\""), std::string::npos) << r.output;
+    r = test::run_command(moeprune_cmd(fmt::format("run -m {} --corpus {} -k 6 --ram 1MB -o {}", (d() / "m.gguf").string(),
+                                                   (d() / "corpus.toml").string(), (tmp_ / "o").string())));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find("less than the"), std::string::npos) << r.output;
+}
