@@ -1,6 +1,6 @@
 # The front door: every target is idempotent and incremental.
 #   make build   install missing Debian packages, fetch the pinned llama.cpp, configure, build
-#   make demo    build, then synthesize the default model and inspect it
+#   make demo    build, then run the whole job (moeprune run) on the default model and a corpus from this machine
 #   make test    build, then run the whole test suite
 BUILD_DIR  ?= build
 JOBS       ?= $(shell nproc)
@@ -34,9 +34,7 @@ configure: llama
 	fi
 
 demo: build
-	@mkdir -p $(DEMO_DIR)
-	$(BUILD_DIR)/bin/moeprune synth --arch qwen3moe --layers 4 --experts 16 --used 4 --dead 2 --specialists --json -o $(DEMO_DIR)/default.gguf
-	$(BUILD_DIR)/bin/moeprune inspect $(DEMO_DIR)/default.gguf --at-k 8,12
+	@bash scripts/demo.sh $(BUILD_DIR) $(DEMO_DIR)
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)

@@ -37,7 +37,8 @@ void add_run(CLI::App & app, Action & action) {
     sub->add_option("--tokens", *tokens, "Calib tokens shared by weighted corpus sources");
     sub->add_option("-c,--ctx-size", c->ctx, "Context of collect and eval windows");
     sub->add_option("-t,--threads", c->threads, "Threads (0: one per core)");
-    sub->add_option("--seed", c->seed, "Seed of the corpus split and order");
+    auto seed = std::make_shared<uint64_t>(0);
+    sub->add_option("--seed", *seed, "Seed of the corpus split and order (default: the manifest's)");
     sub->add_option("--slice", c->slice, "Write sliced GGUFs at the end: best (the recommendation) or all")
         ->check(CLI::IsMember({"best", "all"}));
     sub->add_option("--from", opt->from, "Re-run this stage and every later one");
@@ -61,7 +62,7 @@ void add_run(CLI::App & app, Action & action) {
             if (given("--tokens")) merged.tokens = *tokens;
             if (given("--ctx-size")) merged.ctx = c->ctx;
             if (given("--threads")) merged.threads = c->threads;
-            if (given("--seed")) merged.seed = c->seed;
+            if (given("--seed")) merged.seed = *seed;
             if (given("--slice")) merged.slice = c->slice;
             opt->config = merged;
             init_llama({});

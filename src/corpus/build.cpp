@@ -413,7 +413,9 @@ json build_corpus(const CorpusOptions & opt) {
         Progress progress("reading", total_bytes, "MiB", 1.0 / 1048576);
         std::mutex m;
         run_parallel(jobs.size(), opt.threads, [&](size_t i) {
-            read_source_file(specs[jobs[i].first], jobs[i].first, jobs[i].second, read[i]);
+            const SourceSpec & src = specs[jobs[i].first];
+            const bool named = fs::path(src.path) == jobs[i].second || spec.base_dir / src.path == jobs[i].second;
+            read_source_file(src, jobs[i].first, jobs[i].second, !named, read[i]);
             std::lock_guard<std::mutex> lock(m);
             progress.advance(read[i].files[0].bytes);
         });
@@ -423,10 +425,14 @@ json build_corpus(const CorpusOptions & opt) {
     std::vector<Doc> docs;
     std::vector<json> source_reports(specs.size());
     std::vector<uint64_t> empty_skipped(specs.size(), 0), read_docs(specs.size(), 0);
+    std::vector<std::vector<std::string>> binary_skipped(specs.size());
     for (size_t i = 0; i < read.size(); ++i) {
         const uint32_t offset = uint32_t(files.size());
         files.push_back(read[i].files[0]);
         empty_skipped[jobs[i].first] += read[i].empty_skipped;
+        for (std::string & b : read[i].binary_skipped) {
+            binary_skipped[jobs[i].first].push_back(std::move(b));
+        }
         for (SourceDocument & d : read[i].documents) {
             d.file += offset;
             ++read_docs[d.source];
@@ -875,6 +881,7 @@ json build_corpus(const CorpusOptions & opt) {
                     {"files", f},
                     {"documents_read", read_docs[s]},
                     {"empty_skipped", empty_skipped[s]},
+                    {"binary_skipped", binary_skipped[s]},
                     {"exact_duplicates", exact_dropped[s]},
                     {"near_duplicates", near_dropped[s]},
                     {"boilerplate_only", boiler_only[s]}};

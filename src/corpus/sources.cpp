@@ -251,12 +251,22 @@ std::vector<std::filesystem::path> expand_source_path(const SourceSpec & s, cons
     return out;
 }
 
-void read_source_file(const SourceSpec & s, uint32_t index, const std::filesystem::path & path, SourceFiles & out) {
+void read_source_file(const SourceSpec & s, uint32_t index, const std::filesystem::path & path, bool skip_binary,
+                      SourceFiles & out) {
     const std::string file = path.string();
     std::string bytes = read_text_file(path);
     const uint32_t file_index = uint32_t(out.files.size());
     out.files.push_back({path, bytes.size(), fmt::format("{:016x}", XXH64(bytes.data(), bytes.size(), 0))});
-    if (const size_t bad = invalid_utf8_at(bytes); bad != std::string::npos) {
+    const size_t bad = invalid_utf8_at(bytes);
+    if (skip_binary) {
+        const size_t head = std::min<size_t>(bytes.size(), 8192);
+        // A code point cut by the 8 KiB boundary is not binary.
+        if (bytes.find('\0') < head || (bad != std::string::npos && bad + 4 < head)) {
+            out.binary_skipped.push_back(file);
+            return;
+        }
+    }
+    if (bad != std::string::npos) {
         const size_t line = size_t(std::count(bytes.begin(), bytes.begin() + long(bad), '\n')) + 1;
         fail_file(fmt::format("{}:{}", file, line), fmt::format("is not UTF-8 text (invalid byte 0x{:02x} at offset {})",
                                                                  (unsigned char)bytes[bad], bad));

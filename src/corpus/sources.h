@@ -31,6 +31,7 @@ struct SourceFiles {
     std::vector<SourceFile> files;
     std::vector<SourceDocument> documents;
     uint64_t empty_skipped = 0;            // empty files and whitespace-only texts
+    std::vector<std::string> binary_skipped;  // files of a directory or glob that are not text
 };
 
 // Files of a source's path (a file, a directory searched recursively, or a glob), sorted,
@@ -39,8 +40,11 @@ std::vector<std::filesystem::path> expand_source_path(const SourceSpec & s, cons
 
 // Reads one file of source `index`. Every malformed document (invalid UTF-8, a JSONL
 // line of the wrong shape, a group key that cannot be found) is an error naming the
-// file and line.
-void read_source_file(const SourceSpec & s, uint32_t index, const std::filesystem::path & path, SourceFiles & out);
+// file and line. With `skip_binary` (files found in a directory or by a glob), a file
+// whose first 8 KiB hold a NUL byte or break UTF-8 (an image, an archive) is skipped
+// and listed instead.
+void read_source_file(const SourceSpec & s, uint32_t index, const std::filesystem::path & path, bool skip_binary,
+                      SourceFiles & out);
 
 // Offset of the first byte that breaks UTF-8 (overlong forms, surrogates and code points
 // past U+10FFFF included), or npos.

@@ -200,6 +200,8 @@ json make_plan(const PlanOptions & opt) {
             ++infeasible;
             return;
         }
+        // Belady needs the future: a bound to compare with, never a choice.
+        o["bound"] = o["policy"] == "belady";
         const auto [k_mean, measured] = kld_of(o["criterion"].get<std::string>(), o["k"].get<int64_t>());
         o["kld_mean"] = k_mean;
         o["kld_measured"] = k_mean.is_null() ? json(nullptr) : json(measured);
@@ -340,7 +342,7 @@ json make_plan(const PlanOptions & opt) {
     };
     std::vector<size_t> order;
     for (size_t i = 0; i < options.size(); ++i) {
-        if (!options[i]["kld_mean"].is_null()) {
+        if (!options[i]["kld_mean"].is_null() && !options[i]["bound"].get<bool>()) {
             order.push_back(i);
         }
     }
@@ -402,7 +404,10 @@ json make_plan(const PlanOptions & opt) {
     } else if (!options.empty()) {
         size_t best = 0;
         for (size_t i = 1; i < options.size(); ++i) {
-            if (speed(options[i]) > speed(options[best]) ||
+            if (options[i]["bound"].get<bool>()) {
+                continue;
+            }
+            if (options[best]["bound"].get<bool>() || speed(options[i]) > speed(options[best]) ||
                 (speed(options[i]) == speed(options[best]) && options[i]["k"].get<int64_t>() > options[best]["k"].get<int64_t>())) {
                 best = i;
             }
@@ -483,6 +488,9 @@ std::string plan_text(const json & plan) {
     if (opts.size() > 40) {
         std::map<std::pair<int64_t, std::string>, size_t> fastest;
         for (size_t i = 0; i < opts.size(); ++i) {
+            if (opts[i].value("bound", false)) {
+                continue;
+            }
             const auto key = std::pair{opts[i]["k"].get<int64_t>(), opts[i]["criterion"].get<std::string>()};
             const auto speed = [&](size_t j) { return opts[j]["tok_per_s"].is_null() ? 1e300 : opts[j]["tok_per_s"].get<double>(); };
             if (!fastest.count(key) || speed(i) > speed(fastest[key])) {
@@ -513,7 +521,8 @@ std::string plan_text(const json & plan) {
                            num(o["misses_per_token"], "{:.2f}"), num(o["tok_per_s"], "{:.2f}"), kld);
     }
     if (shown < opts.size()) {
-        out += fmt::format("({} more options in the JSON; * Pareto front, > recommended, ~ interpolated KLD)\n", opts.size() - shown);
+        out += fmt::format("({} more options in the JSON; * Pareto front, > recommended, ~ interpolated KLD; belady is the "
+                           "offline bound, never recommended)\n", opts.size() - shown);
     } else {
         out += "(* Pareto front, > recommended, ~ interpolated KLD)\n";
     }

@@ -226,7 +226,8 @@ std::vector<fs::path> write_report(const ReportInputs & in) {
     charts["speed_vs_ram"] = chart(
         "Tokens/s against resident RAM: every feasible option, the Pareto front (line) and the recommendation (star)", plan_rows,
         {{"layer", json::array({{{"mark", {{"type", "point"}, {"filled", true}, {"opacity", 0.6}}},
-                                 {"encoding", {{"x", {{"field", "resident_gb"}, {"type", "quantitative"}, {"title", "resident GB"}}},
+                                 {"encoding", {{"x", {{"field", "resident_gb"}, {"type", "quantitative"}, {"title", "resident GB"},
+                                                      {"scale", {{"zero", false}}}}},
                                                {"y", {{"field", "tok_per_s"}, {"type", "quantitative"}, {"title", "tokens/s"}}},
                                                {"color", {{"field", "kld_mean"}, {"type", "quantitative"}, {"title", "mean KLD"}}},
                                                {"tooltip", json::array({{{"field", "label"}}, {{"field", "tok_per_s"}}, {{"field", "kld_mean"}}})}}}},

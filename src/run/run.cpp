@@ -317,11 +317,21 @@ std::string run_config_toml(const RunConfig & c) {
     if (c.max_kld) {
         s += fmt::format("max_kld = {}\n", *c.max_kld);
     }
-    s += fmt::format("ctx = {}\nthreads = {}\nseed = {}\neval_share = {}\n", c.ctx, c.threads, c.seed, c.eval_share);
+    s += fmt::format("ctx = {}\nthreads = {}\n", c.ctx, c.threads);
+    s += "# corpus settings given here override the manifest's\n";
+    if (c.seed) {
+        s += fmt::format("seed = {}\n", *c.seed);
+    }
+    if (c.eval_share) {
+        s += fmt::format("eval_share = {}\n", *c.eval_share);
+    }
     if (c.tokens) {
         s += fmt::format("tokens = {}\n", *c.tokens);
     }
-    s += fmt::format("doc_tokens = {}\ntrace_top = {}\nsave_every = {}\n", c.doc_tokens, c.trace_top, c.save_every);
+    if (c.doc_tokens) {
+        s += fmt::format("doc_tokens = {}\n", *c.doc_tokens);
+    }
+    s += fmt::format("trace_top = {}\nsave_every = {}\n", c.trace_top, c.save_every);
     s += "slice = " + toml_string(c.slice) + "                # \"\", \"best\" or \"all\"\n";
     return s;
 }
@@ -334,9 +344,6 @@ std::string run_pipeline(const RunOptions & opt) {
     }
     if (!opt.from.empty() && std::find(run_stages().begin(), run_stages().end(), opt.from) == run_stages().end()) {
         throw Error(fmt::format("--from {}: the stages are {}", opt.from, fmt::join(run_stages(), ", ")));
-    }
-    if (!(c.eval_share > 0 && c.eval_share < 1)) {
-        throw Error("eval_share must be in (0, 1): the held-out side feeds eval and replay");
     }
     if (c.slice != "" && c.slice != "best" && c.slice != "all") {
         throw Error(fmt::format("--slice is best or all, not \"{}\"", c.slice));
@@ -372,12 +379,13 @@ std::string run_pipeline(const RunOptions & opt) {
             spec.sources.push_back(source_from_flag(s));
         }
     }
-    spec.seed = c.seed;
-    spec.eval_share = c.eval_share;
-    if (c.tokens) {
-        spec.tokens = c.tokens;
+    spec.seed = c.seed.value_or(spec.seed);
+    spec.eval_share = c.eval_share.value_or(spec.eval_share);
+    spec.tokens = c.tokens ? c.tokens : spec.tokens;
+    spec.doc_tokens = c.doc_tokens.value_or(spec.doc_tokens);
+    if (!(spec.eval_share > 0 && spec.eval_share < 1)) {
+        throw Error("eval_share must be in (0, 1): the held-out side feeds eval and replay");
     }
-    spec.doc_tokens = c.doc_tokens;
     std::vector<fs::path> corpus_inputs{c.model};
     if (manifest) {
         corpus_inputs.push_back(c.corpus[0]);
@@ -392,8 +400,8 @@ std::string run_pipeline(const RunOptions & opt) {
     Runner run(dir, opt.from, n_stages);
     const fs::path calib = dir / "corpus" / "calib.jsonl", eval_text = dir / "corpus" / "eval.jsonl",
                    corpus_report = dir / "corpus" / "corpus.json";
-    run.stage("corpus", {{"corpus", c.corpus}, {"seed", c.seed}, {"eval_share", c.eval_share},
-                         {"tokens", c.tokens ? json(*c.tokens) : json(nullptr)}, {"doc_tokens", c.doc_tokens}},
+    run.stage("corpus", {{"corpus", c.corpus}, {"seed", spec.seed}, {"eval_share", spec.eval_share},
+                         {"tokens", spec.tokens ? json(*spec.tokens) : json(nullptr)}, {"doc_tokens", spec.doc_tokens}},
               corpus_inputs, [&] {
                   CorpusOptions o;
                   o.model = c.model;

@@ -31,10 +31,11 @@ struct RunConfig {
     std::optional<double> max_kld;
     int ctx = 512;
     int threads = 0;
-    uint64_t seed = 0;
-    double eval_share = 0.1;
+    // Corpus settings: unset, a manifest's own values (or the corpus defaults) hold.
+    std::optional<uint64_t> seed;
+    std::optional<double> eval_share;
     std::optional<uint64_t> tokens;        // calib tokens for weighted corpus sources
-    uint32_t doc_tokens = 4096;
+    std::optional<uint32_t> doc_tokens;
     int trace_top = 64;                    // at most the model's experts
     int save_every = 16;                   // collect checkpoints, in windows
     std::string slice;                     // "", "best" or "all"

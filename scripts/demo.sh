@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# make demo: the whole job on the built-in default. Synthesizes the default model (planted
+# dead experts and CJK/code specialists), assembles a corpus from text already on the
+# machine (llama.cpp's Markdown docs and C++ sources, fetched by set-up; Chinese man pages
+# from Debian's manpages-zh), and runs `moeprune run` end to end. Every step is skipped
+# when its output is already there, and `moeprune run` skips unchanged stages.
+#
+#   scripts/demo.sh BUILD_DIR DEMO_DIR
+set -euo pipefail
+build=${1:-build}
+demo=${2:-demo}
+bin=$build/bin/moeprune
+llama=third_party/llama.cpp
+mkdir -p "$demo"
+
+model=$demo/default.gguf
+if [ ! -f "$model" ]; then
+  "$bin" synth --arch qwen3moe --layers 8 --experts 32 --used 4 --embd 128 --ff 128 --dead 4 --specialists \
+    --json -o "$model" > "$demo/planted.json"
+fi
+
+zh=$demo/corpus/zh
+if [ ! -f "$zh/.done" ]; then
+  mkdir -p "$zh"
+  for page in /usr/share/man/zh_CN/man1/*.gz; do
+    name=$(basename "$page" .1.gz)
+    # The text of the page, without roff requests and font escapes; pages that are not UTF-8 are left out.
+    zcat "$page" | grep -v '^\.' | sed -e 's/\\f[BIRP]//g' -e 's/\\[-,\/]//g' > "$zh/$name.txt.tmp" || true
+    if iconv -f UTF-8 -t UTF-8 "$zh/$name.txt.tmp" >/dev/null 2>&1 && [ -s "$zh/$name.txt.tmp" ]; then
+      mv "$zh/$name.txt.tmp" "$zh/$name.txt"
+    else
+      rm -f "$zh/$name.txt.tmp"
+    fi
+  done
+  touch "$zh/.done"
+fi
+
+root=$(pwd)
+cat > "$demo/corpus.toml.tmp" <<TOML
+# The demo corpus: prose, code and Chinese, with llama.cpp's tokens as the unit.
+[corpus]
+tokens = 30000
+doc_tokens = 1024
+
+[[source]]
+name = "llama.cpp docs"
+path = "$root/$llama/docs"
+domain = "prose"
+weight = 2
+
+[[source]]
+name = "llama.cpp sources"
+path = "$root/$llama/src/*.cpp"
+domain = "code"
+weight = 2
+
+[[source]]
+name = "manpages-zh"
+path = "corpus/zh"
+domain = "zh"
+weight = 1
+TOML
+if ! cmp -s "$demo/corpus.toml.tmp" "$demo/corpus.toml"; then mv "$demo/corpus.toml.tmp" "$demo/corpus.toml"; else rm "$demo/corpus.toml.tmp"; fi
+
+# RAM: the non-expert weights (43 MB) and room for about 18 experts of each of the 8
+# layers; a PCIe 3 SSD and 2 ms of compute per token, so that reads matter.
+"$bin" run -m "$model" --corpus "$demo/corpus.toml" -k 12,16,24 --ram 71MB --reserve 0 --ssd 3.9 --compute-ms 2 \
+  --criteria reap,reap-lcb,freq -o "$demo/run"
