@@ -366,6 +366,29 @@ TEST_F(CorpusTest, PlantedTruthIsFoundAndKeptApart) {
     }
 }
 
+TEST_F(CorpusTest, StrippedBoilerplateStaysInOneDocument) {
+    const Planted p = write_planted(tmp_.path());
+    CorpusOptions o = planted_options(tmp_.path(), model(), tmp_ / "out");
+    o.spec.strip_boilerplate = true;
+    o.allow_shortfall = true;  // the stripped conversations are shorter than the budget was set for
+    const json r = build_corpus(o);
+    ASSERT_EQ(r["boilerplate"].size(), 1u);
+    EXPECT_TRUE(r["boilerplate"][0]["stripped"].get<bool>());
+    const std::string preamble_start = r["boilerplate"][0]["begins"].get<std::string>();
+    int with_preamble = 0, conversations = 0;
+    for (const char * side : {"calib.jsonl", "eval.jsonl"}) {
+        for (const json & d : read_jsonl(tmp_ / "out" / side)) {
+            if (d.contains("messages")) {
+                ++conversations;
+                with_preamble += d["messages"][0]["content"].get<std::string>().rfind(preamble_start, 0) == 0;
+            }
+        }
+    }
+    EXPECT_GT(conversations, 10);
+    EXPECT_LE(with_preamble, 1) << "the preamble is kept in the first document only";
+    (void)p;
+}
+
 TEST_F(CorpusTest, SameSeedSameBytesOtherSeedOtherSplit) {
     write_planted(tmp_.path());
     CorpusOptions o = planted_options(tmp_.path(), model(), tmp_ / "a");

@@ -143,6 +143,20 @@ TEST_F(RunTest, RunsEveryStageSkipsWhatIsUnchangedAndRendersTheReport) {
     r = test::run_command(moeprune_cmd(base_args() + " -k 6,10 --from select -o " + run.string()));
     ASSERT_EQ(r.exit_code, 0) << r.output;
 
+    // --slice best: the recommended keep map sliced out, a model llama.cpp's reader accepts.
+    r = test::run_command(moeprune_cmd(base_args() + " -k 6,10 --slice best -o " + run.string()));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("[9/9] slice    running"), std::string::npos) << r.output;
+    const json best = read_json(run / "plan" / "plan.json");
+    const json & chosen = best["options"][best["recommended"].get<size_t>()];
+    if (chosen["criterion"] != "none") {
+        const fs::path sliced = run / "slice" / fmt::format("{}-k{}.gguf", chosen["criterion"].get<std::string>(), chosen["k"].get<int>());
+        ASSERT_TRUE(fs::exists(sliced)) << r.output;
+        const auto info = test::run_command(moeprune_cmd("inspect " + sliced.string()));
+        EXPECT_EQ(info.exit_code, 0) << info.output;
+        EXPECT_NE(info.output.find(fmt::format("experts      {} routed", chosen["k"].get<int>())), std::string::npos) << info.output;
+    }
+
     // The report in a real browser: every chart rendered as SVG, no error, a screenshot kept.
     const std::string url = "file://" + fs::absolute(run / "report.html").string();
     const std::string chromium = "chromium --headless --no-sandbox --disable-gpu --virtual-time-budget=30000";
