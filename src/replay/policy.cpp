@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 namespace moeprune {
@@ -26,8 +27,7 @@ namespace {
 class KeyedCache : public CachePolicy {
 public:
     KeyedCache(int n_expert, int capacity, bool keys_only_grow)
-        : capacity_(capacity), keys_only_grow_(keys_only_grow), pos_(size_t(n_expert), -1), key_(size_t(n_expert), 0),
-          chosen_at_(size_t(n_expert), 0) {
+        : capacity_(capacity), keys_only_grow_(keys_only_grow), slot_(size_t(n_expert)) {
         heap_.reserve(size_t(capacity));
     }
 
@@ -35,20 +35,20 @@ public:
         ++t_;
         int misses = 0;
         for (int32_t e : r.chosen) {
-            chosen_at_[size_t(e)] = t_;
-            misses += pos_[size_t(e)] < 0;
+            slot_[size_t(e)].chosen_at = t_;
+            misses += slot_[size_t(e)].pos < 0;
         }
         credit_candidates(r);
         for (size_t j = 0; j < r.chosen.size(); ++j) {
-            set_key(r.chosen[j], chosen_key(r.chosen[j], j));
+            on_chosen(r.chosen[j], j);
         }
         for (int excess = int(heap_.size()) + misses - capacity_; excess > 0; --excess) {
             evict_lowest_unchosen();
         }
         for (int32_t e : r.chosen) {
-            if (pos_[size_t(e)] < 0) {
+            if (slot_[size_t(e)].pos < 0) {
                 heap_.push_back(rank_of(e));
-                pos_[size_t(e)] = int32_t(heap_.size() - 1);
+                slot_[size_t(e)].pos = int32_t(heap_.size() - 1);
                 sift_up(heap_.size() - 1);
             }
         }
@@ -57,31 +57,46 @@ public:
 
     void reset() override {
         for (int64_t r : heap_) {
-            pos_[size_t(id_of(r))] = -1;
+            slot_[size_t(id_of(r))].pos = -1;
         }
         heap_.clear();
-        std::fill(key_.begin(), key_.end(), 0);
-        on_reset();
+        std::fill(slot_.begin(), slot_.end(), Slot{});
     }
 
-    bool resident(int32_t e) const override { return pos_[size_t(e)] >= 0; }
+    bool resident(int32_t e) const override { return slot_[size_t(e)].pos >= 0; }
 
 protected:
-    // The key of e after this request chose it (e is chosen[j]); |key| < 2^46.
-    virtual int64_t chosen_key(int32_t e, size_t j) = 0;
+    // Everything kept per expert, together, so that a touch costs one cache line:
+    // the heap's fields and, for the ema family, the decayed score.
+    struct Slot {
+        int64_t key = 0;
+        uint64_t chosen_at = 0;
+        int32_t pos = -1;  // in heap_, or -1 when not resident
+        bool stale = false;
+        double score = 0;    // ema family: score as of the request that last credited the expert
+        uint64_t stamp = 0;  // that request
+    };
+    Slot & slot(int32_t e) { return slot_[size_t(e)]; }
+    const Slot & slot(int32_t e) const { return slot_[size_t(e)]; }
+    // Raises the key of e, which this request chose (e is chosen[j]); |key| < 2^46.
+    virtual void on_chosen(int32_t e, size_t j) = 0;
+    // Where keys only grow and cost something to compute, a policy can raise a key by
+    // marking it stale: it is computed by current_key only when the heap needs it (the
+    // expert reaches the top, or is inserted), never for the many raises in between.
+    virtual int64_t current_key(int32_t e) { return slot_[size_t(e)].key; }
+    void mark_stale(int32_t e) { slot_[size_t(e)].stale = true; }
     // Candidates credited without being chosen call set_key.
     virtual void credit_candidates(const Request &) {}
-    virtual void on_reset() {}
     uint64_t now() const { return t_; }
-    int64_t key(int32_t e) const { return key_[size_t(e)]; }
-    bool chosen_now(int32_t e) const { return chosen_at_[size_t(e)] == t_; }
+    int64_t key(int32_t e) const { return slot_[size_t(e)].key; }
+    bool chosen_now(int32_t e) const { return slot_[size_t(e)].chosen_at == t_; }
     void set_key(int32_t e, int64_t k) {
-        const int64_t old = key_[size_t(e)];
-        key_[size_t(e)] = k;
+        const int64_t old = slot_[size_t(e)].key;
+        slot_[size_t(e)].key = k;
         if (keys_only_grow_) {
             return;
         }
-        if (const int32_t p = pos_[size_t(e)]; p >= 0) {
+        if (const int32_t p = slot_[size_t(e)].pos; p >= 0) {
             heap_[size_t(p)] = rank_of(e);
             if (k < old) {
                 sift_up(size_t(p));
@@ -92,12 +107,20 @@ protected:
     }
 
 private:
-    int64_t rank_of(int32_t e) const { return key_[size_t(e)] * 65536 + e; }
-    static int32_t id_of(int64_t rank) { return int32_t(((rank % 65536) + 65536) % 65536); }
+    int64_t rank_of(int32_t e) {
+        Slot & s = slot_[size_t(e)];
+        if (s.stale) {
+            s.key = current_key(e);
+            s.stale = false;
+        }
+        return s.key * 65536 + e;
+    }
+    // The low 16 bits of key * 65536 + id are the id, for negative keys too (two's complement).
+    static int32_t id_of(int64_t rank) { return int32_t(uint64_t(rank) & 0xFFFF); }
 
     void place(size_t i, int64_t r) {
         heap_[i] = r;
-        pos_[size_t(id_of(r))] = int32_t(i);
+        slot_[size_t(id_of(r))].pos = int32_t(i);
     }
     // Four children per node: half the levels of a binary heap, and siblings share a
     // cache line.
@@ -122,13 +145,15 @@ private:
             if (first >= n) {
                 break;
             }
+            // The smallest child without branches: which one wins is unpredictable.
             size_t child = first;
+            int64_t smallest = heap_[first];
             for (size_t c = first + 1; c < std::min(n, first + kArity); ++c) {
-                if (heap_[c] < heap_[child]) {
-                    child = c;
-                }
+                const bool less = heap_[c] < smallest;
+                smallest = less ? heap_[c] : smallest;
+                child = less ? c : child;
             }
-            if (heap_[child] >= r) {
+            if (smallest >= r) {
                 break;
             }
             place(i, heap_[child]);
@@ -137,12 +162,12 @@ private:
         place(i, r);
     }
     void remove_at(size_t i) {
-        pos_[size_t(id_of(heap_[i]))] = -1;
+        slot_[size_t(id_of(heap_[i]))].pos = -1;
         const int64_t last = heap_.back();
         heap_.pop_back();
         if (i < heap_.size()) {
             heap_[i] = last;
-            pos_[size_t(id_of(last))] = int32_t(i);
+            slot_[size_t(id_of(last))].pos = int32_t(i);
             if (i > 0 && heap_[(i - 1) / kArity] > last) {
                 sift_up(i);
             } else {
@@ -168,7 +193,7 @@ private:
         }
         for (int64_t r : set_aside_) {
             heap_.push_back(r);
-            pos_[size_t(id_of(r))] = int32_t(heap_.size() - 1);
+            slot_[size_t(id_of(r))].pos = int32_t(heap_.size() - 1);
             sift_up(heap_.size() - 1);
         }
     }
@@ -176,9 +201,8 @@ private:
     int capacity_;
     bool keys_only_grow_;
     uint64_t t_ = 0;
-    std::vector<int32_t> pos_;
-    std::vector<int64_t> key_, heap_, set_aside_;
-    std::vector<uint64_t> chosen_at_;
+    std::vector<Slot> slot_;
+    std::vector<int64_t> heap_, set_aside_;
 };
 
 // Frequency over the whole stream, resident or not: the key is simply the count.
@@ -186,7 +210,7 @@ class Lfu : public KeyedCache {
 public:
     Lfu(int n_expert, int capacity) : KeyedCache(n_expert, capacity, true) {}
 private:
-    int64_t chosen_key(int32_t e, size_t) override { return key(e) + 1; }
+    void on_chosen(int32_t e, size_t) override { set_key(e, key(e) + 1); }
 };
 
 // How a candidate of the request that was not chosen earns credit in the ema family.
@@ -201,58 +225,70 @@ class DecayedScore : public KeyedCache {
 public:
     DecayedScore(int n_expert, int capacity, double decay, Credit credit, int near_pick)
         : KeyedCache(n_expert, capacity, true), decay_(decay), log_decay_(std::log(decay)), credit_(credit),
-          near_pick_(near_pick), score_(size_t(n_expert), 0.0), stamp_(size_t(n_expert), 0), decay_pow_(kDecayTable) {
+          near_pick_(near_pick), decay_pow_(kDecayTable) {
         for (size_t i = 0; i < decay_pow_.size(); ++i) {
             decay_pow_[i] = std::pow(decay, double(i));
         }
     }
 private:
-    double add_score(int32_t e, double credit) {
-        double & s = score_[size_t(e)];
-        const uint64_t gap = now() - stamp_[size_t(e)];
-        s = s * (gap < decay_pow_.size() ? decay_pow_[gap] : std::pow(decay_, double(gap))) + credit;
-        stamp_[size_t(e)] = now();
-        return s;
+    void add_score(int32_t e, double credit) {
+        Slot & s = slot(e);
+        const uint64_t gap = now() - s.stamp;
+        s.score = s.score * (gap < decay_pow_.size() ? decay_pow_[gap] : std::pow(decay_, double(gap))) + credit;
+        s.stamp = now();
     }
-    int64_t add(int32_t e, double credit) { return ema_key(std::log(add_score(e, credit)), now(), log_decay_); }
-    int64_t chosen_key(int32_t e, size_t) override { return add(e, 1.0); }
+    // The key from the last update is the key at any later time (see above), so it
+    // can be computed whenever the heap asks: one log per eviction or load, not per credit.
+    int64_t current_key(int32_t e) override {
+        const Slot & s = slot(e);
+        return ema_key(std::log(s.score), s.stamp, log_decay_);
+    }
+    void on_chosen(int32_t e, size_t) override {
+        add_score(e, 1.0);
+        mark_stale(e);
+    }
     void credit_candidates(const Request & r) override {
         if (credit_ == Credit::ChosenOnly) {
             return;
         }
         const size_t n = credit_ == Credit::NearPick ? std::min(r.ranked.size(), size_t(near_pick_)) : r.ranked.size();
+        const double z0 = r.logits.empty() ? 0.0 : double(r.logits[0]);
         for (size_t i = 0; i < n; ++i) {
             const int32_t e = r.ranked[i];
             if (chosen_now(e)) {
                 continue;
             }
             const double c = credit_ == Credit::NearPick ? 1.0 - double(i) / double(near_pick_)
-                                                         : std::exp(double(r.logits[i]) - double(r.logits[0]));
+                                                         : exp_memo(double(r.logits[i]) - z0);
             if (c <= 0.0) {
                 continue;
             }
-            // Only residents are ordered by their key; an expert that is not resident gets
-            // a fresh key from chosen_key when a request loads it, so its log can wait.
-            if (resident(e)) {
-                set_key(e, add(e, c));
-            } else {
-                add_score(e, c);
-            }
+            add_score(e, c);
+            mark_stale(e);
         }
     }
-    void on_reset() override {
-        std::fill(score_.begin(), score_.end(), 0.0);
-        std::fill(stamp_.begin(), stamp_.end(), 0);
+    // exp of a logit difference, remembered: logits come from fp16 trace values, so the
+    // same few thousand differences recur, and a remembered exp is the same number.
+    double exp_memo(double d) {
+        uint64_t bits;
+        std::memcpy(&bits, &d, sizeof(bits));
+        auto & [arg, value] = exp_memo_[size_t((bits * 0x9E3779B97F4A7C15ull) >> (64 - kExpMemoBits))];
+        if (arg != d) {  // NaN at first: never equal
+            arg = d;
+            value = std::exp(d);
+        }
+        return value;
     }
     double decay_, log_decay_;
     Credit credit_;
     int near_pick_;
-    std::vector<double> score_;
-    std::vector<uint64_t> stamp_;
     // Gaps between an expert's updates reach thousands of requests in a global cache
     // (one request per layer and token); beyond the table, pow.
     static constexpr size_t kDecayTable = size_t(1) << 14;
     std::vector<double> decay_pow_;
+    static constexpr int kExpMemoBits = 14;
+    std::vector<std::pair<double, double>> exp_memo_ =
+        std::vector<std::pair<double, double>>(size_t(1) << kExpMemoBits, {std::numeric_limits<double>::quiet_NaN(), 0.0});
 };
 
 // Belady's MIN: evict the resident whose next use is farthest; never again is farthest.
@@ -261,9 +297,9 @@ public:
     Belady(int n_expert, int capacity, const AccessSequence & future)
         : KeyedCache(n_expert, capacity, false), future_(future) {}
 private:
-    int64_t chosen_key(int32_t, size_t j) override {
+    void on_chosen(int32_t e, size_t j) override {
         const uint64_t next = future_.next_use[future_.offsets[now() - 1] + j];
-        return next == AccessSequence::kNeverAgain ? -(int64_t(1) << 46) : -int64_t(next);
+        set_key(e, next == AccessSequence::kNeverAgain ? -(int64_t(1) << 46) : -int64_t(next));
     }
     const AccessSequence & future_;
 };
