@@ -46,6 +46,30 @@ void add_trace(CLI::App & app, Action & action) {
         };
     });
 
+    auto verify_file = std::make_shared<std::string>();
+    CLI::App * verify = sub->add_subcommand(
+        "verify", "Read and check a whole trace: every block's checksums (v2), every section decoded, every expert id");
+    verify->add_option("file", *verify_file, "Trace file (moeprune or Q4RT v1)")->required();
+    verify->callback([=, &action] {
+        action = [=] {
+            const TraceReader r = TraceReader::open(*verify_file);
+            const std::vector<std::string> problems = r.verify();
+            for (const std::string & p : problems) {
+                std::printf("%s\n", p.c_str());
+            }
+            if (!problems.empty()) {
+                std::fprintf(stderr, "moeprune: error: %s: %zu damaged sections\n", verify_file->c_str(), problems.size());
+                return 1;
+            }
+            std::printf("%s: %s, %llu tokens x %u layers, %s%s\n", verify_file->c_str(), r.format().c_str(),
+                        (unsigned long long) r.n_tokens(), r.header().n_layer,
+                        r.has_checksums() ? "every checksum matches and every section decodes"
+                                          : "no checksums in this format: every section decodes and every id is in range",
+                        r.truncated_tail() ? " (an incomplete last block was ignored)" : "");
+            return 0;
+        };
+    });
+
     auto exp_file = std::make_shared<std::string>();
     auto exp_dir = std::make_shared<std::string>();
     CLI::App * exp = sub->add_subcommand("export", "Write a trace as numpy arrays");

@@ -7,6 +7,7 @@
 #include "ggml.h"
 
 #include <fmt/format.h>
+#include <xxhash.h>
 #include <zstd.h>
 
 #include <cerrno>
@@ -24,11 +25,17 @@ namespace {
 
 constexpr char kFileMagic[4] = {'M', 'P', 'T', 'R'};
 constexpr char kBlockMagic[4] = {'M', 'P', 'B', 'K'};
-constexpr uint32_t kVersion = 1;
+// Version 2 added a checksum of every section and of the block header; version 1 files
+// (no checksums) are still read.
+constexpr uint32_t kVersion = 2;
 constexpr uint32_t kCodecRaw = 0;
 constexpr uint32_t kCodecZstd = 1;
 constexpr size_t kMetaBytes = 16;            // per token: token, pos, seq (i32), domain (u16), phase (u8), pad
 constexpr size_t kBlockHeaderFixed = 16;     // magic, n_tokens, codec, n_sections
+
+uint64_t checksum(const void * data, size_t size) { return XXH3_64bits(data, size); }
+
+std::string section_name(uint32_t s) { return s == 0 ? std::string("token metadata") : fmt::format("layer {}", s - 1); }
 constexpr size_t kQ4rtHeader = 16;
 // zstd cannot expand a stored byte into more than this many (an RLE block of 128 KiB
 // costs 4 bytes), so a section's claimed size is bounded by its stored size.
@@ -93,6 +100,9 @@ TraceWriter::TraceWriter(const fs::path & path, TraceHeader header, const TraceR
     {
         const TraceReader existing = TraceReader::open(path);
         const TraceHeader & h = existing.header();
+        if (!existing.has_checksums()) {
+            fail_file(path.string(), "cannot resume: it is a version 1 trace (no checksums); start it again");
+        }
         if (h.n_layer != header_.n_layer || h.n_expert != header_.n_expert || h.top_m != header_.top_m ||
             existing.n_tokens() != from.tokens || existing.truncated_tail()) {
             fail_file(path.string(), fmt::format("cannot resume: it holds {} tokens of {}x{} top-{}, the checkpoint "
@@ -182,6 +192,10 @@ void TraceWriter::flush() {
         put_bytes<uint64_t>(block, s.size());
     }
     for (const auto & s : sections) {
+        put_bytes<uint64_t>(block, checksum(s.data(), s.size()));
+    }
+    put_bytes<uint64_t>(block, checksum(block.data(), block.size()));
+    for (const auto & s : sections) {
         block.insert(block.end(), s.begin(), s.end());
     }
     // One write per block and a flush, so a killed writer leaves whole blocks plus at most one torn tail.
@@ -254,9 +268,10 @@ TraceReader TraceReader::open(const fs::path & path) {
     }
     r.file_.pread_exact(head, 24, 0);
     const uint32_t version = get_bytes<uint32_t>(head + 4);
-    if (version != kVersion) {
-        fail_file(path.string(), fmt::format("trace version {} is not supported (only {})", version, kVersion));
+    if (version != 1 && version != kVersion) {
+        fail_file(path.string(), fmt::format("trace version {} is not supported (1 and {})", version, kVersion));
     }
+    r.checksums_ = version >= 2;
     r.header_.n_layer = get_bytes<uint32_t>(head + 8);
     r.header_.n_expert = get_bytes<uint32_t>(head + 12);
     r.header_.top_m = get_bytes<uint32_t>(head + 16);
@@ -283,10 +298,11 @@ TraceReader TraceReader::open(const fs::path & path) {
         fail_file(path.string(), fmt::format("trace header lists {} domains; a trace holds 1 to {}",
                                              r.header_.domains.size(), kMaxTraceDomains));
     }
-    r.format_ = "moeprune-trace v1";
+    r.format_ = fmt::format("moeprune-trace v{}", version);
 
     const uint32_t n_sections = r.header_.n_layer + 1;
-    const size_t header_bytes = kBlockHeaderFixed + 8 * size_t(n_sections);
+    // v2: sizes, then a checksum per section, then one of everything before it.
+    const size_t header_bytes = kBlockHeaderFixed + (r.checksums_ ? 16 : 8) * size_t(n_sections) + (r.checksums_ ? 8 : 0);
     const uint64_t rec = record_bytes(r.header_.top_m);
     std::vector<uint8_t> bh(header_bytes);
     uint64_t offset = 24 + meta_len;
@@ -301,7 +317,12 @@ TraceReader TraceReader::open(const fs::path & path) {
             fail_file(path.string(), fmt::format("corrupt trace: no block marker at offset {} (block {}, after {} tokens)",
                                                  offset, block_index, r.n_tokens_));
         }
+        if (r.checksums_ && get_bytes<uint64_t>(bh.data() + header_bytes - 8) != checksum(bh.data(), header_bytes - 8)) {
+            fail_file(path.string(), fmt::format("corrupt trace: block {} at offset {}: its header does not match its "
+                                                 "checksum (changed after writing)", block_index, offset));
+        }
         Block b;
+        b.offset = offset;
         b.first_token = r.n_tokens_;
         b.n_tokens = get_bytes<uint32_t>(bh.data() + 4);
         b.codec = get_bytes<uint32_t>(bh.data() + 8);
@@ -331,6 +352,7 @@ TraceReader TraceReader::open(const fs::path & path) {
             }
             (s == 0 ? b.meta_offset : b.layer_offset.emplace_back()) = pos;
             (s == 0 ? b.meta_size : b.layer_size.emplace_back()) = size;
+            b.hash.push_back(r.checksums_ ? get_bytes<uint64_t>(bh.data() + kBlockHeaderFixed + 8 * (n_sections + s)) : 0);
             pos += size;
         }
         if (torn) {
@@ -344,10 +366,17 @@ TraceReader TraceReader::open(const fs::path & path) {
     return r;
 }
 
-std::vector<uint8_t> TraceReader::read_section(uint64_t offset, uint64_t size, uint32_t codec, uint64_t raw_size) const {
+std::vector<uint8_t> TraceReader::read_section(const Block & b, uint32_t section, uint64_t raw_size) const {
+    const uint64_t offset = section == 0 ? b.meta_offset : b.layer_offset[section - 1];
+    const uint64_t size = section == 0 ? b.meta_size : b.layer_size[section - 1];
     std::vector<uint8_t> stored(size);
     file_.pread_exact(stored.data(), size, offset);
-    if (codec == kCodecRaw) {
+    if (checksums_ && checksum(stored.data(), stored.size()) != b.hash[section]) {
+        fail_file(path().string(), fmt::format("corrupt trace: block {} at offset {}, {}: the data at offset {} does not "
+                                               "match its checksum (changed after writing)",
+                                               &b - blocks_.data(), b.offset, section_name(section), offset));
+    }
+    if (b.codec == kCodecRaw) {
         return stored;
     }
     std::vector<uint8_t> raw(raw_size);
@@ -386,7 +415,7 @@ std::vector<TraceTokenMeta> TraceReader::token_meta() const {
         return out;
     }
     for (const auto & b : blocks_) {
-        const auto raw = read_section(b.meta_offset, b.meta_size, b.codec, uint64_t(b.n_tokens) * kMetaBytes);
+        const auto raw = read_section(b, 0, uint64_t(b.n_tokens) * kMetaBytes);
         for (uint32_t t = 0; t < b.n_tokens; ++t) {
             const uint8_t * p = raw.data() + size_t(t) * kMetaBytes;
             TraceTokenMeta m;
@@ -441,7 +470,7 @@ void TraceReader::for_each_layer_chunk(uint32_t layer, const LayerChunkFn & fn) 
         return;
     }
     for (const auto & b : blocks_) {
-        const auto raw = read_section(b.layer_offset[layer], b.layer_size[layer], b.codec, uint64_t(b.n_tokens) * rec);
+        const auto raw = read_section(b, layer + 1, uint64_t(b.n_tokens) * rec);
         ids.resize(size_t(b.n_tokens) * m);
         logits.resize(size_t(b.n_tokens) * m);
         for (uint32_t t = 0; t < b.n_tokens; ++t) {
@@ -460,6 +489,52 @@ void TraceReader::read_layer(uint32_t layer, std::vector<uint16_t> & ids, std::v
         std::copy(chunk_ids, chunk_ids + size_t(n) * m, ids.begin() + long(first * m));
         std::copy(chunk_logits, chunk_logits + size_t(n) * m, logits.begin() + long(first * m));
     });
+}
+
+std::vector<std::string> TraceReader::verify() const {
+    std::vector<std::string> problems;
+    const auto attempt = [&](const auto & check) {
+        try {
+            check();
+        } catch (const Error & e) {
+            problems.push_back(e.what());
+        }
+    };
+    if (q4rt_) {
+        for (uint32_t l = 0; l < header_.n_layer; ++l) {
+            attempt([&] { for_each_layer_chunk(l, [](uint64_t, uint32_t, const uint16_t *, const float *) {}); });
+        }
+        return problems;
+    }
+    // Block by block and section by section, so that every damaged section is listed,
+    // not only the first.
+    const uint32_t m = header_.top_m;
+    for (const Block & b : blocks_) {
+        attempt([&] {
+            const auto raw = read_section(b, 0, uint64_t(b.n_tokens) * kMetaBytes);
+            for (uint32_t t = 0; t < b.n_tokens; ++t) {
+                const uint8_t * p = raw.data() + size_t(t) * kMetaBytes;
+                if (get_bytes<uint16_t>(p + 12) >= header_.domains.size() || p[14] > uint8_t(TracePhase::Decode)) {
+                    fail_file(path().string(), fmt::format("corrupt trace: block {} at offset {}, token {} has domain {} "
+                                                           "and phase {}", &b - blocks_.data(), b.offset, b.first_token + t,
+                                                           get_bytes<uint16_t>(p + 12), p[14]));
+                }
+            }
+        });
+        for (uint32_t l = 0; l < header_.n_layer; ++l) {
+            attempt([&] {
+                const auto raw = read_section(b, l + 1, uint64_t(b.n_tokens) * record_bytes(m));
+                std::vector<uint16_t> ids(size_t(b.n_tokens) * m);
+                for (uint32_t t = 0; t < b.n_tokens; ++t) {
+                    for (uint32_t i = 0; i < m; ++i) {
+                        ids[size_t(t) * m + i] = get_bytes<uint16_t>(raw.data() + size_t(t) * record_bytes(m) + 2 * i);
+                    }
+                }
+                check_ids(ids.data(), b.first_token, b.n_tokens, l);
+            });
+        }
+    }
+    return problems;
 }
 
 // ---------------------------------------------------------------- export and info
@@ -554,7 +629,8 @@ json trace_info_json(const TraceReader & reader) {
     return {{"format", reader.format()}, {"n_tokens", reader.n_tokens()}, {"n_layer", reader.header().n_layer},
             {"n_expert", reader.header().n_expert}, {"top_m", reader.header().top_m},
             {"phases", {{"prefill", prefill}, {"decode", decode}}}, {"n_sequences", n_seq}, {"domains", domains},
-            {"truncated_tail", reader.truncated_tail()}, {"meta", reader.header().meta}};
+            {"truncated_tail", reader.truncated_tail()}, {"checksums", reader.has_checksums()},
+            {"meta", reader.header().meta}};
 }
 
 } // namespace moeprune

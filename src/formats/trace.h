@@ -82,7 +82,12 @@ public:
     const std::filesystem::path & path() const { return file_.path(); }
     const TraceHeader & header() const { return header_; }
     uint64_t n_tokens() const { return n_tokens_; }
-    const std::string & format() const { return format_; }   // "moeprune-trace v1" or "Q4RT v1"
+    const std::string & format() const { return format_; }   // "moeprune-trace v2", "moeprune-trace v1" or "Q4RT v1"
+    bool has_checksums() const { return checksums_; }
+    // Reads and checks everything: every block's sections against their checksums, every
+    // section decoded, every expert id and token record in range. Returns one line per
+    // problem found (block, offset, section), empty when the trace is whole.
+    std::vector<std::string> verify() const;
     bool truncated_tail() const { return truncated_tail_; }   // an incomplete last block was ignored
 
     std::vector<TraceTokenMeta> token_meta() const;
@@ -96,13 +101,16 @@ public:
 private:
     explicit TraceReader(File file) : file_(std::move(file)) {}
     struct Block {
+        uint64_t offset = 0;
         uint64_t first_token = 0;
         uint32_t n_tokens = 0;
         uint32_t codec = 0;
         uint64_t meta_offset = 0, meta_size = 0;
         std::vector<uint64_t> layer_offset, layer_size;
+        std::vector<uint64_t> hash;  // per section (0: token metadata, 1 + l: layer l); v2 only
     };
-    std::vector<uint8_t> read_section(uint64_t offset, uint64_t size, uint32_t codec, uint64_t raw_size) const;
+    // A section's bytes, checked against its checksum (v2) and decompressed.
+    std::vector<uint8_t> read_section(const Block & b, uint32_t section, uint64_t raw_size) const;
 
     // Throws unless every id of a decoded layer chunk names an expert of the trace.
     void check_ids(const uint16_t * ids, uint64_t first_token, uint32_t n, uint32_t layer) const;
@@ -113,6 +121,7 @@ private:
     uint64_t n_tokens_ = 0;
     bool truncated_tail_ = false;
     bool q4rt_ = false;
+    bool checksums_ = false;
     std::vector<Block> blocks_;
 };
 

@@ -126,7 +126,32 @@ void write_small_trace(const fs::path & p, int n, std::vector<std::string> domai
     }
 }
 
-// Where block 0's layer-0 section of a file of write_small_trace starts.
+// The same trace in version 1's layout (no checksums), which readers still accept: the
+// checks a file without checksums depends on are tested on such files.
+void rewrite_as_version1(const fs::path & p) {
+    std::string b = test::read_bytes(p);
+    uint32_t meta_len = 0, n_layer = 0;
+    std::memcpy(&meta_len, b.data() + 20, 4);
+    std::memcpy(&n_layer, b.data() + 8, 4);
+    const uint32_t one = 1;
+    std::memcpy(b.data() + 4, &one, 4);
+    const size_t sections = n_layer + 1, fixed = 16 + 8 * sections;
+    std::string out = b.substr(0, 24 + meta_len);
+    for (size_t pos = 24 + meta_len; pos < b.size();) {
+        uint64_t stored = 0;
+        for (size_t i = 0; i < sections; ++i) {
+            uint64_t size = 0;
+            std::memcpy(&size, b.data() + pos + 16 + 8 * i, 8);
+            stored += size;
+        }
+        out += b.substr(pos, fixed);
+        out += b.substr(pos + fixed + 8 * sections + 8, stored);
+        pos += fixed + 8 * sections + 8 + stored;
+    }
+    test::write_text(p, out);
+}
+
+// Where block 0's layer-0 section of a file of write_small_trace (as version 1) starts.
 uint64_t first_layer_section(const fs::path & p) {
     const std::string b = test::read_bytes(p);
     uint32_t meta_len = 0;
@@ -182,6 +207,7 @@ TEST_F(Hostile, ReplaySelectAndKeepRefuseToWriteOverTheirInputs) {
 TEST_F(Hostile, TraceIdsOutOfRangeAreRejectedNamingBlockAndLayer) {
     const fs::path t = local("t.trace");
     write_small_trace(t, 10);
+    rewrite_as_version1(t);
     std::string bytes = test::read_bytes(t);
     const uint64_t at = first_layer_section(t) + 12 * 2;  // block 0, layer 0, token 2 (12-byte records), first id
     bytes[at] = char(0x8c);
@@ -237,6 +263,7 @@ TEST_F(Hostile, TraceSelectRefusesAnotherModelsTraceAndAnEmptyOne) {
 TEST_F(Hostile, TraceBlockSizesThatWrapOrClaimTooMuchAreRejected) {
     const fs::path t = local("t.trace");
     write_small_trace(t, 4);
+    rewrite_as_version1(t);
     const std::string good = test::read_bytes(t);
     uint32_t meta_len = 0;
     std::memcpy(&meta_len, good.data() + 20, 4);

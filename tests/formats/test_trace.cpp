@@ -4,6 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include "ggml.h"
+
+#include <fmt/format.h>
+
 #include <cstring>
 #include <fstream>
 
@@ -92,7 +96,8 @@ TEST(Trace, RoundTripsUncompressed) {
     test::TempDir dir;
     write_trace(dir / "t.trace", 100, 0);
     const auto r = TraceReader::open(dir / "t.trace");
-    EXPECT_EQ(r.format(), "moeprune-trace v1");
+    EXPECT_EQ(r.format(), "moeprune-trace v2");
+    EXPECT_TRUE(r.has_checksums());
     EXPECT_EQ(r.header().domains, (std::vector<std::string>{"chat", "code"}));
     EXPECT_EQ(r.header().meta["model"], "synthetic");
     EXPECT_FALSE(r.truncated_tail());
@@ -216,4 +221,136 @@ TEST(Trace, InfoCountsPhasesSequencesAndDomains) {
     EXPECT_EQ(j["n_sequences"], 2);
     EXPECT_EQ(j["domains"]["chat"], 50);
     EXPECT_EQ(j["domains"]["code"], 50);
+}
+
+namespace {
+
+// Where the bytes of a raw trace written by write_trace (block of 16) lie.
+struct RawLayout {
+    uint64_t header = 0, block = 0, block_header = 0, meta = 0, layer = 0;
+    uint64_t section(uint32_t block_index, uint32_t layer_index) const {
+        return header + block_index * block + block_header + meta + layer_index * layer;
+    }
+};
+
+RawLayout raw_layout(const fs::path & path) {
+    const std::string bytes = test::read_bytes(path);
+    uint32_t meta_len;
+    std::memcpy(&meta_len, bytes.data() + 20, 4);
+    RawLayout l;
+    l.header = 24 + meta_len;
+    l.block_header = 16 + 16 * (kLayers + 1) + 8;
+    l.meta = 16 * 16;
+    l.layer = 16 * kTopM * 4;
+    l.block = l.block_header + l.meta + kLayers * l.layer;
+    return l;
+}
+
+void flip_byte(const fs::path & path, uint64_t offset) {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(std::streamoff(offset));
+    char c;
+    f.get(c);
+    f.seekp(std::streamoff(offset));
+    f.put(char(c ^ 0x10));
+}
+
+} // namespace
+
+TEST(Trace, ChecksumsNameTheDamagedBlockAndLayer) {
+    test::TempDir dir;
+    for (const int level : {0, 3}) {
+        const fs::path path = dir / fmt::format("t{}.trace", level);
+        write_trace(path, 100, level);
+        ASSERT_TRUE(TraceReader::open(path).verify().empty());
+        uint64_t target;
+        if (level == 0) {
+            // A logit byte: the ids stay valid, so only the checksum can tell.
+            target = raw_layout(path).section(2, 1) + 3 * kTopM * 4 + 2 * kTopM + 1;
+        } else {
+            // The middle of the file, inside some section's compressed bytes.
+            target = fs::file_size(path) / 2;
+        }
+        flip_byte(path, target);
+        std::vector<std::string> problems;
+        try {
+            problems = TraceReader::open(path).verify();
+        } catch (const Error & e) {
+            problems = {e.what()};  // the flip landed in a block header: named when opening
+        }
+        ASSERT_EQ(problems.size(), 1u) << "level " << level;
+        EXPECT_NE(problems[0].find("corrupt trace: block "), std::string::npos) << problems[0];
+        EXPECT_NE(problems[0].find(path.string()), std::string::npos) << problems[0];
+        if (level == 0) {
+            EXPECT_NE(problems[0].find("block 2 at offset"), std::string::npos) << problems[0];
+            EXPECT_NE(problems[0].find("layer 1"), std::string::npos) << problems[0];
+            const TraceReader r = TraceReader::open(path);
+            std::vector<uint16_t> ids;
+            std::vector<float> logits;
+            r.read_layer(0, ids, logits);  // the other layers read as before
+            EXPECT_THROW(r.read_layer(1, ids, logits), Error);
+        }
+    }
+    const auto bad = test::run_command(test::bin("moeprune").string() + " trace verify " + (dir / "t0.trace").string());
+    EXPECT_EQ(bad.exit_code, 1);
+    EXPECT_NE(bad.output.find("layer 1"), std::string::npos) << bad.output;
+    write_trace(dir / "whole.trace", 100, 3);
+    const auto good = test::run_command(test::bin("moeprune").string() + " trace verify " + (dir / "whole.trace").string());
+    EXPECT_EQ(good.exit_code, 0) << good.output;
+    EXPECT_NE(good.output.find("every checksum matches"), std::string::npos) << good.output;
+}
+
+TEST(Trace, ADamagedBlockHeaderIsNamedWhenOpening) {
+    test::TempDir dir;
+    write_trace(dir / "t.trace", 100, 0);
+    const RawLayout l = raw_layout(dir / "t.trace");
+    // A byte of block 3's section sizes, in range either way: only the header checksum tells.
+    flip_byte(dir / "t.trace", l.header + 3 * l.block + 16 + 8 * 2 + 7);
+    try {
+        TraceReader::open(dir / "t.trace");
+        FAIL() << "a damaged block header must be refused";
+    } catch (const Error & e) {
+        EXPECT_NE(std::string(e.what()).find("block 3 at offset"), std::string::npos) << e.what();
+    }
+}
+
+TEST(Trace, Version1TracesStillRead) {
+    // A version 1 file, written by hand: no checksums after the section sizes.
+    test::TempDir dir;
+    std::string f = "MPTR";
+    const auto u32 = [&](uint32_t v) { f.append(reinterpret_cast<const char *>(&v), 4); };
+    const auto u64 = [&](uint64_t v) { f.append(reinterpret_cast<const char *>(&v), 8); };
+    const std::string meta = R"({"domains":["chat"],"meta":{}})";
+    u32(1), u32(kLayers), u32(kExperts), u32(kTopM), u32(uint32_t(meta.size()));
+    f += meta;
+    const uint32_t n = 4;
+    f += "MPBK";
+    u32(n), u32(0), u32(kLayers + 1);
+    u64(16 * n);
+    for (uint32_t l = 0; l < kLayers; ++l) {
+        u64(uint64_t(n) * kTopM * 4);
+    }
+    for (uint32_t t = 0; t < n; ++t) {
+        f += std::string(16, '\0');
+    }
+    std::vector<uint16_t> ids;
+    std::vector<float> logits;
+    for (uint32_t l = 0; l < kLayers; ++l) {
+        for (uint32_t t = 0; t < n; ++t) {
+            token_record(t, ids, logits);
+            for (uint32_t i = 0; i < kTopM; ++i) {
+                f.append(reinterpret_cast<const char *>(&ids[l * kTopM + i]), 2);
+            }
+            for (uint32_t i = 0; i < kTopM; ++i) {
+                const ggml_fp16_t h = ggml_fp32_to_fp16(logits[l * kTopM + i]);
+                f.append(reinterpret_cast<const char *>(&h), 2);
+            }
+        }
+    }
+    test::write_text(dir / "v1.trace", f);
+    const TraceReader r = TraceReader::open(dir / "v1.trace");
+    EXPECT_EQ(r.format(), "moeprune-trace v1");
+    EXPECT_FALSE(r.has_checksums());
+    expect_trace_contents(r, n, false);
+    EXPECT_TRUE(r.verify().empty());
 }
