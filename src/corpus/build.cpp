@@ -868,9 +868,9 @@ json build_corpus(const CorpusOptions & opt) {
     for (size_t s = 0; s < specs.size(); ++s) {
         const SourceSpec & src = specs[s];
         json f = json::array();
-        for (const SourceFile & file : files) {
-            if (std::find(paths[s].begin(), paths[s].end(), file.path) != paths[s].end()) {
-                f.push_back({{"path", file.path.string()}, {"bytes", file.bytes}, {"digest", file.digest}});
+        for (size_t i = 0; i < files.size(); ++i) {
+            if (jobs[i].first == s) {  // files are in the order of the reading jobs
+                f.push_back({{"path", files[i].path.string()}, {"bytes", files[i].bytes}, {"digest", files[i].digest}});
             }
         }
         json row = {{"name", src.name},
