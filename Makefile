@@ -1,7 +1,7 @@
 # The front door: every target is idempotent and incremental.
 #   make build   install missing Debian packages, fetch the pinned llama.cpp, configure, build
 #   make demo    build, then run the whole job (moeprune run) on the default model and a corpus from this machine
-#   make test    build, then run the whole test suite
+#   make test    build, then run the whole test suite, plain and under ASan+UBSan
 BUILD_DIR  ?= build
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
@@ -36,8 +36,13 @@ configure: llama
 demo: build
 	@bash scripts/demo.sh $(BUILD_DIR) $(DEMO_DIR)
 
+# The whole suite, then the same suite again with moeprune's code under AddressSanitizer
+# and UndefinedBehaviorSanitizer (build-sanitize/); any report fails it.
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+ifeq ($(SANITIZE),)
+	$(MAKE) test SANITIZE=address,undefined
+endif
 
 clean:
 	rm -rf $(BUILD_DIR) $(DEMO_DIR)
