@@ -36,22 +36,7 @@ CorpusDocument parse_line(const std::string & line, uint64_t line_no, const std:
         }
         d.text = j["text"].get<std::string>();
     } else {
-        if (!j["messages"].is_array() || j["messages"].empty()) {
-            fail_file(where, "\"messages\" must be a non-empty array of {\"role\", \"content\"}");
-        }
-        for (const json & m : j["messages"]) {
-            if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
-                !m["content"].is_string()) {
-                fail_file(where, "every message needs string \"role\" and \"content\"");
-            }
-            const std::string role = m["role"].get<std::string>();
-            // A role outside these is rendered by no chat template the same way, and one
-            // holding template text could forge turns.
-            if (role != "system" && role != "user" && role != "assistant" && role != "tool") {
-                fail_file(where, fmt::format("message role \"{}\" is not one of system, user, assistant, tool", role));
-            }
-            d.messages.push_back({role, m["content"].get<std::string>()});
-        }
+        d.messages = parse_messages(j["messages"], where);
     }
     if (j.contains("domain")) {
         if (!j["domain"].is_string() || j["domain"].get<std::string>().empty()) {
@@ -71,6 +56,27 @@ CorpusDocument parse_line(const std::string & line, uint64_t line_no, const std:
 }
 
 } // namespace
+
+std::vector<CorpusMessage> parse_messages(const json & messages, const std::string & where) {
+    if (!messages.is_array() || messages.empty()) {
+        fail_file(where, "\"messages\" must be a non-empty array of {\"role\", \"content\"}");
+    }
+    std::vector<CorpusMessage> out;
+    for (const json & m : messages) {
+        if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
+            !m["content"].is_string()) {
+            fail_file(where, "every message needs string \"role\" and \"content\"");
+        }
+        const std::string role = m["role"].get<std::string>();
+        // A role outside these is rendered by no chat template the same way, and one
+        // holding template text could forge turns.
+        if (role != "system" && role != "user" && role != "assistant" && role != "tool") {
+            fail_file(where, fmt::format("message role \"{}\" is not one of system, user, assistant, tool", role));
+        }
+        out.push_back({role, m["content"].get<std::string>()});
+    }
+    return out;
+}
 
 Corpus read_corpus(const std::filesystem::path & path) {
     Corpus c;

@@ -3,6 +3,8 @@
 // ({"text": ...} or {"messages": [{"role", "content"}, ...]}, optional "domain",
 // "session", "turn"). Documents are evaluated from a clean context each, so a corpus
 // can be sharded by lines and the shards' statistics merged exactly.
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -32,6 +34,10 @@ struct Corpus {
     std::vector<CorpusDocument> documents;
     std::vector<std::string> domains;      // in order of first appearance
 };
+
+// A JSONL document's "messages": a non-empty array of {role, content}, roles system, user,
+// assistant or tool; anything else is an error naming `where`.
+std::vector<CorpusMessage> parse_messages(const nlohmann::json & messages, const std::string & where);
 
 // A file ending in .jsonl (any case) is JSONL, anything else plain text. Every malformed line is
 // an error naming the file and line.

@@ -128,23 +128,8 @@ bool parse_jsonl_document(const std::string & line, const std::string & where, S
         d.messages = {{"user", string_field(j, "prompt", where)}, {"assistant", string_field(j, "response", where)}};
         return !blank(d.messages[0].content) || !blank(d.messages[1].content);
     }
-    if (!j["messages"].is_array() || j["messages"].empty()) {
-        fail_file(where, "\"messages\" must be a non-empty array of {\"role\", \"content\"}");
-    }
-    bool any = false;
-    for (const json & m : j["messages"]) {
-        if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
-            !m["content"].is_string()) {
-            fail_file(where, "every message needs string \"role\" and \"content\"");
-        }
-        const std::string role = m["role"].get<std::string>();
-        if (role != "system" && role != "user" && role != "assistant" && role != "tool") {
-            fail_file(where, fmt::format("message role \"{}\" is not one of system, user, assistant, tool", role));
-        }
-        d.messages.push_back({role, m["content"].get<std::string>()});
-        any = any || !blank(d.messages.back().content);
-    }
-    return any;
+    d.messages = parse_messages(j["messages"], where);
+    return std::any_of(d.messages.begin(), d.messages.end(), [](const CorpusMessage & m) { return !blank(m.content); });
 }
 
 } // namespace
