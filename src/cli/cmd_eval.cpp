@@ -9,6 +9,7 @@ namespace moeprune::cli {
 void add_eval(CLI::App & app, Action & action) {
     auto opt = std::make_shared<EvalOptions>();
     auto no_special = std::make_shared<bool>(false);
+    auto ssd = std::make_shared<std::string>();
     CLI::App * sub = app.add_subcommand(
         "eval", "Quality cost of keep maps (masked inside the base model) and of other model files: KLD, same top-1, "
                 "Δp, PPL ratio (docs/eval.md)");
@@ -43,9 +44,28 @@ void add_eval(CLI::App & app, Action & action) {
     sub->add_option("--worst", opt->top_tokens, "Tokens with the largest KLD listed per candidate")->capture_default_str();
     sub->add_option("--json", opt->json_out, "Write the report (moeprune-eval JSON, docs/formats.md)");
     sub->add_option("--per-token", opt->per_token_out, "Write every scored token of every candidate (JSON lines)");
+    sub->add_option("--cache-policy", opt->cache_policies,
+                    "Closed loop: route every token against simulated per-layer expert caches run by these replay "
+                    "policies, inside the forward pass (docs/eval.md)")
+        ->delimiter(',');
+    sub->add_option("--cache", opt->caches, "Closed loop: cache sizes in experts per layer")->delimiter(',');
+    sub->add_option("--lambda", opt->lambdas, "Closed loop: MoCE bias strengths (0: unbiased routing)")
+        ->delimiter(',')
+        ->capture_default_str();
+    sub->add_option("--j", opt->j, "Closed loop: the top J candidates get the bonus whether cached or not")
+        ->capture_default_str();
+    sub->add_option("--moce", opt->moce, "Closed loop: MoCE bias, prior or topk-gap")
+        ->check(CLI::IsMember({"prior", "topk-gap"}))
+        ->capture_default_str();
+    sub->add_option("--trace-top", opt->trace_top, "Closed loop: router candidates per token and layer, as collect's "
+                                                   "trace keeps them")
+        ->capture_default_str();
+    sub->add_option("--trace-out", opt->trace_out, "Closed loop: keep the base pass's router trace here (for replay)");
+    add_cache_model_flags(*sub, opt->policy_params, opt->throughput, *ssd);
     sub->callback([=, &action] {
         action = [=] {
             opt->parse_special = !*no_special;
+            apply_ssd_preset(*ssd, opt->throughput);
             const EvalReport r = run_eval(*opt);
             std::printf("%s", to_text(r).c_str());
             return 0;

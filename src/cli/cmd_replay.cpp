@@ -10,6 +10,32 @@
 
 namespace moeprune::cli {
 
+void add_cache_model_flags(CLI::App & sub, PolicyParams & params, ThroughputParams & throughput, std::string & ssd) {
+    sub.add_option("--ema-decay", params.ema_decay, "ema family: per-token decay of every score")->capture_default_str();
+    sub.add_option("--near-pick", params.near_pick, "near-pick-ema: candidates ranked below N earn credit")
+        ->capture_default_str();
+    sub.add_option("--lfru-half-life", params.lfru_half_life, "lfru: tokens after which a use counts half")
+        ->capture_default_str();
+    sub.add_option("--slru-protected", params.slru_protected, "slru: protected share of the slots")->capture_default_str();
+    sub.add_option("--s3fifo-small", params.s3fifo_small, "s3fifo: small-FIFO share of the slots")->capture_default_str();
+    sub.add_option("--ssd", ssd, "Throughput preset: 3.9 or 6.8 (GB/s NVMe)");
+    sub.add_option("--ssd-gbps", throughput.ssd_gbps, "Read bandwidth, GB/s")->capture_default_str();
+    sub.add_option("--read-latency-us", throughput.read_latency_us, "Latency of one round of reads")->capture_default_str();
+    sub.add_option("--queue-depth", throughput.queue_depth, "Reads in flight per round")->capture_default_str();
+    sub.add_option("--compute-ms", throughput.compute_ms, "Compute time per token")->capture_default_str();
+    sub.add_option("--sync-us", throughput.sync_us, "Synchronization per layer and token")->capture_default_str();
+}
+
+void apply_ssd_preset(const std::string & ssd, ThroughputParams & throughput) {
+    if (ssd.empty()) {
+        return;
+    }
+    if (ssd != "3.9" && ssd != "6.8") {
+        throw Error(fmt::format("--ssd presets are 3.9 and 6.8, got \"{}\"; use --ssd-gbps", ssd));
+    }
+    throughput.ssd_gbps = std::stod(ssd);
+}
+
 void add_replay(CLI::App & app, Action & action) {
     auto opt = std::make_shared<ReplayOptions>();
     auto json_out = std::make_shared<std::string>();
@@ -46,23 +72,7 @@ void add_replay(CLI::App & app, Action & action) {
     sub->add_option("--prefetch-train", opt->prefetch_train,
                     "Learn the predictor from the first N tokens only (a training split; pair with --warmup N)")
         ->check(CLI::NonNegativeNumber);
-    sub->add_option("--ema-decay", opt->params.ema_decay, "ema family: per-token decay of every score")
-        ->capture_default_str();
-    sub->add_option("--near-pick", opt->params.near_pick, "near-pick-ema: candidates ranked below N earn credit")
-        ->capture_default_str();
-    sub->add_option("--lfru-half-life", opt->params.lfru_half_life, "lfru: tokens after which a use counts half")
-        ->capture_default_str();
-    sub->add_option("--slru-protected", opt->params.slru_protected, "slru: protected share of the slots")
-        ->capture_default_str();
-    sub->add_option("--s3fifo-small", opt->params.s3fifo_small, "s3fifo: small-FIFO share of the slots")
-        ->capture_default_str();
-    sub->add_option("--ssd", *ssd, "Throughput preset: 3.9 or 6.8 (GB/s NVMe)");
-    sub->add_option("--ssd-gbps", opt->throughput.ssd_gbps, "Read bandwidth, GB/s")->capture_default_str();
-    sub->add_option("--read-latency-us", opt->throughput.read_latency_us, "Latency of one round of reads")
-        ->capture_default_str();
-    sub->add_option("--queue-depth", opt->throughput.queue_depth, "Reads in flight per round")->capture_default_str();
-    sub->add_option("--compute-ms", opt->throughput.compute_ms, "Compute time per token")->capture_default_str();
-    sub->add_option("--sync-us", opt->throughput.sync_us, "Synchronization per layer and token")->capture_default_str();
+    add_cache_model_flags(*sub, opt->params, opt->throughput, *ssd);
     sub->add_option("-t,--threads", opt->threads, "Worker threads (0: one per core)")->capture_default_str();
     sub->add_option("--json", *json_out, "Write one record per configuration as JSON (docs/formats.md)");
     sub->add_option("--csv", *csv_out, "Write the records as CSV, one row per configuration and phase");
@@ -77,12 +87,7 @@ void add_replay(CLI::App & app, Action & action) {
                 }
                 opt->prefetch = true;
             }
-            if (!ssd->empty()) {
-                if (*ssd != "3.9" && *ssd != "6.8") {
-                    throw Error(fmt::format("--ssd presets are 3.9 and 6.8, got \"{}\"; use --ssd-gbps", *ssd));
-                }
-                opt->throughput.ssd_gbps = std::stod(*ssd);
-            }
+            apply_ssd_preset(*ssd, opt->throughput);
             const ReplayReport r = run_replay(*opt, {*json_out, *csv_out});
             std::printf("%s", to_text(r).c_str());
             if (!json_out->empty()) {

@@ -1,8 +1,12 @@
 #pragma once
 // Each subcommand registers its flags on the app and returns the action to run.
+#include "replay/policy.h"
+#include "replay/replay.h"
+
 #include <CLI/CLI.hpp>
 
 #include <functional>
+#include <string>
 
 namespace moeprune::cli {
 
@@ -21,5 +25,9 @@ void add_eval(CLI::App & app, Action & action);
 void add_corpus(CLI::App & app, Action & action);
 void add_plan(CLI::App & app, Action & action);
 void add_run(CLI::App & app, Action & action);
+
+// The flags of the cache policies and the throughput model, shared by replay and eval's closed loop.
+void add_cache_model_flags(CLI::App & sub, PolicyParams & params, ThroughputParams & throughput, std::string & ssd);
+void apply_ssd_preset(const std::string & ssd, ThroughputParams & throughput);
 
 } // namespace moeprune::cli

@@ -7,6 +7,7 @@
 #include "eval/masking.h"
 #include "formats/base_logits.h"
 #include "formats/keep_map.h"
+#include "formats/trace.h"
 #include "gguf/model_file.h"
 #include "inspect/inspect.h"
 #include "llama/session.h"
@@ -18,7 +19,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -59,12 +62,13 @@ BaseRow base_row(const float * l, int n_vocab, std::vector<float> * exps = nullp
     if (exps) {
         exps->resize(size_t(n_vocab));
     }
+    // Summed exactly as score_exact sums a candidate's, so identical logits score KLD 0.
     double s = 0;
     for (int i = 0; i < n_vocab; ++i) {
-        const float e = std::exp(l[i] - b.max);
-        s += double(e);
+        const double e = std::exp(double(l[i] - b.max));
+        s += e;
         if (exps) {
-            (*exps)[size_t(i)] = e;
+            (*exps)[size_t(i)] = float(e);
         }
     }
     b.lse = std::log(s);
@@ -195,7 +199,8 @@ std::string unique_name(const std::string & stem, const std::vector<EvalCandidat
     return name;
 }
 
-ContextPtr make_context(llama_model * model, const EvalOptions & opt, int threads, RouterMask * mask) {
+ContextPtr make_context(llama_model * model, const EvalOptions & opt, int threads, ggml_backend_sched_eval_callback cb,
+                        void * cb_data) {
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx = uint32_t(opt.ctx);
     // A window is one llama_decode, so its logits stay readable while the candidates run.
@@ -203,10 +208,8 @@ ContextPtr make_context(llama_model * model, const EvalOptions & opt, int thread
     cp.n_ubatch = uint32_t(std::min(opt.ubatch, opt.ctx));
     cp.n_seq_max = 1;
     cp.n_threads = cp.n_threads_batch = threads;
-    if (mask) {
-        cp.cb_eval = &RouterMask::callback;
-        cp.cb_eval_user_data = mask;
-    }
+    cp.cb_eval = cb;
+    cp.cb_eval_user_data = cb_data;
     ContextPtr ctx(llama_init_from_model(model, cp), llama_free);
     if (!ctx) {
         throw Error(fmt::format("llama.cpp could not create a context of {} tokens", opt.ctx));
@@ -214,7 +217,10 @@ ContextPtr make_context(llama_model * model, const EvalOptions & opt, int thread
     return ctx;
 }
 
-void decode_window(llama_context * ctx, const Window & w, RouterMask * mask) {
+// `rethrow` reports what a callback of the pass caught. A pass that watches routing makes
+// every token an output: llama.cpp's last layer computes only output rows.
+void decode_window(llama_context * ctx, const Window & w, const std::function<void()> & rethrow = {},
+                   bool all_outputs = false) {
     llama_memory_clear(llama_get_memory(ctx), true);
     llama_batch batch = llama_batch_init(int32_t(w.tokens.size()), 0, 1);
     for (size_t i = 0; i < w.tokens.size(); ++i) {
@@ -222,18 +228,34 @@ void decode_window(llama_context * ctx, const Window & w, RouterMask * mask) {
         batch.pos[i] = int32_t(i);
         batch.n_seq_id[i] = 1;
         batch.seq_id[i][0] = 0;
-        batch.logits[i] = int(i) >= w.first && int(i) <= w.last;
+        batch.logits[i] = all_outputs || (int(i) >= w.first && int(i) <= w.last);
     }
     batch.n_tokens = int32_t(w.tokens.size());
     const int rc = llama_decode(ctx, batch);
     llama_batch_free(batch);
-    if (mask) {
-        mask->rethrow_failure();
+    if (rethrow) {
+        rethrow();
     }
     if (rc != 0) {
         throw Error(fmt::format("llama_decode failed ({}) on a window of {} tokens", rc, w.tokens.size()));
     }
 }
+
+// One context runs every closed-loop configuration in turn: its callback goes to the tap
+// of the configuration being decoded.
+struct TapSlot {
+    RouterTap * tap = nullptr;
+    static bool callback(ggml_tensor * t, bool ask, void * ud) {
+        return RouterTap::callback(t, ask, static_cast<TapSlot *>(ud)->tap);
+    }
+};
+
+// A closed-loop candidate: its configuration, the keep map it runs on (or none) and its tap.
+struct ClosedLoopRun {
+    ClosedLoopConfig config;
+    int map = -1;  // index into the keep maps, -1: the full model
+    std::unique_ptr<RouterTap> tap;
+};
 
 // A loaded model and the context its windows decode in.
 struct Model {
@@ -244,6 +266,60 @@ struct Model {
 json model_identity(const InspectReport & info, const fs::path & path, const std::string & vocab) {
     return {{"file", path.string()},     {"file_bytes", info.file_bytes}, {"arch", info.arch},
             {"name", info.name},         {"n_expert", info.n_expert},     {"vocab", vocab}};
+}
+
+// The closed-loop candidates' cache figures, beside the open-loop replay of the base
+// pass's trace under the same configurations (on the full model or the same keep map).
+void closed_loop_figures(const EvalOptions & opt, TraceWriter & trace, AtomicOutput & trace_file,
+                         const std::vector<std::pair<fs::path, KeepMap>> & maps, std::vector<ClosedLoopRun> & runs,
+                         int n_layer, int threads, EvalReport & rep, size_t first_closed) {
+    trace.close();
+    std::map<int, ReplayReport> open_loop;
+    for (const ClosedLoopRun & run : runs) {
+        if (open_loop.count(run.map)) {
+            continue;
+        }
+        ReplayOptions ro;
+        ro.trace = trace_file.temp_path();
+        ro.keep = run.map >= 0 ? maps[size_t(run.map)].first : fs::path();
+        ro.policies = opt.cache_policies;
+        ro.caches = opt.caches;
+        ro.lambdas = opt.lambdas;
+        ro.j = opt.j;
+        ro.moce = opt.moce;
+        ro.model = opt.model;
+        ro.threads = threads;
+        ro.params = opt.policy_params;
+        ro.throughput = opt.throughput;
+        open_loop.emplace(run.map, run_replay(ro));
+    }
+    for (size_t r = 0; r < runs.size(); ++r) {
+        ClosedLoopRun & run = runs[r];
+        EvalCandidate & c = rep.candidates[first_closed + r];
+        const PhaseCounts & k = run.tap->counts();
+        ClosedLoopStats st;
+        const double tokens = double(std::max<uint64_t>(1, k.tokens));
+        st.misses_per_token = double(k.misses) / tokens;
+        st.hit_rate = k.picks ? 1.0 - double(k.misses) / double(k.picks) : 0.0;
+        st.swap_rate = k.picks ? double(k.swaps) / double(k.picks) : 0.0;
+        st.moved_gate_mass = k.moved_mass / (tokens * n_layer);
+        st.tok_per_s = tokens_per_second(k, n_layer, opt.throughput);
+        const ReplayReport & ol = open_loop.at(run.map);
+        const auto rec = std::find_if(ol.records.begin(), ol.records.end(), [&](const ReplayRecord & x) {
+            return x.policy == run.config.policy && x.cache == run.config.cache && x.lambda == run.config.lambda;
+        });
+        if (rec == ol.records.end()) {
+            throw Error(fmt::format("the open-loop replay has no record for {} (an internal error)", c.name));
+        }
+        const PhaseCounts o = rec->total();
+        st.open_loop_misses_per_token = o.tokens ? double(o.misses + o.forced_misses) / double(o.tokens) : 0.0;
+        st.open_loop_tok_per_s = tokens_per_second(o, ol.n_layer, opt.throughput);
+        c.closed = st;
+        c.routing = std::move(run.tap->log);
+    }
+    if (!opt.trace_out.empty()) {
+        trace_file.commit();
+    }
 }
 
 } // namespace
@@ -324,8 +400,36 @@ EvalReport run_eval(const EvalOptions & opt) {
         std::sort(found.begin(), found.end());
         keeps.insert(keeps.end(), found.begin(), found.end());
     }
-    if (keeps.empty() && opt.candidates.empty() && opt.base_out.empty()) {
-        throw Error("nothing to evaluate: give --keep, --keep-dir or --candidate (or --base-out to record the base alone)");
+    const bool closed_loop = !opt.cache_policies.empty();
+    if (closed_loop) {
+        if (opt.caches.empty()) {
+            throw Error("--cache-policy needs --cache: the slots per layer of each simulated expert cache");
+        }
+        if (opt.lambdas.empty()) {
+            throw Error("--lambda needs at least one value");
+        }
+        for (double l : opt.lambdas) {
+            if (!(l >= 0.0) || !std::isfinite(l)) {
+                throw Error(fmt::format("--lambda must be finite and >= 0, got {}", l));
+            }
+        }
+        if (opt.moce != "prior" && opt.moce != "topk-gap") {
+            throw Error(fmt::format("--moce must be prior or topk-gap, got \"{}\"", opt.moce));
+        }
+        if (opt.j < 0) {
+            throw Error(fmt::format("--j must be >= 0, got {}", opt.j));
+        }
+        for (const std::string & p : opt.cache_policies) {
+            if (std::find(policy_names().begin(), policy_names().end(), p) == policy_names().end()) {
+                throw Error(fmt::format("unknown --cache-policy {} (known: {})", p, fmt::join(policy_names(), ", ")));
+            }
+        }
+    } else if (!opt.caches.empty() || !opt.trace_out.empty()) {
+        throw Error("--cache and --trace-out belong to the closed loop: give --cache-policy too");
+    }
+    if (keeps.empty() && opt.candidates.empty() && opt.base_out.empty() && !closed_loop) {
+        throw Error("nothing to evaluate: give --keep, --keep-dir, --candidate or --cache-policy (or --base-out to record "
+                    "the base alone)");
     }
 
     const GgufModel gguf = GgufModel::open(opt.model);
@@ -337,7 +441,7 @@ EvalReport run_eval(const EvalOptions & opt) {
         const GgufModel cm = GgufModel::open(c);
         inputs.insert(inputs.end(), cm.shard_paths().begin(), cm.shard_paths().end());
     }
-    refuse_output_clashes({opt.base_out, opt.json_out, opt.per_token_out}, inputs);
+    refuse_output_clashes({opt.base_out, opt.json_out, opt.per_token_out, opt.trace_out}, inputs);
 
     const InspectReport info = inspect_model(gguf, {});
     if (!info.problems.empty()) {
@@ -467,12 +571,12 @@ EvalReport run_eval(const EvalOptions & opt) {
     RouterMask mask(facts);
     Model masked;
     if (!maps.empty()) {
-        masked.ctx = make_context(base.model.get(), opt, threads, &mask);
+        masked.ctx = make_context(base.model.get(), opt, threads, &RouterMask::callback, &mask);
         // A one-token pass shows how llama.cpp builds this model's router.
         Window probe;
         probe.tokens = {windows.front().tokens.front()};
         mask.start_probe();
-        decode_window(masked.ctx.get(), probe, &mask);
+        decode_window(masked.ctx.get(), probe, [&] { mask.rethrow_failure(); });
         mask.stop_probe();
         for (const auto & [path, km] : maps) {
             mask.set(km, path.string());  // refuses, by name, a map masking cannot reproduce
@@ -488,7 +592,7 @@ EvalReport run_eval(const EvalOptions & opt) {
             fail_file(c.string(), fmt::format("has another vocabulary than {} ({} tokens vs {}): KL needs the same tokens",
                                               opt.model.string(), llama_vocab_n_tokens(cv), n_vocab));
         }
-        m.ctx = make_context(m.model.get(), opt, threads, nullptr);
+        m.ctx = make_context(m.model.get(), opt, threads, nullptr, nullptr);
         files.push_back(std::move(m));
     }
     // The reference every candidate is compared with: the base model, or one candidate file.
@@ -500,8 +604,46 @@ EvalReport run_eval(const EvalOptions & opt) {
         }
         against = int(it - opt.candidates.begin());
     }
-    if (!base_file && against < 0) {
-        base.ctx = make_context(base.model.get(), opt, threads, nullptr);
+    // Closed loop: an observer records the base pass's routing as a trace (for the open-loop
+    // replay of the same tokens), and every configuration routes one pass of its own.
+    const int trace_top = std::min(opt.trace_top, int(info.n_expert));
+    std::vector<double> expert_bytes;
+    for (const LayerInfo & li : info.layers) {
+        if (!li.nextn) {
+            expert_bytes.push_back(double(li.expert_bytes));
+        }
+    }
+    std::optional<RouterTap> observer;
+    TapSlot observer_slot, closed_slot;
+    std::vector<ClosedLoopRun> runs;
+    Model closed;
+    if (closed_loop) {
+        observer.emplace(facts, trace_top, nullptr, nullptr, nullptr, expert_bytes);
+        observer_slot.tap = &*observer;
+        for (int m = -1; m < int(maps.size()); ++m) {
+            for (const std::string & policy : opt.cache_policies) {
+                for (int cache : opt.caches) {
+                    for (double lambda : opt.lambdas) {
+                        ClosedLoopRun run;
+                        run.config = {policy, cache, lambda, opt.j, opt.moce == "prior", opt.policy_params,
+                                      opt.throughput.queue_depth};
+                        run.map = m;
+                        runs.push_back(std::move(run));
+                    }
+                }
+            }
+        }
+        for (ClosedLoopRun & run : runs) {
+            const KeepMap * km = run.map >= 0 ? &maps[size_t(run.map)].second : nullptr;
+            run.tap = std::make_unique<RouterTap>(facts, trace_top, &run.config, km, km ? &mask : nullptr, expert_bytes);
+            run.tap->record = opt.record_routing;
+        }
+        closed.ctx = make_context(base.model.get(), opt, threads, &TapSlot::callback, &closed_slot);
+    }
+    const bool base_live = !base_file && against < 0;
+    if (base_live || closed_loop) {
+        base.ctx = make_context(base.model.get(), opt, threads, observer ? &TapSlot::callback : nullptr,
+                                observer ? &observer_slot : nullptr);
     }
 
     EvalReport rep;
@@ -520,8 +662,44 @@ EvalReport run_eval(const EvalOptions & opt) {
         c.source = path.string();
         rep.candidates.push_back(std::move(c));
     }
+    for (const ClosedLoopRun & run : runs) {
+        EvalCandidate c;
+        const ClosedLoopConfig & k = run.config;
+        const std::string stem = fmt::format("{}{}-c{}-l{}", run.map >= 0 ? maps[size_t(run.map)].first.stem().string() + "+" : "",
+                                             k.policy, k.cache, k.lambda);
+        c.name = unique_name(stem, rep.candidates);
+        c.kind = "closed-loop";
+        c.source = run.map >= 0 ? maps[size_t(run.map)].first.string() : opt.model.string();
+        c.config = {{"policy", k.policy},
+                    {"cache", k.cache},
+                    {"lambda", k.lambda},
+                    {"j", k.j},
+                    {"moce", opt.moce},
+                    {"keep", run.map >= 0 ? json(maps[size_t(run.map)].first.string()) : json()}};
+        rep.candidates.push_back(std::move(c));
+    }
     for (EvalCandidate & c : rep.candidates) {
         c.tokens.resize(n_scored);
+    }
+    const size_t first_closed = maps.size() + opt.candidates.size();
+
+    // The base pass's trace, as collect writes one; kept at --trace-out when given.
+    std::optional<AtomicOutput> trace_file;
+    std::optional<TraceWriter> trace;
+    if (closed_loop) {
+        trace_file.emplace(opt.trace_out.empty() ? fs::temp_directory_path() / fmt::format("moeprune-eval-{}.mptrace",
+                                                                                           opt.model.stem().string())
+                                                 : opt.trace_out);
+        TraceHeader h;
+        h.n_layer = uint32_t(facts.moe_layers.size());
+        h.n_expert = uint32_t(info.n_expert);
+        h.top_m = uint32_t(trace_top);
+        h.domains = {""};
+        h.domains.insert(h.domains.end(), corpus.domains.begin(), corpus.domains.end());
+        h.meta = {{"n_expert_used", info.n_expert_used}, {"moe_layers", facts.moe_layers}, {"model", base_identity},
+                  {"corpus", opt.corpus.string()},          {"settings", settings},
+                  {"producer", "moeprune eval (base pass)"}};
+        trace.emplace(trace_file->temp_path(), h);
     }
 
     std::optional<AtomicOutput> base_out;
@@ -543,7 +721,7 @@ EvalReport run_eval(const EvalOptions & opt) {
     for (const Window & w : windows) {
         total_tokens += w.tokens.size();
     }
-    const size_t passes = (base_file || !opt.against.empty() ? 0 : 1) + maps.size() + files.size();
+    const size_t passes = (base_live || closed_loop ? 1 : 0) + maps.size() + files.size() + runs.size();
     Progress progress("eval", total_tokens * passes, "tokens");
     std::vector<BaseRow> rows;
     std::vector<BaseRecord> records;
@@ -551,6 +729,25 @@ EvalReport run_eval(const EvalOptions & opt) {
     for (size_t wi = 0; wi < windows.size(); ++wi) {
         const Window & w = windows[wi];
         const int n = w.n_scored();
+        const auto observe_base = [&] {
+            observer->begin_window(uint32_t(wi), w.tokens.size());
+            decode_window(base.ctx.get(), w, [&] { observer->rethrow_failure(); }, true);
+            observer->end_window();
+            const size_t per_token = facts.moe_layers.size() * size_t(trace_top);
+            for (size_t i = 0; i < w.tokens.size(); ++i) {
+                TraceTokenMeta meta;
+                meta.token = w.tokens[i];
+                meta.pos = int32_t(i);
+                meta.seq = int32_t(wi);
+                meta.domain = uint16_t(w.domain + 1);
+                trace->append(meta, observer->window_ids().data() + i * per_token,
+                              observer->window_logits().data() + i * per_token);
+            }
+        };
+        if (closed_loop && !base_live) {
+            observe_base();
+            progress.advance(w.tokens.size());
+        }
         // The reference: live base logits, or the records of --base.
         if (base_file) {
             records = base_file->read(w.first_record, uint64_t(n));
@@ -573,12 +770,16 @@ EvalReport run_eval(const EvalOptions & opt) {
             // File candidates decode first: each keeps its logits in its own context, so one
             // of them can be the reference (--against).
             for (Model & f : files) {
-                decode_window(f.ctx.get(), w, nullptr);
+                decode_window(f.ctx.get(), w);
                 progress.advance(w.tokens.size());
             }
             llama_context * ref = against >= 0 ? files[size_t(against)].ctx.get() : base.ctx.get();
             if (against < 0) {
-                decode_window(ref, w, nullptr);
+                if (closed_loop) {
+                    observe_base();
+                } else {
+                    decode_window(ref, w);
+                }
                 progress.advance(w.tokens.size());
             }
             rows.assign(size_t(n), {});
@@ -612,20 +813,36 @@ EvalReport run_eval(const EvalOptions & opt) {
         };
         for (size_t k = 0; k < maps.size(); ++k) {
             mask.set(maps[k].second, maps[k].first.string());
-            decode_window(masked.ctx.get(), w, &mask);
+            decode_window(masked.ctx.get(), w, [&] { mask.rethrow_failure(); });
             progress.advance(w.tokens.size());
             score_all(masked.ctx.get(), rep.candidates[k]);
         }
         mask.clear();
         for (size_t f = 0; f < files.size(); ++f) {
             if (base_file) {
-                decode_window(files[f].ctx.get(), w, nullptr);
+                decode_window(files[f].ctx.get(), w);
                 progress.advance(w.tokens.size());
             }
             score_all(files[f].ctx.get(), rep.candidates[maps.size() + f]);
         }
+        for (size_t r = 0; r < runs.size(); ++r) {
+            ClosedLoopRun & run = runs[r];
+            if (run.map >= 0) {
+                mask.set(maps[size_t(run.map)].second, maps[size_t(run.map)].first.string());
+            }
+            closed_slot.tap = run.tap.get();
+            run.tap->begin_window(uint32_t(wi), w.tokens.size());
+            decode_window(closed.ctx.get(), w, [&] { run.tap->rethrow_failure(); }, true);
+            run.tap->end_window();
+            mask.clear();
+            progress.advance(w.tokens.size());
+            score_all(closed.ctx.get(), rep.candidates[first_closed + r]);
+        }
     }
     progress.finish();
+    if (closed_loop) {
+        closed_loop_figures(opt, *trace, *trace_file, maps, runs, int(facts.moe_layers.size()), threads, rep, first_closed);
+    }
     if (base_writer) {
         base_out_file->sync();
         base_out->commit();
@@ -702,6 +919,29 @@ EvalReport run_eval(const EvalOptions & opt) {
                   {"gpu_layers", opt.gpu_layers},
                   {"rpc", opt.rpc},
                   {"version", MOEPRUNE_VERSION}};
+    if (closed_loop) {
+        rep.inputs["closed_loop"] = {
+            {"policies", opt.cache_policies},
+            {"caches", opt.caches},
+            {"lambdas", opt.lambdas},
+            {"j", opt.j},
+            {"moce", opt.moce},
+            {"trace_top", trace_top},
+            {"trace_out", opt.trace_out.empty() ? json() : json(opt.trace_out.string())},
+            {"params",
+             {{"ema_decay", opt.policy_params.ema_decay},
+              {"near_pick", opt.policy_params.near_pick},
+              {"lfru_half_life", opt.policy_params.lfru_half_life},
+              {"slru_protected", opt.policy_params.slru_protected},
+              {"s3fifo_small", opt.policy_params.s3fifo_small}}},
+            {"throughput",
+             {{"ssd_gbps", opt.throughput.ssd_gbps},
+              {"read_latency_us", opt.throughput.read_latency_us},
+              {"queue_depth", opt.throughput.queue_depth},
+              {"compute_ms", opt.throughput.compute_ms},
+              {"sync_us", opt.throughput.sync_us}}},
+            {"expert_bytes", expert_bytes}};
+    }
 
     if (!opt.json_out.empty()) {
         // Token pieces can be parts of a UTF-8 character: those bytes become U+FFFD.
@@ -758,12 +998,23 @@ json to_json(const EvalReport & r) {
         for (const auto & [name, s] : c.domains) {
             domains[name] = stats_json(s);
         }
-        cands.push_back({{"name", c.name},
-                         {"kind", c.kind},
-                         {"source", c.source},
-                         {"all", stats_json(c.all)},
-                         {"domains", domains},
-                         {"worst_tokens", c.worst}});
+        json all = stats_json(c.all);
+        json cand = {{"name", c.name}, {"kind", c.kind}, {"source", c.source}};
+        if (c.closed) {
+            const ClosedLoopStats & k = *c.closed;
+            all["misses_per_token"] = k.misses_per_token;
+            all["hit_rate"] = k.hit_rate;
+            all["swap_rate"] = k.swap_rate;
+            all["moved_gate_mass"] = k.moved_gate_mass;
+            all["tok_per_s"] = k.tok_per_s;
+            all["open_loop_misses_per_token"] = k.open_loop_misses_per_token;
+            all["open_loop_tok_per_s"] = k.open_loop_tok_per_s;
+            cand.update(c.config);
+        }
+        cand["all"] = all;
+        cand["domains"] = domains;
+        cand["worst_tokens"] = c.worst;
+        cands.push_back(cand);
     }
     return {{"format", "moeprune-eval"}, {"version", 1}, {"base", r.base}, {"inputs", r.inputs}, {"candidates", cands}};
 }
@@ -785,6 +1036,22 @@ std::string to_text(const EvalReport & r) {
         for (const auto & [name, s] : c.domains) {
             if (s.tokens > 0) {
                 row("", name, s);
+            }
+        }
+    }
+    if (std::any_of(r.candidates.begin(), r.candidates.end(), [](const EvalCandidate & c) { return c.closed.has_value(); })) {
+        o << fmt::format("\nclosed loop (cache-aware routing inside the forward pass) vs. open loop (replay of the base "
+                         "pass's trace):\n{:<32} {:>10} {:>9} {:>13} {:>13} {:>9} {:>8} {:>11} {:>10} {:>10}\n",
+                         "candidate", "Mean KLD", "same top", "misses/token", "open-loop", "hit rate", "swaps",
+                         "moved mass", "tok/s", "open tok/s");
+        for (const EvalCandidate & c : r.candidates) {
+            if (c.closed) {
+                const ClosedLoopStats & k = *c.closed;
+                o << fmt::format("{:<32} {:>10.6f} {:>8.3f}% {:>13.3f} {:>13.3f} {:>8.2f}% {:>7.2f}% {:>11.4f} {:>10.2f} "
+                                 "{:>10.2f}\n",
+                                 c.name, c.all.kld_mean, 100 * c.all.same_top1, k.misses_per_token,
+                                 k.open_loop_misses_per_token, 100 * k.hit_rate, 100 * k.swap_rate, k.moved_gate_mass,
+                                 k.tok_per_s, k.open_loop_tok_per_s);
             }
         }
     }

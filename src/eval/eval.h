@@ -4,10 +4,15 @@
 // Keep maps are evaluated inside the base model, their removed experts made
 // unselectable in llama.cpp's own router graph (eval/masking.h), so N keep maps cost
 // one model load and N + 1 forward passes. Definitions: docs/eval.md.
+#include "eval/closed_loop.h"
+#include "replay/policy.h"
+#include "replay/replay.h"
+
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +38,19 @@ struct EvalOptions {
     std::filesystem::path json_out, per_token_out;
     int top_tokens = 10;                            // tokens with the largest KLD listed per candidate
     bool progress = true;
+
+    // Closed loop (eval/closed_loop.h): every policy x cache x lambda is a candidate,
+    // on the full model and on each keep map.
+    std::vector<std::string> cache_policies;
+    std::vector<int> caches;                        // slots per layer
+    std::vector<double> lambdas{0.0};
+    int j = 2;
+    std::string moce = "prior";                     // "prior" or "topk-gap"
+    int trace_top = 64;                             // candidates per token and layer, as collect's trace
+    PolicyParams policy_params;
+    ThroughputParams throughput;
+    std::filesystem::path trace_out;                // the base pass's router trace (for replay)
+    bool record_routing = false;                    // keep every closed-loop row in EvalCandidate::routing
 };
 
 struct EvalStats {
@@ -53,12 +71,22 @@ struct TokenScore {
     bool same_top1 = false;
 };
 
+// A closed-loop candidate's cache figures over every token decoded, and the open-loop
+// replay of the base pass's trace under the same configuration.
+struct ClosedLoopStats {
+    double misses_per_token = 0, hit_rate = 0, swap_rate = 0, moved_gate_mass = 0, tok_per_s = 0;
+    double open_loop_misses_per_token = 0, open_loop_tok_per_s = 0;
+};
+
 struct EvalCandidate {
-    std::string name, kind, source;  // kind: "keep" or "file"
+    std::string name, kind, source;  // kind: "keep", "file" or "closed-loop"
     EvalStats all;
     std::vector<std::pair<std::string, EvalStats>> domains;
     std::vector<TokenScore> tokens;
     nlohmann::json worst = nlohmann::json::array();  // tokens with the largest KLD, text shown
+    nlohmann::json config;                           // closed loop: policy, cache, lambda, j, moce, keep
+    std::optional<ClosedLoopStats> closed;
+    std::vector<RoutedRow> routing;                  // with EvalOptions::record_routing
 };
 
 struct EvalReport {

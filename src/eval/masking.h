@@ -55,6 +55,7 @@ public:
     void clear() { targets_.clear(); removed_.clear(); }
     // The failure inside the last pass, if any (the graph stops at it).
     void rethrow_failure();
+    bool failed() const { return bool(failure_); }
 
 private:
     bool on_node(ggml_tensor * t, bool ask);

@@ -1,4 +1,5 @@
 #include "replay/replay.h"
+#include "replay/moce.h"
 #include "core/atomic_file.h"
 #include "core/errors.h"
 #include "core/parallel.h"
@@ -113,8 +114,7 @@ LayerData load_layer(const Setup & s, uint32_t layer) {
         d.prior_delta.assign(n_tok, 0.0);
     }
     const std::vector<int32_t> * remap = s.old_to_new.empty() ? nullptr : &s.old_to_new[layer];
-    double gap_sum = 0;
-    uint64_t gap_n = 0;
+    MocePrior prior;
     s.reader->for_each_layer_chunk(layer, [&](uint64_t first, uint32_t n, const uint16_t * ids, const float * logits) {
         for (uint32_t i = 0; i < n; ++i) {
             const uint64_t t = first + i;
@@ -148,11 +148,7 @@ LayerData load_layer(const Setup & s, uint32_t layer) {
             d.forced[t] = uint8_t(uint32_t(k) - nu);
             std::sort(u, u + nu);
             if (s.moce_prior) {
-                if (survivors >= uint32_t(k)) {
-                    gap_sum += double(z0) - double(zk);
-                    ++gap_n;
-                }
-                d.prior_delta[t] = gap_n ? gap_sum / double(gap_n) : 0.0;
+                d.prior_delta[t] = survivors >= uint32_t(k) ? prior.add(double(z0) - double(zk)) : prior.value();
             }
         }
     });
@@ -357,42 +353,17 @@ private:
         }
         const float * z = d.logit.data() + t * d.width;
         const int32_t * cand = d.cand.data() + t * d.width;
-        const uint32_t n = d.n_cand[t];
         const double delta = s_.moce_prior ? d.prior_delta[t] : double(z[0]) - double(z[k - 1]);
-        const double bonus = lambda_ * delta;
-        biased_.resize(n);
-        order_.resize(n);
-        for (uint32_t i = 0; i < n; ++i) {
-            const bool favored = i < uint32_t(opt_.j) || policy_->resident(id_base + cand[i]);
-            biased_[i] = double(z[i]) + (favored ? bonus : 0.0);
-            order_[i] = i;
-        }
-        std::partial_sort(order_.begin(), order_.begin() + k, order_.end(), [&](uint32_t a, uint32_t b) {
-            return biased_[a] != biased_[b] ? biased_[a] > biased_[b] : a < b;
-        });
+        const MocePick pick = moce_pick(z, d.n_cand[t], k, lambda_ * delta, opt_.j,
+                                        [&](uint32_t i) { return policy_->resident(id_base + cand[i]); }, moce_);
         chosen_.clear();
-        uint64_t swaps = 0;
-        double kept_mass = 0, all_mass = 0;
-        std::vector<char> & picked = picked_;
-        picked.assign(size_t(k), 0);
         for (int i = 0; i < k; ++i) {
-            const uint32_t r = order_[size_t(i)];
-            chosen_.push_back(id_base + cand[r]);
-            if (r >= uint32_t(k)) {
-                ++swaps;
-            } else {
-                picked[r] = 1;
-            }
-        }
-        for (int i = 0; i < k; ++i) {
-            const double w = std::exp(double(z[i]) - double(z[0]));
-            all_mass += w;
-            kept_mass += picked[size_t(i)] ? w : 0.0;
+            chosen_.push_back(id_base + cand[moce_.order[size_t(i)]]);
         }
         std::sort(chosen_.begin(), chosen_.end());
         if (counted) {
-            pc.swaps += swaps;
-            pc.moved_mass += (all_mass - kept_mass) / all_mass;
+            pc.swaps += pick.swaps;
+            pc.moved_mass += pick.moved_mass;
         }
         return chosen_;
     }
@@ -406,9 +377,7 @@ private:
     bool plain_;   // unbiased routing, no candidate credit
     std::vector<uint64_t> in_union_;   // per expert: 1 + first token of the batch whose union holds it
     std::vector<int32_t> chosen_, ranked_, union_;
-    std::vector<double> biased_;
-    std::vector<uint32_t> order_;
-    std::vector<char> picked_;
+    MoceScratch moce_;
 };
 
 // The requests an unbiased routing makes of one cache, for Belady: per layer
