@@ -62,6 +62,10 @@ void add_eval(CLI::App & app, Action & action) {
         ->capture_default_str();
     sub->add_option("--trace-out", opt->trace_out, "Closed loop: keep the base pass's router trace here (for replay)");
     add_cache_model_flags(*sub, opt->policy_params, opt->throughput, *ssd);
+    sub->add_option("--generate", opt->generate, "Behaviour checks: greedy continuations of N tokens for every chat "
+                                                 "prompt, base vs. every candidate (docs/eval.md)")
+        ->capture_default_str();
+    sub->add_option("--prompts", opt->prompts, "Chat prompts for --generate (JSONL with \"messages\"; default: -f)");
     sub->callback([=, &action] {
         action = [=] {
             opt->parse_special = !*no_special;

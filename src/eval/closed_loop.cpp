@@ -241,8 +241,9 @@ void RouterTap::route_layer(int ordinal, ggml_tensor * topk) {
         if (config_->lambda > 0 && n > uint32_t(k)) {
             const MocePick pick = moce_pick(z_.data(), n, k, config_->lambda * delta, config_->j,
                                             [&](uint32_t i) { return L.policy->resident(ranked_new_[i]); }, moce_);
-            counts_.swaps += pick.swaps;
-            counts_.moved_mass += pick.moved_mass;
+            PhaseCounts & c = counting_ ? counts_ : uncounted_;
+            c.swaps += pick.swaps;
+            c.moved_mass += pick.moved_mass;
             if (pick.swaps > 0) {
                 for (int i = 0; i < k; ++i) {
                     row_[size_t(i)] = ranked_[moce_.order[size_t(i)]];
@@ -261,16 +262,17 @@ void RouterTap::route_layer(int ordinal, ggml_tensor * topk) {
         }
         std::sort(chosen_new_.begin(), chosen_new_.end());
         const int misses = L.policy->access({chosen_new_, ranked_new_, z_});
-        counts_.tokens += ordinal == 0;
-        counts_.picks += uint64_t(k);
-        counts_.misses += uint64_t(misses);
+        PhaseCounts & c = counting_ ? counts_ : uncounted_;
+        c.tokens += ordinal == 0;
+        c.picks += uint64_t(k);
+        c.misses += uint64_t(misses);
         if (misses > 0) {
             const uint64_t q = uint64_t(config_->queue_depth);
-            counts_.rounds += (uint64_t(misses) + q - 1) / q;
-            counts_.exposed_bytes += double(misses) * (expert_bytes_.empty() ? 0.0 : expert_bytes_[size_t(ordinal)]);
+            c.rounds += (uint64_t(misses) + q - 1) / q;
+            c.exposed_bytes += double(misses) * (expert_bytes_.empty() ? 0.0 : expert_bytes_[size_t(ordinal)]);
         }
         std::copy(row_.begin(), row_.end(), L.expected.begin() + long(tok * k));
-        if (record) {
+        if (record && counting_) {
             log.push_back({window_, int32_t(pos), layer, ranked_, z_, {}});
         }
     }
@@ -311,7 +313,7 @@ void RouterTap::check_gate(int ordinal, ggml_tensor * weights) {
                                         facts_.arch, layer, tok, used[i], gate, want, prob, weights->name));
             }
         }
-        if (record) {
+        if (record && counting_) {
             log[L.log_first + size_t(tok)].used.assign(used, used + k);
         }
     }

@@ -75,6 +75,10 @@ public:
     // request per token and layer).
     const PhaseCounts & counts() const { return counts_; }
 
+    // Off: tokens are routed and the caches evolve, but nothing is counted or logged
+    // (generation after the scored windows).
+    void set_counting(bool on) { counting_ = on; }
+
     // When set, every routed row is kept in `log`.
     bool record = false;
     std::vector<RoutedRow> log;
@@ -108,7 +112,8 @@ private:
     size_t window_tokens_ = 0;
     std::vector<uint16_t> win_ids_;
     std::vector<float> win_logits_;
-    PhaseCounts counts_;
+    PhaseCounts counts_, uncounted_;
+    bool counting_ = true;
     MoceScratch moce_;
     std::vector<int32_t> order_, ranked_, ranked_new_, chosen_new_, row_;
     std::vector<float> z_;

@@ -4,6 +4,7 @@
 #include "core/errors.h"
 #include "core/parallel.h"
 #include "core/progress.h"
+#include "eval/behaviour.h"
 #include "eval/masking.h"
 #include "formats/base_logits.h"
 #include "formats/keep_map.h"
@@ -219,26 +220,77 @@ ContextPtr make_context(llama_model * model, const EvalOptions & opt, int thread
 
 // `rethrow` reports what a callback of the pass caught. A pass that watches routing makes
 // every token an output: llama.cpp's last layer computes only output rows.
-void decode_window(llama_context * ctx, const Window & w, const std::function<void()> & rethrow = {},
-                   bool all_outputs = false) {
-    llama_memory_clear(llama_get_memory(ctx), true);
-    llama_batch batch = llama_batch_init(int32_t(w.tokens.size()), 0, 1);
-    for (size_t i = 0; i < w.tokens.size(); ++i) {
-        batch.token[i] = w.tokens[i];
-        batch.pos[i] = int32_t(i);
+// Decodes tokens [0, n) at positions pos0.. of sequence 0; outputs are [first, last].
+void decode_tokens(llama_context * ctx, const llama_token * tokens, int n, int pos0, int first, int last,
+                   const std::function<void()> & rethrow) {
+    llama_batch batch = llama_batch_init(n, 0, 1);
+    for (int i = 0; i < n; ++i) {
+        batch.token[i] = tokens[i];
+        batch.pos[i] = pos0 + i;
         batch.n_seq_id[i] = 1;
         batch.seq_id[i][0] = 0;
-        batch.logits[i] = all_outputs || (int(i) >= w.first && int(i) <= w.last);
+        batch.logits[i] = i >= first && i <= last;
     }
-    batch.n_tokens = int32_t(w.tokens.size());
+    batch.n_tokens = n;
     const int rc = llama_decode(ctx, batch);
     llama_batch_free(batch);
     if (rethrow) {
         rethrow();
     }
     if (rc != 0) {
-        throw Error(fmt::format("llama_decode failed ({}) on a window of {} tokens", rc, w.tokens.size()));
+        throw Error(fmt::format("llama_decode failed ({}) on {} tokens at position {}", rc, n, pos0));
     }
+}
+
+void decode_window(llama_context * ctx, const Window & w, const std::function<void()> & rethrow = {},
+                   bool all_outputs = false) {
+    llama_memory_clear(llama_get_memory(ctx), true);
+    const int n = int(w.tokens.size());
+    decode_tokens(ctx, w.tokens.data(), n, 0, all_outputs ? 0 : w.first, all_outputs ? n - 1 : w.last, rethrow);
+}
+
+// A chat prompt for the behaviour checks.
+struct Prompt {
+    std::vector<llama_token> tokens;
+    std::string text, domain, where;
+    bool opens_think = false;
+};
+
+// How one candidate's context is set up for a decode and checked after it.
+struct Decoder {
+    llama_context * ctx = nullptr;
+    std::function<void(int)> before;     // per call, with its token count: a closed loop starts a "window"
+    std::function<void()> after;         // per call: rethrows what the callbacks caught
+    bool all_outputs = false;            // a routing tap needs every token in every layer
+};
+
+// The greedy continuation of `p`, at most `limit` tokens, ending at an end-of-generation token.
+Continuation generate(const Decoder & d, const Prompt & p, int limit, const llama_vocab * vocab, int n_vocab) {
+    llama_memory_clear(llama_get_memory(d.ctx), true);
+    const int n = int(p.tokens.size());
+    if (d.before) {
+        d.before(n);
+    }
+    decode_tokens(d.ctx, p.tokens.data(), n, 0, d.all_outputs ? 0 : n - 1, n - 1, d.after);
+    Continuation c;
+    for (int g = 0; g < limit; ++g) {
+        const float * l = llama_get_logits_ith(d.ctx, -1);
+        const llama_token t = llama_token(std::max_element(l, l + n_vocab) - l);
+        c.tokens.push_back(t);
+        if (llama_vocab_is_eog(vocab, t)) {
+            c.terminated = true;
+            break;
+        }
+        c.text += piece(vocab, t);
+        if (g + 1 == limit) {
+            break;
+        }
+        if (d.before) {
+            d.before(1);
+        }
+        decode_tokens(d.ctx, &t, 1, n + g, 0, 0, d.after);
+    }
+    return c;
 }
 
 // One context runs every closed-loop configuration in turn: its callback goes to the tap
@@ -246,7 +298,8 @@ void decode_window(llama_context * ctx, const Window & w, const std::function<vo
 struct TapSlot {
     RouterTap * tap = nullptr;
     static bool callback(ggml_tensor * t, bool ask, void * ud) {
-        return RouterTap::callback(t, ask, static_cast<TapSlot *>(ud)->tap);
+        RouterTap * tap = static_cast<TapSlot *>(ud)->tap;
+        return tap ? RouterTap::callback(t, ask, tap) : !ask;
     }
 };
 
@@ -427,6 +480,9 @@ EvalReport run_eval(const EvalOptions & opt) {
     } else if (!opt.caches.empty() || !opt.trace_out.empty()) {
         throw Error("--cache and --trace-out belong to the closed loop: give --cache-policy too");
     }
+    if (opt.generate < 0 || (opt.generate == 0 && !opt.prompts.empty())) {
+        throw Error("--generate takes the number of tokens to generate per prompt (--prompts needs it)");
+    }
     if (keeps.empty() && opt.candidates.empty() && opt.base_out.empty() && !closed_loop) {
         throw Error("nothing to evaluate: give --keep, --keep-dir, --candidate or --cache-policy (or --base-out to record "
                     "the base alone)");
@@ -436,6 +492,7 @@ EvalReport run_eval(const EvalOptions & opt) {
     std::vector<fs::path> inputs = gguf.shard_paths();
     inputs.push_back(opt.corpus);
     inputs.push_back(opt.base_in);
+    inputs.push_back(opt.prompts);
     inputs.insert(inputs.end(), keeps.begin(), keeps.end());
     for (const fs::path & c : opt.candidates) {
         const GgufModel cm = GgufModel::open(c);
@@ -535,6 +592,34 @@ EvalReport run_eval(const EvalOptions & opt) {
         fail_file(opt.corpus.string(), second_half ? fmt::format("has no document of at least -c {} tokens, so "
                                                                  "--score second-half scores nothing", opt.ctx)
                                                    : "scores no tokens (every document is a single token)");
+    }
+
+    // Chat prompts for the behaviour checks, refused before anything runs.
+    std::vector<Prompt> prompts;
+    if (opt.generate > 0) {
+        const fs::path & from = opt.prompts.empty() ? opt.corpus : opt.prompts;
+        const Corpus pc = opt.prompts.empty() ? corpus : read_corpus(opt.prompts);
+        for (const CorpusDocument & doc : pc.documents) {
+            if (doc.messages.empty()) {
+                continue;
+            }
+            const std::string where = fmt::format("{}:{}", from.string(), doc.line);
+            Prompt p;
+            p.text = document_text(base.model.get(), doc, true, where);
+            p.tokens = tokenize(vocab, p.text, opt.parse_special, where);
+            p.domain = doc.domain;
+            p.where = where;
+            const size_t open = p.text.rfind("<think>"), close = p.text.rfind("</think>");
+            p.opens_think = open != std::string::npos && (close == std::string::npos || open > close);
+            if (int(p.tokens.size()) + opt.generate > opt.ctx) {
+                fail_file(where, fmt::format("is a prompt of {} tokens: with --generate {} it exceeds -c {}", p.tokens.size(),
+                                             opt.generate, opt.ctx));
+            }
+            prompts.push_back(std::move(p));
+        }
+        if (prompts.empty()) {
+            fail_file(from.string(), "has no chat documents (JSONL lines with \"messages\") to generate from (--generate)");
+        }
     }
 
     const json settings = {{"ctx", opt.ctx}, {"score", opt.score}, {"parse_special", opt.parse_special},
@@ -840,6 +925,98 @@ EvalReport run_eval(const EvalOptions & opt) {
         }
     }
     progress.finish();
+    if (!prompts.empty()) {
+        // The base's continuations, then every candidate's against them. A closed loop keeps
+        // its caches from the scored windows and routes on, uncounted.
+        if (!base.ctx) {
+            base.ctx = make_context(base.model.get(), opt, threads, nullptr, nullptr);
+        }
+        observer_slot.tap = nullptr;
+        Progress gen_progress("generate", prompts.size() * (1 + rep.candidates.size()), "prompts");
+        const auto continuations = [&](const Decoder & d) {
+            std::vector<Continuation> out;
+            for (const Prompt & p : prompts) {
+                out.push_back(generate(d, p, opt.generate, vocab, n_vocab));
+                gen_progress.advance(1);
+            }
+            return out;
+        };
+        const std::vector<Continuation> base_gen = continuations({base.ctx.get(), {}, {}, false});
+        const auto judge = [&](EvalCandidate & c, const Decoder & d) {
+            const std::vector<Continuation> gen = continuations(d);
+            std::vector<BehaviourSample> all;
+            std::map<std::string, std::vector<BehaviourSample>> by_domain;
+            for (size_t i = 0; i < prompts.size(); ++i) {
+                const BehaviourSample x{&base_gen[i], &gen[i], prompts[i].opens_think};
+                all.push_back(x);
+                if (!prompts[i].domain.empty()) {
+                    by_domain[prompts[i].domain].push_back(x);
+                }
+            }
+            c.behaviour = behaviour_stats(all);
+            for (const auto & [name, xs] : by_domain) {
+                c.behaviour_domains.emplace_back(name, behaviour_stats(xs));
+            }
+            // The earliest departures from the base, side by side.
+            std::vector<size_t> order(prompts.size());
+            for (size_t i = 0; i < order.size(); ++i) {
+                order[i] = i;
+            }
+            std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+                return divergence(base_gen[a], gen[a]) < divergence(base_gen[b], gen[b]);
+            });
+            for (size_t i = 0; i < std::min<size_t>(3, order.size()); ++i) {
+                const size_t at = order[i];
+                if (base_gen[at].tokens == gen[at].tokens) {
+                    break;
+                }
+                const std::string & pt = prompts[at].text;
+                c.behaviour_worst.push_back({{"prompt", prompts[at].where},
+                                             {"prompt_end", pt.substr(pt.size() - std::min<size_t>(pt.size(), 160))},
+                                             {"divergence", divergence(base_gen[at], gen[at])},
+                                             {"base", base_gen[at].text},
+                                             {"candidate", gen[at].text},
+                                             {"domain", prompts[at].domain}});
+            }
+        };
+        for (size_t k = 0; k < maps.size(); ++k) {
+            mask.set(maps[k].second, maps[k].first.string());
+            judge(rep.candidates[k], {masked.ctx.get(), {}, [&] { mask.rethrow_failure(); }, false});
+        }
+        mask.clear();
+        for (size_t f = 0; f < files.size(); ++f) {
+            judge(rep.candidates[maps.size() + f], {files[f].ctx.get(), {}, {}, false});
+        }
+        for (size_t r = 0; r < runs.size(); ++r) {
+            RouterTap & tap = *runs[r].tap;
+            if (runs[r].map >= 0) {
+                mask.set(maps[size_t(runs[r].map)].second, maps[size_t(runs[r].map)].first.string());
+            }
+            closed_slot.tap = &tap;
+            tap.set_counting(false);
+            judge(rep.candidates[first_closed + r],
+                  {closed.ctx.get(), [&](int n) { tap.begin_window(0, size_t(n)); },
+                   [&] {
+                       tap.rethrow_failure();
+                       tap.end_window();
+                   },
+                   true});
+            tap.set_counting(true);
+            mask.clear();
+        }
+        gen_progress.finish();
+        uint64_t terminated = 0;
+        double repeat = 0;
+        for (const Continuation & c : base_gen) {
+            terminated += c.terminated;
+            repeat += repeated_4gram_share(c.tokens);
+        }
+        rep.generation = {{"prompts", prompts.size()},
+                          {"file", (opt.prompts.empty() ? opt.corpus : opt.prompts).string()},
+                          {"max_tokens", opt.generate},
+                          {"base_terminated", double(terminated) / double(prompts.size())},
+                          {"base_repeat_4gram", repeat / double(prompts.size())}};
+    }
     if (closed_loop) {
         closed_loop_figures(opt, *trace, *trace_file, maps, runs, int(facts.moe_layers.size()), threads, rep, first_closed);
     }
@@ -919,6 +1096,10 @@ EvalReport run_eval(const EvalOptions & opt) {
                   {"gpu_layers", opt.gpu_layers},
                   {"rpc", opt.rpc},
                   {"version", MOEPRUNE_VERSION}};
+    if (opt.generate > 0) {
+        rep.inputs["generate"] = opt.generate;
+        rep.inputs["prompts"] = (opt.prompts.empty() ? opt.corpus : opt.prompts).string();
+    }
     if (closed_loop) {
         rep.inputs["closed_loop"] = {
             {"policies", opt.cache_policies},
@@ -989,6 +1170,18 @@ json stats_json(const EvalStats & s) {
             {"ppl_base", s.ppl_base}};
 }
 
+void add_behaviour(json & j, const BehaviourStats & b) {
+    const auto opt = [](const std::optional<double> & v) { return v ? json(*v) : json(); };
+    j["gen_prompts"] = b.prompts;
+    j["gen_exact_match"] = b.exact_match;
+    j["gen_divergence_mean"] = b.divergence_mean;
+    j["gen_divergence_median"] = b.divergence_median;
+    j["gen_clean_termination"] = opt(b.clean_termination);
+    j["gen_tool_call_ok"] = opt(b.tool_call_ok);
+    j["gen_think_balanced"] = opt(b.think_balanced);
+    j["gen_repeat_4gram"] = b.repeat_4gram;
+}
+
 } // namespace
 
 json to_json(const EvalReport & r) {
@@ -1011,12 +1204,23 @@ json to_json(const EvalReport & r) {
             all["open_loop_tok_per_s"] = k.open_loop_tok_per_s;
             cand.update(c.config);
         }
+        if (c.behaviour) {
+            add_behaviour(all, *c.behaviour);
+            for (const auto & [name, b] : c.behaviour_domains) {
+                add_behaviour(domains[name], b);
+            }
+            cand["behaviour_worst"] = c.behaviour_worst;
+        }
         cand["all"] = all;
         cand["domains"] = domains;
         cand["worst_tokens"] = c.worst;
         cands.push_back(cand);
     }
-    return {{"format", "moeprune-eval"}, {"version", 1}, {"base", r.base}, {"inputs", r.inputs}, {"candidates", cands}};
+    json out = {{"format", "moeprune-eval"}, {"version", 1}, {"base", r.base}, {"inputs", r.inputs}, {"candidates", cands}};
+    if (!r.generation.is_null()) {
+        out["generation"] = r.generation;
+    }
+    return out;
 }
 
 std::string to_text(const EvalReport & r) {
@@ -1052,6 +1256,34 @@ std::string to_text(const EvalReport & r) {
                                  c.name, c.all.kld_mean, 100 * c.all.same_top1, k.misses_per_token,
                                  k.open_loop_misses_per_token, 100 * k.hit_rate, 100 * k.swap_rate, k.moved_gate_mass,
                                  k.tok_per_s, k.open_loop_tok_per_s);
+            }
+        }
+    }
+    if (!r.generation.is_null()) {
+        const auto pct = [](const std::optional<double> & v) { return v ? fmt::format("{:.1f}%", 100 * *v) : std::string("-"); };
+        o << fmt::format("\nbehaviour: greedy continuations of {} prompts, at most {} tokens (base terminated {:.1f}%):\n"
+                         "{:<32} {:<10} {:>7} {:>9} {:>9} {:>10} {:>10} {:>9} {:>9}\n",
+                         r.generation["prompts"].get<uint64_t>(), r.generation["max_tokens"].get<int>(),
+                         100 * r.generation["base_terminated"].get<double>(), "candidate", "domain", "exact",
+                         "diverge", "median", "terminate", "tool call", "think", "repeat");
+        const auto row = [&](const std::string & name, const std::string & scope, const BehaviourStats & b) {
+            o << fmt::format("{:<32} {:<10} {:>6.1f}% {:>9.1f} {:>9.1f} {:>10} {:>10} {:>9} {:>8.1f}%\n", name, scope,
+                             100 * b.exact_match, b.divergence_mean, b.divergence_median, pct(b.clean_termination),
+                             pct(b.tool_call_ok), pct(b.think_balanced), 100 * b.repeat_4gram);
+        };
+        for (const EvalCandidate & c : r.candidates) {
+            if (c.behaviour) {
+                row(c.name, "all", *c.behaviour);
+                for (const auto & [name, b] : c.behaviour_domains) {
+                    row("", name, b);
+                }
+            }
+        }
+        for (const EvalCandidate & c : r.candidates) {
+            for (const json & w : c.behaviour_worst) {
+                o << fmt::format("\n{} departs after {} tokens on {}:\n  base:      {:?}\n  candidate: {:?}\n", c.name,
+                                 w["divergence"].get<size_t>(), w["prompt"].get<std::string>(),
+                                 w["base"].get<std::string>(), w["candidate"].get<std::string>());
             }
         }
     }

@@ -4,6 +4,7 @@
 // Keep maps are evaluated inside the base model, their removed experts made
 // unselectable in llama.cpp's own router graph (eval/masking.h), so N keep maps cost
 // one model load and N + 1 forward passes. Definitions: docs/eval.md.
+#include "eval/behaviour.h"
 #include "eval/closed_loop.h"
 #include "replay/policy.h"
 #include "replay/replay.h"
@@ -51,6 +52,11 @@ struct EvalOptions {
     ThroughputParams throughput;
     std::filesystem::path trace_out;                // the base pass's router trace (for replay)
     bool record_routing = false;                    // keep every closed-loop row in EvalCandidate::routing
+
+    // Behaviour checks (eval/behaviour.h): greedy continuations of this many tokens for
+    // every chat prompt, by the base and by every candidate.
+    int generate = 0;
+    std::filesystem::path prompts;                  // JSONL with "messages"; default: the -f file
 };
 
 struct EvalStats {
@@ -87,10 +93,14 @@ struct EvalCandidate {
     nlohmann::json config;                           // closed loop: policy, cache, lambda, j, moce, keep
     std::optional<ClosedLoopStats> closed;
     std::vector<RoutedRow> routing;                  // with EvalOptions::record_routing
+    std::optional<BehaviourStats> behaviour;         // with --generate
+    std::vector<std::pair<std::string, BehaviourStats>> behaviour_domains;
+    nlohmann::json behaviour_worst = nlohmann::json::array();
 };
 
 struct EvalReport {
     nlohmann::json base, inputs;
+    nlohmann::json generation;                       // with --generate: the prompts and the base's own figures
     std::vector<std::string> domains;
     std::vector<EvalCandidate> candidates;
 };

@@ -7,6 +7,7 @@
 #include "replay/policy.h"
 #include "replay/replay.h"
 #include "replay/reference_replay.h"
+#include "slice/slice_support.h"
 #include "support/test_support.h"
 
 #include <gtest/gtest.h>
@@ -249,4 +250,178 @@ TEST(ClosedLoop, TheGateReadsTheExpertsTheReplayRulesPickAndMissesFallAsLambdaGr
         EXPECT_GT(l2.closed->swap_rate, l05.closed->swap_rate);
         EXPECT_GT(l2.closed->tok_per_s, l0.closed->tok_per_s);
     }
+}
+
+namespace {
+
+Continuation said(const std::string & text, std::vector<int32_t> tokens, bool terminated) {
+    Continuation c;
+    c.text = text;
+    c.tokens = std::move(tokens);
+    c.terminated = terminated;
+    return c;
+}
+
+} // namespace
+
+// Hand-made transcripts with known answers.
+TEST(Behaviour, ChecksOnTranscriptsWithKnownAnswers) {
+    // Tool calls: same function and parsed JSON, or not.
+    const std::string call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+    EXPECT_EQ(tool_call_names(call), std::vector<std::string>{"get_weather"});
+    EXPECT_EQ(tool_call_names("no calls"), std::vector<std::string>{});
+    EXPECT_FALSE(tool_call_names("<tool_call>{\"name\": \"get_weather\", \"arguments\": {</tool_call>").has_value());
+    EXPECT_FALSE(tool_call_names("<tool_call>{\"name\": \"get_weather\"}").has_value());  // never closed
+    EXPECT_FALSE(tool_call_names("<tool_call>{\"arguments\": {}}</tool_call>").has_value());
+    // <think> blocks.
+    EXPECT_EQ(think_closed("<think>plan</think>answer", false), true);
+    EXPECT_EQ(think_closed("plan</think>answer", true), true);
+    EXPECT_EQ(think_closed("<think>plan and never stop", false), false);
+    EXPECT_EQ(think_closed("</think>answer", false), false);
+    EXPECT_FALSE(think_closed("plain answer", false).has_value());
+    // Repetition: 8 tokens, 5 four-grams, the last two repeat the first two.
+    EXPECT_DOUBLE_EQ(repeated_4gram_share({1, 2, 3, 4, 5, 1, 2, 3}), 0.0);
+    EXPECT_DOUBLE_EQ(repeated_4gram_share({1, 2, 3, 1, 2, 3, 1, 2}), 2.0 / 5.0);
+
+    const Continuation base_call = said(call, {10, 11, 12, 99}, true);
+    const Continuation same_call = said(call, {10, 11, 12, 99}, true);
+    const Continuation other_tool = said("<tool_call>{\"name\": \"get_time\"}</tool_call>", {10, 11, 13, 99}, true);
+    const Continuation broken = said("<tool_call>{\"name\": \"get_weather\", </tool_call>", {10, 14, 15}, false);
+    const Continuation base_text = said("<think>ok</think>Paris is sunny.", {20, 21, 22, 99}, true);
+    const Continuation open_think = said("<think>ok and on and on", {20, 21, 23, 24}, false);
+    const Continuation closed_think = said("<think>ok</think>Paris.", {20, 25, 99}, true);
+    const Continuation unclosed_but_stopped = said("<think>ok Paris.", {20, 26, 99}, true);
+    const BehaviourStats s = behaviour_stats({{&base_call, &same_call, false},
+                                              {&base_call, &other_tool, false},
+                                              {&base_call, &broken, false},
+                                              {&base_text, &open_think, false},
+                                              {&base_text, &closed_think, false},
+                                              {&base_text, &unclosed_but_stopped, false}});
+    EXPECT_EQ(s.prompts, 6u);
+    EXPECT_DOUBLE_EQ(s.exact_match, 1.0 / 6.0);
+    // Divergence: 4 (equal), 2, 1, 2, 1, 1.
+    EXPECT_DOUBLE_EQ(s.divergence_mean, 11.0 / 6.0);
+    EXPECT_DOUBLE_EQ(s.divergence_median, 1.5);
+    // Every base terminated; the broken call and the endless think did not.
+    ASSERT_TRUE(s.clean_termination.has_value());
+    EXPECT_DOUBLE_EQ(*s.clean_termination, 4.0 / 6.0);
+    // Three prompts where the base called a tool: only the identical call is right.
+    ASSERT_TRUE(s.tool_call_ok.has_value());
+    EXPECT_DOUBLE_EQ(*s.tool_call_ok, 1.0 / 3.0);
+    // Terminated candidates with think tags: closed_think yes, unclosed_but_stopped no.
+    ASSERT_TRUE(s.think_balanced.has_value());
+    EXPECT_DOUBLE_EQ(*s.think_balanced, 0.5);
+    // No base called a tool and none terminated: those measures do not apply.
+    const BehaviourStats none = behaviour_stats({{&open_think, &open_think, false}});
+    EXPECT_FALSE(none.clean_termination.has_value());
+    EXPECT_FALSE(none.tool_call_ok.has_value());
+    EXPECT_DOUBLE_EQ(none.exact_match, 1.0);
+}
+
+TEST(Behaviour, DeadExpertsChangeNoGeneratedTokenLiveOnesPartEarlier) {
+    test::TempDir dir;
+    const auto s = test::run_command(moeprune_cmd(fmt::format(
+        "synth --arch qwen3moe --layers 3 --experts 12 --used 2 --dead 2 --specialists --json -o {}",
+        (dir / "m.gguf").string())));
+    ASSERT_EQ(s.exit_code, 0) << s.output;
+    const json planted = json::parse(s.output.substr(s.output.find('{')));
+    KeepMap dead, live;
+    dead.n_expert = live.n_expert = 12;
+    dead.k = 10;
+    live.k = 5;
+    for (int l = 0; l < 3; ++l) {
+        const auto d = planted["dead"][std::to_string(l)].get<std::vector<int>>();
+        for (int32_t e = 0; e < 12; ++e) {
+            if (std::find(d.begin(), d.end(), e) == d.end()) {
+                dead.layers[l].push_back(e);
+                if (live.layers[l].size() < 5) {
+                    live.layers[l].push_back(e);
+                }
+            }
+        }
+    }
+    test::write_keep(dir / "dead.json", dead);
+    test::write_keep(dir / "live.json", live);
+    std::string chat;
+    for (const std::string q : {"What does an expert cache keep?", "Write a function that adds two numbers.",
+                                "用中文解释专家混合模型。", "List three colors.", "def route(tokens, k):",
+                                "什么是缓存？"}) {
+        chat += json{{"messages", {{{"role", "user"}, {"content", q}}}}, {"domain", "d"}}.dump() + "\n";
+    }
+    test::write_text(dir / "chat.jsonl", chat);
+    EvalOptions opt = closed_loop_options(dir.path());
+    opt.corpus = dir / "chat.jsonl";
+    opt.keeps = {dir / "dead.json", dir / "live.json"};
+    opt.cache_policies = {"lru"};
+    opt.caches = {4};
+    opt.lambdas = {0.0};
+    opt.generate = 16;
+    const EvalReport rep = run_eval(opt);
+    const EvalCandidate & d = named(rep, "dead");
+    const EvalCandidate & l = named(rep, "live");
+    const EvalCandidate & base_routed = named(rep, "lru-c4-l0");
+    ASSERT_TRUE(d.behaviour && l.behaviour && base_routed.behaviour);
+    EXPECT_EQ(d.behaviour->prompts, 6u);
+    EXPECT_DOUBLE_EQ(d.behaviour->exact_match, 1.0);
+    EXPECT_DOUBLE_EQ(d.behaviour->divergence_mean, 16.0);
+    EXPECT_TRUE(d.behaviour_worst.empty());
+    EXPECT_DOUBLE_EQ(base_routed.behaviour->exact_match, 1.0);  // lambda 0 routes as the base does
+    EXPECT_LT(l.behaviour->divergence_mean, d.behaviour->divergence_mean);
+    EXPECT_LT(l.behaviour->exact_match, 1.0);
+    EXPECT_FALSE(l.behaviour_worst.empty());
+    // The documented keys (docs/formats.md, moeprune-eval).
+    const json j = to_json(rep);
+    for (const json & c : j["candidates"]) {
+        for (const char * key : {"gen_exact_match", "gen_divergence_mean", "gen_divergence_median", "gen_clean_termination",
+                                 "gen_tool_call_ok", "gen_think_balanced", "gen_repeat_4gram"}) {
+            EXPECT_TRUE(c["all"].contains(key)) << key;
+            EXPECT_TRUE(c["domains"]["d"].contains(key)) << key;
+        }
+        if (c["kind"] == "closed-loop") {
+            for (const char * key : {"policy", "cache", "lambda", "j", "moce"}) {
+                EXPECT_TRUE(c.contains(key)) << key;
+            }
+            for (const char * key : {"misses_per_token", "hit_rate", "swap_rate", "moved_gate_mass", "tok_per_s",
+                                     "open_loop_misses_per_token"}) {
+                EXPECT_TRUE(c["all"].contains(key)) << key;
+            }
+        }
+    }
+    EXPECT_EQ(j["generation"]["prompts"], 6);
+    // The closed loop's cache counts only the scored windows, not the generation after them.
+    EXPECT_DOUBLE_EQ(base_routed.closed->misses_per_token, base_routed.closed->open_loop_misses_per_token);
+    // On a keep map at lambda 0 the closed loop is the masked keep map. Without the dead
+    // experts nothing changes, so its misses are replay --keep's on the base pass's trace;
+    // without live ones the pruned model routes differently from that trace (open loop).
+    const EvalCandidate & live_routed = named(rep, "live+lru-c4-l0");
+    ASSERT_EQ(live_routed.tokens.size(), l.tokens.size());
+    for (size_t i = 0; i < l.tokens.size(); ++i) {
+        ASSERT_EQ(live_routed.tokens[i].kld, l.tokens[i].kld) << i;
+    }
+    EXPECT_GT(live_routed.all.kld_mean, 0.0);
+    EXPECT_EQ(live_routed.behaviour->exact_match, l.behaviour->exact_match);
+    const EvalCandidate & dead_routed = named(rep, "dead+lru-c4-l0");
+    EXPECT_EQ(dead_routed.all.kld_max, 0.0);
+    EXPECT_DOUBLE_EQ(dead_routed.closed->misses_per_token, dead_routed.closed->open_loop_misses_per_token);
+}
+
+TEST(ClosedLoop, ArchitecturesWhoseGateDoesNotFollowTheWrittenIdsAreRefusedByName) {
+    MaskFacts facts;
+    facts.arch = "grovemoe";
+    facts.n_expert = 16;
+    facts.n_expert_used = 4;
+    facts.moe_layers = {0, 1};
+    const ClosedLoopConfig config{"lru", 8, 0.5, 2, true, {}, 32};
+    try {
+        RouterTap tap(facts, 16, &config, nullptr, nullptr, {});
+        FAIL() << "grovemoe accepted";
+    } catch (const std::exception & e) {
+        EXPECT_NE(std::string(e.what()).find("grovemoe"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("ffn_moe_topk"), std::string::npos) << e.what();
+    }
+    facts.arch = "qwen3moe";
+    const ClosedLoopConfig belady{"belady", 8, 0.0, 2, true, {}, 32};
+    EXPECT_THROW(RouterTap(facts, 16, &belady, nullptr, nullptr, {}), std::exception);
+    const ClosedLoopConfig tiny{"lru", 3, 0.0, 2, true, {}, 32};
+    EXPECT_THROW(RouterTap(facts, 16, &tiny, nullptr, nullptr, {}), std::exception);
 }
