@@ -11,6 +11,13 @@
 #       / llama-perplexity --kl-divergence time for one candidate (the same map, sliced)
 #   C = eval's base file bytes / llama-perplexity's base file bytes
 # Targets: A <= 1.0, B <= 1.0, C <= 0.01.
+#
+# The line before it: eval-closed-loop: closed_loop_ratio=R
+#   R = time of one closed-loop configuration (lru, lambda 0.5: routing re-chosen and
+#       written into the graph, token by token) / time of one plain eval pass (a keep
+#       map masked in the base model), each the marginal cost of two more passes in the
+#       same command (so model load and the base pass cancel), --score all.
+# Target: R <= 1.10.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 make -s -C "$root" build >/dev/null
@@ -52,6 +59,23 @@ for round in 1 2 3; do
   ec+=("$(run eval-keep "$bin/moeprune" eval -m m.gguf "${common[@]}" --score second-half --no-parse-special --base base.mpkl --keep "$(IFS=,; echo "${maps[*]}")")")
   lc+=("$(run llama-cand "$bin/llama-perplexity" -m sliced.gguf "${common[@]}" --kl-divergence-base base.kld --kl-divergence)")
 done
+# Closed loop vs. plain passes: marginal time of passes 2 and 3 on each side.
+cl=(-f text.txt -c $ctx -b $ctx -t "$threads" --no-parse-special --cache-policy lru --cache 16 --j 2)
+p1=() p3=() c1=() c3=()
+for round in 1 2 3; do
+  p1+=("$(run plain-1 "$bin/moeprune" eval -m m.gguf "${common[@]}" --no-parse-special --keep keep48.json)")
+  c1+=("$(run closed-1 "$bin/moeprune" eval -m m.gguf "${cl[@]}" --lambda 0.5)")
+  p3+=("$(run plain-3 "$bin/moeprune" eval -m m.gguf "${common[@]}" --no-parse-special --keep keep48.json,keep32.json,keep24.json)")
+  c3+=("$(run closed-3 "$bin/moeprune" eval -m m.gguf "${cl[@]}" --lambda 0.5,1,2)")
+done
+tp1=$(printf '%s\n' "${p1[@]}" | best)
+tp3=$(printf '%s\n' "${p3[@]}" | best)
+tc1=$(printf '%s\n' "${c1[@]}" | best)
+tc3=$(printf '%s\n' "${c3[@]}" | best)
+echo "best of 3: 1 and 3 keep maps ${tp1}s ${tp3}s; 1 and 3 closed-loop configurations ${tc1}s ${tc3}s"
+awk -v a="$tc1" -v b="$tc3" -v c="$tp1" -v d="$tp3" \
+  'BEGIN { printf "eval-closed-loop: closed_loop_ratio=%.2f\n", (b - a) / (d - c) }'
+
 a=$(printf '%s\n' "${eb[@]}" | best)
 b=$(printf '%s\n' "${lb[@]}" | best)
 c=$(printf '%s\n' "${ec[@]}" | best)
