@@ -425,3 +425,35 @@ TEST(ClosedLoop, ArchitecturesWhoseGateDoesNotFollowTheWrittenIdsAreRefusedByNam
     const ClosedLoopConfig tiny{"lru", 3, 0.0, 2, true, {}, 32};
     EXPECT_THROW(RouterTap(facts, 16, &tiny, nullptr, nullptr, {}), std::exception);
 }
+
+TEST(ClosedLoop, CommandLineTableJsonAndRefusals) {
+    test::TempDir dir;
+    synth("--arch qwen2moe --layers 2 --experts 8 --used 2", dir / "m.gguf");
+    test::write_text(dir / "text.txt", test::mixed_text());
+    const std::string common =
+        fmt::format("eval -m {} -f {} -c 64 -t 2", (dir / "m.gguf").string(), (dir / "text.txt").string());
+    const auto r = test::run_command(moeprune_cmd(common + fmt::format(" --cache-policy lru --cache 4 --lambda 0,1 --j 0 --json {}",
+                                                                       (dir / "r.json").string())));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("closed loop"), std::string::npos) << r.output;
+    const json rep = json::parse(test::read_bytes(dir / "r.json"));
+    ASSERT_EQ(rep["candidates"].size(), 2u);
+    EXPECT_EQ(rep["candidates"][1]["name"], "lru-c4-l1");
+    EXPECT_EQ(rep["candidates"][1]["kind"], "closed-loop");
+    EXPECT_EQ(rep["candidates"][1]["j"], 0);
+    EXPECT_GT(rep["candidates"][1]["all"]["swap_rate"].get<double>(), 0.0);
+    EXPECT_EQ(rep["inputs"]["closed_loop"]["policies"], json::array({"lru"}));
+
+    const auto no_policy = test::run_command(moeprune_cmd(common + " --cache 4"));
+    EXPECT_NE(no_policy.exit_code, 0);
+    EXPECT_NE(no_policy.output.find("--cache-policy"), std::string::npos) << no_policy.output;
+    const auto small = test::run_command(moeprune_cmd(common + " --cache-policy lru --cache 1"));
+    EXPECT_NE(small.exit_code, 0);
+    EXPECT_NE(small.output.find("cache of 1"), std::string::npos) << small.output;
+    const auto future = test::run_command(moeprune_cmd(common + " --cache-policy belady --cache 4"));
+    EXPECT_NE(future.exit_code, 0);
+    EXPECT_NE(future.output.find("belady"), std::string::npos) << future.output;
+    const auto no_chat = test::run_command(moeprune_cmd(common + " --cache-policy lru --cache 4 --generate 8"));
+    EXPECT_NE(no_chat.exit_code, 0);
+    EXPECT_NE(no_chat.output.find("messages"), std::string::npos) << no_chat.output;
+}
