@@ -1,7 +1,8 @@
 # The front door: every target is idempotent and incremental.
 #   make build   install missing Debian packages, fetch the pinned llama.cpp, configure, build
 #   make demo    build, then run the whole job (moeprune run) on the default model and a corpus from this machine
-#   make test    build, then run the whole test suite, plain and under ASan+UBSan
+#   make test    build, then run the whole test suite, plain and under ASan+UBSan, and a fuzz smoke
+#   make fuzz    every fuzz target for FUZZ_RUNS executions (docs/reliability.md)
 BUILD_DIR  ?= build
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
@@ -15,8 +16,12 @@ export LSAN_OPTIONS ?= suppressions=$(CURDIR)/tests/lsan.supp
 export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
 endif
 DEMO_DIR   ?= demo
+# make fuzz: every libFuzzer target (fuzz/) for FUZZ_RUNS executions, in build-fuzz/ (clang).
+FUZZ_DIR   ?= build-fuzz
+FUZZ_RUNS  ?= 1000000
+FUZZ_SMOKE_RUNS ?= 20000
 
-.PHONY: build deps llama configure demo test clean
+.PHONY: build deps llama configure demo test fuzz fuzz-build fuzz-seeds clean
 
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target moeprune llama-peers moeprune_tests
@@ -42,7 +47,25 @@ test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 ifeq ($(SANITIZE),)
 	$(MAKE) test SANITIZE=address,undefined
+	$(MAKE) fuzz FUZZ_RUNS=$(FUZZ_SMOKE_RUNS)
 endif
 
+# The fuzz targets, built with clang, libFuzzer and ASan+UBSan over moeprune and llama.cpp
+# alike; a finding stops the run with its input under $(FUZZ_DIR)/fuzz-artifacts/.
+fuzz-build: llama
+	@if [ ! -f $(FUZZ_DIR)/CMakeCache.txt ]; then \
+	  CC=clang CXX=clang++ cmake -S . -B $(FUZZ_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOEPRUNE_FUZZ=ON \
+	    -DMOEPRUNE_BUILD_TESTS=OFF; \
+	fi
+	cmake --build $(FUZZ_DIR) -j $(JOBS) --target fuzz-targets
+
+fuzz: fuzz-build
+	@bash scripts/fuzz.sh $(FUZZ_DIR) $(FUZZ_RUNS)
+
+# Rewrites the committed seeds (fuzz/corpus/) from moeprune's own writers.
+fuzz-seeds: build
+	MOEPRUNE_FUZZ_SEEDS=$(CURDIR)/fuzz/corpus $(BUILD_DIR)/bin/moeprune_tests --gtest_also_run_disabled_tests \
+	  --gtest_filter=FuzzSeeds.DISABLED_Write
+
 clean:
-	rm -rf $(BUILD_DIR) $(DEMO_DIR)
+	rm -rf $(BUILD_DIR) $(DEMO_DIR) $(FUZZ_DIR)

@@ -5,6 +5,7 @@ set -euo pipefail
 packages=(cmake g++ make git pkg-config libgtest-dev libcli11-dev nlohmann-json3-dev libzstd-dev libfmt-dev libxxhash-dev libboost-math-dev libtomlplusplus-dev time ccache
   chromium   # the report test loads report.html in headless Chromium
   manpages-zh  # CJK text for make demo
+  clang libclang-rt-dev llvm  # make fuzz: libFuzzer, sanitizer runtimes, llvm-symbolizer
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -24,6 +24,8 @@
 
 namespace moeprune {
 
+namespace fs = std::filesystem;
+
 using nlohmann::json;
 
 namespace {
@@ -573,6 +575,9 @@ CollectResult collect(const CollectOptions & opt) {
         }
     }
     const json settings = result_settings(opt);
+    // The trace grows under TRACE.partial and takes its name only when the statistics are
+    // complete, so a killed or failed run never leaves a trace that reads as whole.
+    const fs::path trace_partial = opt.trace.empty() ? fs::path() : fs::path(opt.trace.string() + ".partial");
     size_t first_window = 0;
     std::optional<TraceResumePoint> trace_from;
     std::vector<std::vector<uint64_t>> resumed_trace_count;
@@ -605,6 +610,14 @@ CollectResult collect(const CollectOptions & opt) {
         res.traced_tokens = prog.value("traced_tokens", uint64_t(0));
         resumed_prob_drops = prog.at("prob_drops").get<std::vector<uint64_t>>();
         if (!opt.trace.empty()) {
+            // Killed between naming the trace and writing the final statistics.
+            std::error_code ec;
+            if (!fs::exists(trace_partial) && fs::exists(opt.trace)) {
+                fs::rename(opt.trace, trace_partial, ec);
+                if (ec) {
+                    fail_file(opt.trace.string(), "cannot take it back to resume: " + ec.message());
+                }
+            }
             trace_from = TraceResumePoint{prog.at("trace_bytes").get<uint64_t>(), res.traced_tokens};
             resumed_trace_count = prog.at("trace_count").get<std::vector<std::vector<uint64_t>>>();
         }
@@ -621,6 +634,17 @@ CollectResult collect(const CollectOptions & opt) {
     if (!resumed_prob_drops.empty()) {
         collector.set_prob_drops(resumed_prob_drops);
     }
+    // Without checkpoints nothing can resume a failed run's trace: it goes with the failure.
+    struct PartialTrace {
+        fs::path path;
+        bool keep = false, committed = false;
+        ~PartialTrace() {
+            if (!committed && !keep && !path.empty()) {
+                std::error_code ec;
+                fs::remove(path, ec);
+            }
+        }
+    } trace_guard{trace_partial, opt.save_every > 0};
     std::unique_ptr<TraceWriter> trace;
     if (!opt.trace.empty()) {
         TraceHeader h;
@@ -630,8 +654,8 @@ CollectResult collect(const CollectOptions & opt) {
         h.domains = trace_domains;
         h.meta = {{"n_expert_used", info.n_expert_used}, {"moe_layers", moe_layers}, {"model", stats.model},
                   {"corpus", opt.corpus.string()},          {"settings", settings}};
-        trace = trace_from ? std::make_unique<TraceWriter>(opt.trace, h, *trace_from)
-                           : std::make_unique<TraceWriter>(opt.trace, h);
+        trace = trace_from ? std::make_unique<TraceWriter>(trace_partial, h, *trace_from)
+                           : std::make_unique<TraceWriter>(trace_partial, h);
     }
 
     llama_context_params cp = llama_context_default_params();
@@ -777,7 +801,7 @@ CollectResult collect(const CollectOptions & opt) {
         }
     }
     if (trace) {
-        const TraceReader reader = TraceReader::open(opt.trace);
+        const TraceReader reader = TraceReader::open(trace_partial);
         for (uint32_t l = 0; l < reader.header().n_layer; ++l) {
             std::vector<uint64_t> recount(static_cast<size_t>(info.n_expert), 0);
             reader.for_each_layer_chunk(l, [&](uint64_t, uint32_t n, const uint16_t * ids, const float *) {
@@ -811,7 +835,15 @@ CollectResult collect(const CollectOptions & opt) {
         throw Error(fmt::format("{} invariant(s) broken, statistics kept in {} for inspection: {}", inv.size(),
                                 bad.string(), inv.front().detail));
     }
+    if (trace) {
+        std::error_code ec;
+        fs::rename(trace_partial, opt.trace, ec);
+        if (ec) {
+            fail_file(opt.trace.string(), "cannot rename " + trace_partial.string() + " into place: " + ec.message());
+        }
+    }
     write_stats(opt.output, stats);
+    trace_guard.committed = true;
     return res;
 }
 

@@ -224,7 +224,18 @@ void write_stats(const std::filesystem::path & path, const SaliencyStats & s) {
     write_file_atomic(path, stats_to_json(s).dump() + "\n");
 }
 
+bool is_checkpoint(const SaliencyStats & s) {
+    const auto it = s.settings.find("progress");
+    return it != s.settings.end() && it->is_object() && !it->value("complete", true);
+}
+
 void merge_stats(SaliencyStats & a, const SaliencyStats & b, const std::string & a_origin, const std::string & b_origin) {
+    for (const auto & [s, origin] : {std::pair<const SaliencyStats &, const std::string &>{a, a_origin}, {b, b_origin}}) {
+        if (is_checkpoint(s)) {
+            fail_file(origin, "is a checkpoint of an unfinished collect (resume it with --resume); merging it would count "
+                              "only the windows done so far");
+        }
+    }
     if (a.n_layer != b.n_layer || a.n_expert != b.n_expert || a.n_expert_used != b.n_expert_used) {
         throw Error(fmt::format("{} and {} describe different models: {}x{} experts (top-{}) vs {}x{} (top-{})", a_origin,
                                 b_origin, a.n_layer, a.n_expert, a.n_expert_used, b.n_layer, b.n_expert, b.n_expert_used));

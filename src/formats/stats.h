@@ -55,6 +55,10 @@ nlohmann::json stats_to_json(const SaliencyStats & s);
 void write_stats(const std::filesystem::path & path, const SaliencyStats & s);
 
 // Adds b into a. Refuses stats of different models or shapes; `a_origin`/`b_origin` name them.
+// A checkpoint of an unfinished collect (settings.progress.complete false): its counts
+// cover only the windows done so far.
+bool is_checkpoint(const SaliencyStats & s);
+
 void merge_stats(SaliencyStats & a, const SaliencyStats & b, const std::string & a_origin, const std::string & b_origin);
 
 } // namespace moeprune

@@ -264,7 +264,7 @@ void validate_stats_for_selection(const SaliencyStats & s, const std::string & o
     const auto refuse = [&](const std::string & check, const std::string & detail) {
         fail_file(origin, fmt::format("fails the {} check: {}", check, detail));
     };
-    if (s.settings.contains("progress") && !s.settings["progress"].value("complete", true)) {
+    if (is_checkpoint(s)) {
         refuse("complete", "it is a checkpoint of an unfinished collect (resume it with --resume)");
     }
     if (s.settings.contains("invariants") && !s.settings["invariants"].value("ok", true)) {
@@ -369,7 +369,9 @@ SubstitutionScreen substitution_screen(const std::filesystem::path & trace_path,
     }
     SubstitutionScreen sc;
     uint32_t l = 0;
-    for (const auto & [layer, ids] : km.layers) {
+    for (const auto & entry : km.layers) {
+        const int layer = entry.first;  // a plain variable: lambdas below capture it
+        const std::vector<int32_t> & ids = entry.second;
         std::vector<char> kept(h.n_expert, 0);
         for (int32_t e : ids) {
             if (uint32_t(e) >= h.n_expert) {

@@ -459,6 +459,15 @@ TEST(Collect, KilledRunResumesToTheSameResult) {
     const SaliencyStats partial = read_stats(out);
     ASSERT_FALSE(partial.settings["progress"]["complete"].get<bool>()) << "the run finished before it could be killed";
     EXPECT_LT(partial.n_tokens, read_stats(dir / "full.json").n_tokens);
+    // The unfinished trace is not under the trace's name, and nothing takes the checkpoint for statistics.
+    EXPECT_FALSE(fs::exists(dir / "killed.trace"));
+    EXPECT_TRUE(fs::exists(dir / "killed.trace.partial"));
+    const auto merged = test::run_command(fmt::format("{} merge {} {} -o {}", test::bin("moeprune").string(),
+                                                      (dir / "full.json").string(), out.string(),
+                                                      (dir / "merged.json").string()));
+    EXPECT_NE(merged.exit_code, 0);
+    EXPECT_NE(merged.output.find("checkpoint"), std::string::npos) << merged.output;
+    EXPECT_FALSE(fs::exists(dir / "merged.json"));
 
     const auto resumed = test::run_command(fmt::format("{} -o {} --trace {} --resume", base, out.string(),
                                                        (dir / "killed.trace").string()));
@@ -471,6 +480,7 @@ TEST(Collect, KilledRunResumesToTheSameResult) {
             EXPECT_NEAR(b.layers[l].reap_sum[e], a.layers[l].reap_sum[e], 1e-9 * (1 + a.layers[l].reap_sum[e]));
         }
     }
+    EXPECT_FALSE(fs::exists(dir / "killed.trace.partial"));
     const TraceReader ta = TraceReader::open(dir / "full.trace"), tb = TraceReader::open(dir / "killed.trace");
     ASSERT_EQ(tb.n_tokens(), ta.n_tokens());
     for (uint32_t l = 0; l < 3; ++l) {

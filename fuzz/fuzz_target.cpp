@@ -1,0 +1,41 @@
+// One libFuzzer target per reader (readers.h), chosen at compile time by
+// MOEPRUNE_FUZZ_READER. Each input is written to a file of this process, as every
+// reader takes a path.
+#include "readers.h"
+
+#include "core/errors.h"
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <unistd.h>
+
+namespace {
+
+const moeprune::fuzz::Reader & target() {
+    static const moeprune::fuzz::Reader & r = moeprune::fuzz::reader(MOEPRUNE_FUZZ_READER);
+    return r;
+}
+
+std::filesystem::path input_path() {
+    const std::filesystem::path dir = std::filesystem::exists("/dev/shm") ? "/dev/shm" : std::filesystem::temp_directory_path();
+    return dir / ("moeprune-fuzz-" + std::to_string(::getpid()) + target().extension);
+}
+
+} // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
+    static const std::filesystem::path path = input_path();
+    FILE * f = std::fopen(path.c_str(), "wb");
+    if (!f || std::fwrite(data, 1, size, f) != size || std::fclose(f) != 0) {
+        std::perror(path.c_str());
+        std::abort();
+    }
+    try {
+        target().read(path);
+    } catch (const moeprune::Error &) {
+        // a clear refusal is the right answer to a malformed file
+    }
+    return 0;
+}

@@ -1,0 +1,127 @@
+#include "readers.h"
+
+#include "collect/corpus.h"
+#include "core/errors.h"
+#include "corpus/manifest.h"
+#include "corpus/sources.h"
+#include "formats/base_logits.h"
+#include "formats/keep_map.h"
+#include "formats/stats.h"
+#include "formats/trace.h"
+#include "gguf/model_file.h"
+#include "inspect/inspect.h"
+#include "run/run.h"
+#include "slice/slice.h"
+
+#include <algorithm>
+
+namespace moeprune::fuzz {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+void keep_map(const fs::path & p) {
+    const KeepMap km = read_keep_map(p);
+    (void)keep_map_digest(km);
+}
+
+void stats(const fs::path & p) { (void)read_stats(p); }
+
+void trace(const fs::path & p) {
+    const TraceReader r = TraceReader::open(p);
+    (void)r.verify();
+    (void)r.token_meta();
+    for (uint32_t l = 0; l < r.header().n_layer; ++l) {
+        r.for_each_layer_chunk(l, [](uint64_t, uint32_t, const uint16_t *, const float *) {});
+    }
+}
+
+void corpus_jsonl(const fs::path & p) { (void)read_corpus(p); }
+
+void corpus_manifest(const fs::path & p) { (void)read_manifest(p); }
+
+// moeprune corpus's reader of a JSONL source ("text", "messages" or "prompt" +
+// "response"), grouping by a field as a manifest may ask.
+void corpus_source(const fs::path & p) {
+    SourceSpec s;
+    s.name = "fuzz";
+    s.format = SourceFormat::Jsonl;
+    s.group.kind = GroupRule::Kind::Field;
+    s.group.field = "session";
+    SourceFiles out;
+    read_source_file(s, 0, p, false, out);
+}
+
+void base_logits(const fs::path & p) {
+    const BaseLogitsReader r = BaseLogitsReader::open(p);
+    (void)r.read(0, std::min<uint64_t>(r.n_scored(), 64));
+}
+
+void run_config(const fs::path & p) { (void)read_run_config(p); }
+
+// inspect's and slice's path: open (ggml's gguf reader, behind moeprune's guards),
+// inspect, and plan a slice of the first k experts of every MoE layer.
+void gguf(const fs::path & p) {
+    const GgufModel m = GgufModel::open(p);
+    const InspectReport info = inspect_model(m, {});
+    if (!info.problems.empty() || info.n_expert <= 0 || info.layers.empty()) {
+        return;
+    }
+    // The first half of every expert group (one group without groups).
+    const int64_t groups = std::max<int64_t>(1, info.expert_group_count);
+    const int64_t per_group = info.n_expert / groups;
+    const int64_t keep_per_group = std::max<int64_t>(1, per_group / 2);
+    KeepMap km;
+    km.n_expert = info.n_expert;
+    km.k = keep_per_group * groups;
+    for (const LayerInfo & li : info.layers) {
+        for (int64_t g = 0; g < groups; ++g) {
+            for (int64_t e = 0; e < keep_per_group; ++e) {
+                km.layers[li.layer].push_back(int32_t(g * per_group + e));
+            }
+        }
+    }
+    const fs::path keep = fs::path(p).replace_extension(".keep.json");
+    write_keep_map(keep, km);
+    SliceOptions opt;
+    opt.model = p;
+    opt.keep = keep;
+    opt.output = fs::path(p).replace_extension(".sliced.gguf");
+    opt.dry_run = true;
+    try {
+        (void)slice_model(opt);
+    } catch (const Error &) {
+        fs::remove(keep);
+        throw;
+    }
+    fs::remove(keep);
+}
+
+} // namespace
+
+const std::vector<Reader> & readers() {
+    static const std::vector<Reader> all = {
+        {"keep_map", ".json", keep_map},
+        {"stats", ".json", stats},
+        {"trace", ".mptrace", trace},
+        {"corpus_jsonl", ".jsonl", corpus_jsonl},
+        {"corpus_manifest", ".toml", corpus_manifest},
+        {"corpus_source", ".jsonl", corpus_source},
+        {"base_logits", ".mpkl", base_logits},
+        {"run_config", ".toml", run_config},
+        {"gguf", ".gguf", gguf},
+    };
+    return all;
+}
+
+const Reader & reader(const std::string & name) {
+    for (const Reader & r : readers()) {
+        if (r.name == name) {
+            return r;
+        }
+    }
+    throw Error("no fuzz reader " + name);
+}
+
+} // namespace moeprune::fuzz

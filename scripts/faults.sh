@@ -1,0 +1,195 @@
+#!/usr/bin/env bash
+# Fault injection (docs/reliability.md), on a small synthesized model:
+#  1. kill: collect, eval, corpus and run are each killed with SIGKILL at KILLS random
+#     moments of an uninterrupted run's duration, then run again (collect with --resume
+#     when it left a checkpoint, run as is: it resumes by itself). After every kill, each
+#     file under its final name must be whole (JSON parses, a trace verifies, anything
+#     else equals the uninterrupted run's); after the rerun, every output must equal the
+#     uninterrupted run's (JSON compared without its timings).
+#  2. disk full: every writer runs under a file-size limit smaller than its output: it
+#     must fail, naming the file, leave nothing under the final name, and its inputs
+#     must be unchanged.
+#  3. races: two processes write the same output at once: the result is one whole output.
+# The last line is
+#   faults: kills=K reruns=R disk_full=D races=N losses=L
+# and the script fails unless L = 0.
+#
+#   scripts/faults.sh [WORK_DIR]   (default build/faults; KILLS=20)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+make -s -C "$root" build >/dev/null
+M=$root/build/bin/moeprune
+work=${1:-$root/build/faults}
+kills=${KILLS:-20}
+rm -rf "$work"
+mkdir -p "$work"
+cd "$work"
+RANDOM=16  # the same moments every run
+
+losses=0
+loss() { echo "LOSS: $*" >&2; losses=$((losses + 1)); }
+
+# --- inputs: a planted model and three small sources ---------------------------------
+"$M" synth --arch qwen3moe --layers 3 --experts 12 --used 2 --dead 2 --specialists -o m.gguf >/dev/null
+python3 - <<'PY'
+import os, random
+random.seed(1)
+syll = ["ka", "lo", "mi", "ne", "ru", "ta", "vo", "xe", "zi", "pu"]
+for d in ("prose", "code", "zh"):
+    os.makedirs(f"src/{d}", exist_ok=True)
+for i in range(24):
+    prose = " ".join(random.choice(syll) + random.choice(syll) for _ in range(120))
+    code = "".join(f"int {random.choice(syll)}{l}(int x) {{ return x * {random.randrange(100)}; }}\n" for l in range(12))
+    zh = "".join(chr(0x4E00 + random.randrange(1500)) for _ in range(80))
+    open(f"src/prose/p{i}.md", "w").write(prose + "\n")
+    open(f"src/code/c{i}.cpp", "w").write(code)
+    open(f"src/zh/z{i}.txt", "w").write(zh + "\n")
+open("corpus.toml", "w").write('[corpus]\nseed = 2\n[[source]]\npath = "src/prose"\ndomain = "prose"\n'
+                               '[[source]]\npath = "src/code"\ndomain = "code"\n[[source]]\npath = "src/zh"\ndomain = "zh"\n')
+PY
+"$M" corpus -m m.gguf --manifest corpus.toml -o data >/dev/null
+"$M" collect -m m.gguf -f data/calib.jsonl -c 128 -t 2 -o stats.json --trace t.mptrace >/dev/null
+"$M" select --stats stats.json -k 8 --metric reap -o maps >/dev/null
+keep=$(ls maps/*.json | head -1)
+
+# Canonical JSON without timings, for comparing runs.
+canon() {
+  python3 - "$1" <<'PY'
+import json, sys
+def strip(x):
+    if isinstance(x, dict):
+        return {k: strip(v) for k, v in x.items() if k not in ("seconds",)}
+    if isinstance(x, list):
+        return [strip(v) for v in x]
+    return x
+print(json.dumps(strip(json.load(open(sys.argv[1]))), sort_keys=True))
+PY
+}
+same_file() {  # same_file FILE REF
+  case "$1" in
+    *.json) [ "$(canon "$1")" = "$(canon "$2")" ] ;;
+    *) cmp -s "$1" "$2" ;;
+  esac
+}
+checkpoint() {  # a collect checkpoint says so inside
+  python3 -c "import json,sys; p=json.load(open(sys.argv[1])).get('settings',{}).get('progress'); sys.exit(0 if isinstance(p,dict) and not p.get('complete',False) else 1)" "$1" 2>/dev/null
+}
+finals() { find "$1" -type f ! -name '*.partial.*' | sed "s|^$1/||" | sort; }
+now() { date +%s.%N; }
+
+# --- 1. kill at random moments, then run again ---------------------------------------
+n_kills=0 n_reruns=0
+kill_loop() {  # kill_loop NAME OUTDIR -- COMMAND... (writes under OUTDIR)
+  local name=$1 out=$2
+  shift 3
+  rm -rf "$out" "ref-$name"
+  mkdir -p "$out"
+  local t0 t1
+  t0=$(now)
+  "$@" >/dev/null 2>&1 || { echo "$name: the uninterrupted run failed" >&2; exit 1; }
+  t1=$(now)
+  mv "$out" "ref-$name"
+  local duration
+  duration=$(awk "BEGIN { print $t1 - $t0 }")
+  for i in $(seq 1 "$kills"); do
+    rm -rf "$out"
+    mkdir -p "$out"
+    local at
+    at=$(awk -v d="$duration" -v r="$RANDOM" 'BEGIN { printf "%.3f", d * r / 32768 }')
+    "$@" >/dev/null 2>&1 &
+    local pid=$!
+    sleep "$at"
+    kill -9 "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    n_kills=$((n_kills + 1))
+    # Whatever is under a final name now must be whole.
+    if [ -d "$out" ]; then
+      for f in $(finals "$out"); do
+        local p="$out/$f" r="ref-$name/$f"
+        case "$f" in
+          *.json)
+            python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$p" 2>/dev/null || loss "$name kill $i at ${at}s: $f is not whole JSON"
+            if ! checkpoint "$p" && [ -f "$r" ] && ! same_file "$p" "$r" && [ "$(basename "$f")" != stage.json ]; then
+              loss "$name kill $i at ${at}s: $f differs from the uninterrupted run's"
+            fi ;;
+          *.mptrace|*.trace)
+            "$M" trace verify "$p" >/dev/null 2>&1 || loss "$name kill $i at ${at}s: $f does not verify" ;;
+          *)
+            if [ -f "$r" ] && ! cmp -s "$p" "$r"; then loss "$name kill $i at ${at}s: $f differs"; fi ;;
+        esac
+      done
+    fi
+    # Run again: collect resumes from its checkpoint when it left one.
+    local again=("$@")
+    if [ "$name" = collect ] && [ -f "$out/stats.json" ] && checkpoint "$out/stats.json"; then
+      again+=(--resume)
+    fi
+    if ! "${again[@]}" >"$name-rerun-$i.log" 2>&1; then
+      loss "$name kill $i at ${at}s: the rerun failed: $(tail -1 "$name-rerun-$i.log")"
+      continue
+    fi
+    n_reruns=$((n_reruns + 1))
+    [ "$(finals "$out")" = "$(finals "ref-$name")" ] || loss "$name kill $i at ${at}s: other files than the uninterrupted run: $(diff <(finals "$out") <(finals "ref-$name") | tr '\n' ' ')"
+    for f in $(finals "ref-$name"); do
+      [ -f "$out/$f" ] && ! same_file "$out/$f" "ref-$name/$f" && loss "$name kill $i at ${at}s: $f differs after the rerun"
+    done
+    find "$out" -name '*.partial.*' -delete
+  done
+  echo "kill $name: $kills kills in ${duration}s runs"
+}
+kill_loop collect out-collect -- "$M" collect -m m.gguf -f data/calib.jsonl -c 64 -t 2 -o out-collect/stats.json \
+  --trace out-collect/t.mptrace --save-every 1
+kill_loop eval out-eval -- "$M" eval -m m.gguf -f data/eval.jsonl -c 64 -t 2 --keep "$keep" --json out-eval/eval.json \
+  --base-out out-eval/base.mpkl --per-token out-eval/tokens.jsonl
+kill_loop corpus out-corpus -- "$M" corpus -m m.gguf --manifest corpus.toml -o out-corpus
+kill_loop run out-run -- "$M" run -m m.gguf --corpus corpus.toml -k 6,8 --criteria reap,freq --ram 0.2GB --reserve 0 \
+  -c 64 -t 2 -o out-run
+
+# --- 2. disk full -----------------------------------------------------------------------
+n_full=0
+inputs_sum() { cat m.gguf stats.json t.mptrace "$keep" data/calib.jsonl data/eval.jsonl | md5sum; }
+before=$(inputs_sum)
+full() {  # full NAME KIB FINAL -- COMMAND...: FINAL must not exist afterwards
+  local name=$1 kib=$2 final=$3
+  shift 4
+  rm -rf "$final"
+  local log="full-$name.log"
+  if (ulimit -f "$kib"; "$@") >"$log" 2>&1; then
+    loss "disk full $name: succeeded under a ${kib} KiB file limit"
+  else
+    grep -q "$(basename "$final")" "$log" || loss "disk full $name: the error does not name the file: $(tail -1 "$log")"
+    [ -e "$final" ] && ! { [ -d "$final" ] && [ -z "$(finals "$final")" ]; } && loss "disk full $name: $final exists"
+  fi
+  n_full=$((n_full + 1))
+}
+full synth 64 full.gguf -- "$M" synth --layers 2 --experts 8 --used 2 -o full.gguf
+full slice 64 full-sliced.gguf -- "$M" slice -m m.gguf --keep "$keep" -o full-sliced.gguf
+full collect 16 full-stats.json -- "$M" collect -m m.gguf -f data/calib.jsonl -c 64 -t 2 -o full-stats.json
+full collect-trace 16 full.mptrace -- "$M" collect -m m.gguf -f data/calib.jsonl -c 64 -t 2 -o full2-stats.json --trace full.mptrace
+full select 1 full-maps -- "$M" select --stats stats.json -k 8 --metric reap,freq -o full-maps
+full eval 4 full-eval.json -- "$M" eval -m m.gguf -f data/eval.jsonl -c 64 -t 2 --keep "$keep" --json full-eval.json
+full eval-base 16 full.mpkl -- "$M" eval -m m.gguf -f data/eval.jsonl -c 64 -t 2 --base-out full.mpkl
+full replay 1 full-replay.json -- "$M" replay --trace t.mptrace --policy lru,lfu,ema,sieve --cache 4,6,8,10 --json full-replay.json
+full corpus 16 full-corpus -- "$M" corpus -m m.gguf --manifest corpus.toml -o full-corpus
+full trace-export 2 full-npy -- "$M" trace export t.mptrace --npy full-npy
+[ "$(inputs_sum)" = "$before" ] || loss "disk full: an input changed"
+echo "disk full: $n_full writers under a file-size limit"
+
+# --- 3. two writers of one output -------------------------------------------------------
+n_races=0
+"$M" slice -m m.gguf --keep "$keep" -o race-ref.gguf >/dev/null
+for i in 1 2 3; do
+  rm -f race.gguf
+  "$M" slice -m m.gguf --keep "$keep" -o race.gguf >/dev/null 2>&1 &
+  a=$!
+  "$M" slice -m m.gguf --keep "$keep" -o race.gguf >/dev/null 2>&1 &
+  b=$!
+  wait "$a" || true
+  wait "$b" || true
+  cmp -s race.gguf race-ref.gguf || loss "race $i: race.gguf is not one whole slice"
+  n_races=$((n_races + 1))
+done
+echo "races: $n_races"
+
+echo "faults: kills=$n_kills reruns=$n_reruns disk_full=$n_full races=$n_races losses=$losses"
+[ "$losses" -eq 0 ]

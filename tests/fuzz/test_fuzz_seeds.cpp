@@ -1,0 +1,161 @@
+// The fuzz targets' committed seeds (fuzz/corpus/READER/) stay meaningful: every file
+// named valid* is read without error by its reader (fuzz/readers.h), every other file is
+// refused with a moeprune::Error, as libFuzzer starts from them. `make fuzz-seeds`
+// rewrites them with the DISABLED_Write test below.
+#include "readers.h"
+
+#include "core/errors.h"
+#include "formats/keep_map.h"
+#include "run/run.h"
+#include "slice/slice_support.h"
+#include "support/test_support.h"
+
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+
+using namespace moeprune;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path seeds_dir() { return fs::path(MOEPRUNE_SOURCE_DIR) / "fuzz" / "corpus"; }
+
+std::string moeprune_cmd(const std::string & args) { return test::bin("moeprune").string() + " " + args; }
+
+void run_ok(const std::string & args) {
+    const auto r = test::run_command(moeprune_cmd(args));
+    ASSERT_EQ(r.exit_code, 0) << args << "\n" << r.output;
+}
+
+} // namespace
+
+TEST(FuzzSeeds, EveryCommittedSeedIsReadAsItsNameSays) {
+    test::TempDir dir;
+    for (const fuzz::Reader & r : fuzz::readers()) {
+        SCOPED_TRACE(r.name);
+        const fs::path seeds = seeds_dir() / r.name;
+        ASSERT_TRUE(fs::is_directory(seeds)) << seeds;
+        int valid = 0, invalid = 0;
+        for (const auto & e : fs::directory_iterator(seeds)) {
+            const std::string name = e.path().filename().string();
+            SCOPED_TRACE(name);
+            const fs::path input = dir / ("input" + r.extension);
+            fs::copy_file(e.path(), input, fs::copy_options::overwrite_existing);
+            if (name.rfind("valid", 0) == 0) {
+                ++valid;
+                EXPECT_NO_THROW(r.read(input));
+            } else {
+                ++invalid;
+                EXPECT_THROW(r.read(input), Error);
+            }
+        }
+        EXPECT_GE(valid, 1);
+        EXPECT_GE(invalid, 1);
+    }
+}
+
+// Writes the seeds into $MOEPRUNE_FUZZ_SEEDS (make fuzz-seeds): small files of every
+// shape each reader accepts, from moeprune's own writers on a tiny synthesized model,
+// plus one refused variant of each.
+TEST(FuzzSeeds, DISABLED_Write) {
+    const char * out_env = std::getenv("MOEPRUNE_FUZZ_SEEDS");
+    ASSERT_NE(out_env, nullptr) << "set MOEPRUNE_FUZZ_SEEDS to the seed folder (fuzz/corpus)";
+    const fs::path out = out_env;
+    test::TempDir dir;
+    const auto put = [&](const std::string & reader, const std::string & name, const fs::path & from) {
+        fs::create_directories(out / reader);
+        fs::copy_file(from, out / reader / name, fs::copy_options::overwrite_existing);
+    };
+    const auto put_text = [&](const std::string & reader, const std::string & name, const std::string & text) {
+        test::write_text(dir / "text.tmp", text);
+        put(reader, name, dir / "text.tmp");
+    };
+
+    // A model, statistics, a trace and a recorded base from the real commands.
+    run_ok(fmt::format("synth --layers 2 --experts 4 --used 2 --embd 32 --ff 32 -o {}", (dir / "m.gguf").string()));
+    test::write_text(dir / "text.jsonl",
+                     "{\"text\": \"The expert cache keeps experts.\", \"domain\": \"en\"}\n"
+                     "{\"messages\": [{\"role\": \"user\", \"content\": \"专家?\"}, {\"role\": \"assistant\", "
+                     "\"content\": \"Yes.\"}], \"domain\": \"zh\"}\n");
+    run_ok(fmt::format("collect -m {} -f {} -c 32 --trace-top 3 -o {} --trace {}", (dir / "m.gguf").string(),
+                       (dir / "text.jsonl").string(), (dir / "stats.json").string(), (dir / "t.mptrace").string()));
+    run_ok(fmt::format("eval -m {} -f {} -c 32 --top 4 --base-out {}", (dir / "m.gguf").string(),
+                       (dir / "text.jsonl").string(), (dir / "base.mpkl").string()));
+    put("stats", "valid.json", dir / "stats.json");
+    put("trace", "valid.mptrace", dir / "t.mptrace");
+    put("base_logits", "valid.mpkl", dir / "base.mpkl");
+    put("corpus_jsonl", "valid.jsonl", dir / "text.jsonl");
+    {
+        std::string s = test::read_bytes(dir / "stats.json");
+        put_text("stats", "invalid-truncated.json", s.substr(0, s.size() / 2));
+        std::string t = test::read_bytes(dir / "t.mptrace");
+        t[t.size() / 2] = char(t[t.size() / 2] ^ 0x40);
+        put_text("trace", "invalid-flipped.mptrace", t);
+        std::string b = test::read_bytes(dir / "base.mpkl");
+        put_text("base_logits", "invalid-truncated.mpkl", b.substr(0, b.size() - 3));
+    }
+    test::write_q4rt(dir / "q.bin", 2, 8, 3, 5, 5, [](uint64_t t, std::vector<uint16_t> & ids, std::vector<float> & z) {
+        ids.resize(2 * 3);
+        z.resize(2 * 3);
+        for (size_t i = 0; i < ids.size(); ++i) {
+            ids[i] = uint16_t((t + i) % 8);
+            z[i] = 1.0f - 0.25f * float(i % 3);
+        }
+    });
+    put("trace", "valid-q4rt.bin", dir / "q.bin");
+
+    KeepMap km;
+    km.n_expert = 8;
+    km.k = 4;
+    km.layers = {{0, {0, 2, 4, 6}}, {1, {1, 3, 5, 7}}};
+    write_keep_map(dir / "k.json", km);
+    put("keep_map", "valid.json", dir / "k.json");
+    put_text("keep_map", "invalid-unsorted.json",
+             "{\"format\": \"moeprune-keep\", \"version\": 1, \"n_expert\": 8, \"k\": 2, \"layers\": {\"0\": [3, 1]}}");
+
+    put_text("corpus_jsonl", "invalid-role.jsonl", "{\"messages\": [{\"role\": \"robot\", \"content\": \"hi\"}]}\n");
+    put_text("corpus_source", "valid.jsonl",
+             "{\"prompt\": \"Q: why?\", \"response\": \"A: because.\", \"session\": 1}\n"
+             "{\"text\": \"plain\", \"session\": 3, \"turn\": 1}\n"
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"专家?\"}], \"session\": \"a\"}\n");
+    put_text("corpus_source", "invalid-no-group.jsonl", "{\"text\": \"plain\"}\n");
+
+    put_text("corpus_manifest", "valid.toml",
+             "[corpus]\nseed = 7\neval_share = 0.1\ntokens = 4096\n\n[[source]]\nname = \"docs\"\npath = \"docs/*.md\"\n"
+             "domain = \"en\"\ngroup = \"path:-2\"\nweight = 2.0\n\n[[source]]\nname = \"chat\"\npath = \"chat.jsonl\"\n"
+             "domain = \"zh\"\ngroup = \"field:session\"\nsplit = \"calib\"\n");
+    put_text("corpus_manifest", "invalid-key.toml", "[corpus]\nseeds = 7\n");
+
+    RunConfig rc;
+    rc.model = "model.gguf";
+    rc.corpus = {"corpus.toml"};
+    rc.ks = {96, 64};
+    rc.ram = "24G";
+    rc.max_kld = 0.05;
+    test::write_text(dir / "run.toml", run_config_toml(rc));
+    put("run_config", "valid.toml", dir / "run.toml");
+    put_text("run_config", "invalid-type.toml", "model = 3\n");
+
+    test::FakeMoe plain;
+    plain.n_expert = 4;
+    plain.n_used = 2;
+    plain.n_embd = 8;
+    plain.n_ff = 8;
+    test::write_fake_moe(dir / "plain.gguf", plain);
+    put("gguf", "valid-moe.gguf", dir / "plain.gguf");
+    test::FakeMoe groups = plain;
+    groups.arch = "deepseek2";
+    groups.n_expert = 8;
+    groups.n_group = 2;
+    groups.n_layer = 3;
+    groups.n_nextn = 1;
+    test::write_fake_moe(dir / "groups.gguf", groups);
+    put("gguf", "valid-groups-nextn.gguf", dir / "groups.gguf");
+    {
+        std::string g = test::read_bytes(dir / "plain.gguf");
+        put_text("gguf", "invalid-truncated.gguf", g.substr(0, 200));
+    }
+}
