@@ -114,7 +114,9 @@ std::vector<fs::path> write_report(const ReportInputs & in) {
         if (c["kind"] != "keep") {
             continue;
         }
-        const auto [criterion, k] = map_name(c.value("source", ""), n_expert);
+        const auto name = map_name(c.value("source", ""), n_expert);
+        const std::string & criterion = name.first;
+        const auto k = name.second;
         const auto row = [&](const std::string & domain, const json & st) {
             kld_rows.push_back({{"criterion", criterion}, {"k", k}, {"domain", domain}, {"kld_mean", st["kld_mean"]},
                                 {"kld_p99", st["kld_p99"]}, {"same_top1", st["same_top1"]}, {"tokens", st["tokens"]}});

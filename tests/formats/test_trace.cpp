@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
+#include <set>
+
 #include "ggml.h"
 
 #include <fmt/format.h>
@@ -353,4 +356,39 @@ TEST(Trace, Version1TracesStillRead) {
     EXPECT_FALSE(r.has_checksums());
     expect_trace_contents(r, n, false);
     EXPECT_TRUE(r.verify().empty());
+}
+
+// Issue 16's done-when: one flipped byte anywhere in any block, header or section, of an
+// uncompressed or compressed trace is caught: by verify, naming the block, or when opening.
+TEST(Trace, AByteFlippedInEveryBlockIsCaught) {
+    test::TempDir dir;
+    std::mt19937_64 rng(16);
+    for (const int level : {0, 3}) {
+        const fs::path whole = dir / fmt::format("whole{}.trace", level);
+        write_trace(whole, 100, level);  // 7 blocks of 16 tokens, the last one short
+        const std::string bytes = test::read_bytes(whole);
+        // Block b spans [start_b, start_{b+1}): found by where a flip is reported, so the
+        // test picks offsets spread over the whole data region instead.
+        const uint64_t data_start = raw_layout(whole).header;
+        const uint64_t span = bytes.size() - data_start;
+        std::set<std::string> blocks_named;
+        for (int i = 0; i < 64; ++i) {
+            const uint64_t at = data_start + (uint64_t(i) * span) / 64 + rng() % (span / 64);
+            const fs::path path = dir / "flipped.trace";
+            test::write_text(path, bytes);
+            flip_byte(path, at);
+            std::vector<std::string> problems;
+            try {
+                problems = TraceReader::open(path).verify();
+            } catch (const Error & e) {
+                problems = {e.what()};
+            }
+            ASSERT_FALSE(problems.empty()) << "level " << level << ": a flip at offset " << at << " went unnoticed";
+            const size_t b = problems[0].find("block ");
+            if (b != std::string::npos) {
+                blocks_named.insert(problems[0].substr(b, problems[0].find(' ', b + 6) - b));
+            }
+        }
+        EXPECT_EQ(blocks_named.size(), 7u) << "level " << level << ": every block was hit and named";
+    }
 }
