@@ -157,7 +157,8 @@ full() {  # full NAME KIB FINAL -- COMMAND...: FINAL must not exist afterwards
   shift 4
   rm -rf "$final"
   local log="full-$name.log"
-  if (ulimit -f "$kib"; "$@") >"$log" 2>&1; then
+  # The limit applies to the command only: its messages go through a pipe, not a file.
+  if sh -c 'ulimit -f "$0"; exec "$@"' "$kib" "$@" 2>&1 | cat >"$log"; then
     loss "disk full $name: succeeded under a ${kib} KiB file limit"
   else
     grep -q "$(basename "$final")" "$log" || loss "disk full $name: the error does not name the file: $(tail -1 "$log")"

@@ -6,7 +6,7 @@
 # and fails at the first finding (crash, sanitizer report, leak, timeout, out-of-memory),
 # whose input is kept under BUILD/fuzz-artifacts/.
 #
-#   scripts/fuzz.sh BUILD RUNS
+#   scripts/fuzz.sh BUILD RUNS     (FUZZ_TARGETS="gguf trace": only those)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$(cd "$1" && pwd)
@@ -17,6 +17,10 @@ mkdir -p "$build/fuzz-artifacts" "$build/fuzz-logs"
 total=0 n=0
 for seeds in "$root"/fuzz/corpus/*/; do
   name=$(basename "$seeds")
+  # FUZZ_TARGETS="gguf trace": only those.
+  if [ -n "${FUZZ_TARGETS:-}" ] && [[ " $FUZZ_TARGETS " != *" $name "* ]]; then
+    continue
+  fi
   bin="$build/bin/fuzz_$name"
   [ -x "$bin" ] || { echo "fuzz: no target $bin for seeds $seeds" >&2; exit 1; }
   work="$build/fuzz-corpus/$name"

@@ -1,11 +1,13 @@
 #include "gguf/model_file.h"
 #include "core/errors.h"
+#include "core/file_io.h"
 
 #include "gguf.h"
 #include "llama.h"
 
 #include <fmt/format.h>
 
+#include <cstring>
 #include <map>
 #include <regex>
 
@@ -15,11 +17,138 @@ namespace fs = std::filesystem;
 
 void GgufDeleter::operator()(gguf_context * ctx) const { gguf_free(ctx); }
 
+namespace {
+
+// Sequential reads of a file's header through one buffer; false once past the end.
+class HeaderReader {
+public:
+    explicit HeaderReader(const fs::path & path) : file_(File::open_read(path)), size_(file_.size()) {}
+    template <class T> bool read(T & v) { return read_bytes(&v, sizeof(T)); }
+    bool read_bytes(void * out, uint64_t n) {
+        if (n > size_ - pos_) {
+            return false;
+        }
+        if (pos_ < buf_at_ || pos_ + n > buf_at_ + buf_.size()) {
+            buf_at_ = pos_;
+            buf_.resize(size_t(std::min<uint64_t>(size_ - pos_, std::max<uint64_t>(n, 1 << 20))));
+            file_.pread_exact(buf_.data(), buf_.size(), pos_);
+        }
+        std::memcpy(out, buf_.data() + (pos_ - buf_at_), size_t(n));
+        pos_ += n;
+        return true;
+    }
+    bool skip(uint64_t n) {
+        if (n > size_ - pos_) {
+            return false;
+        }
+        pos_ += n;
+        return true;
+    }
+
+private:
+    File file_;
+    uint64_t size_, pos_ = 0, buf_at_ = 0;
+    std::vector<uint8_t> buf_;
+};
+
+// ggml's GGUF reader loads every value type and tensor type straight into its enums, which
+// is undefined behaviour for a number outside them (found by fuzzing; docs/reliability.md).
+// Those fields are checked here first, walking the header as gguf.cpp does; anything else
+// wrong with it is left to ggml's own refusal.
+void check_gguf_types(const fs::path & path) {
+    HeaderReader r(path);
+    char magic[4];
+    uint32_t version;
+    int64_t n_tensors, n_kv;
+    if (!r.read(magic) || std::memcmp(magic, "GGUF", 4) != 0 || !r.read(version) || !r.read(n_tensors) ||
+        !r.read(n_kv) || n_tensors < 0 || n_kv < 0 || (version != 2 && version != 3)) {
+        return;
+    }
+    static const std::map<uint32_t, uint64_t> scalar_bytes = {
+        {GGUF_TYPE_UINT8, 1}, {GGUF_TYPE_INT8, 1},   {GGUF_TYPE_UINT16, 2},  {GGUF_TYPE_INT16, 2},
+        {GGUF_TYPE_UINT32, 4}, {GGUF_TYPE_INT32, 4}, {GGUF_TYPE_FLOAT32, 4}, {GGUF_TYPE_BOOL, 1},
+        {GGUF_TYPE_UINT64, 8}, {GGUF_TYPE_INT64, 8}, {GGUF_TYPE_FLOAT64, 8}};
+    const auto skip_string = [&] {
+        uint64_t n;
+        return r.read(n) && r.skip(n);
+    };
+    for (int64_t i = 0; i < n_kv; ++i) {
+        uint32_t type;
+        if (!skip_string() || !r.read(type)) {
+            return;
+        }
+        uint64_t n = 1;
+        if (type == GGUF_TYPE_ARRAY) {
+            if (!r.read(type) || !r.read(n)) {
+                return;
+            }
+            if (type == GGUF_TYPE_ARRAY) {
+                return;  // nested arrays: ggml refuses them by name
+            }
+        }
+        if (type >= GGUF_TYPE_COUNT) {
+            fail_file(path.string(), fmt::format("not a valid GGUF file: key {} has value type {}, which GGUF does not "
+                                                 "define",
+                                                 i, type));
+        }
+        if (type == GGUF_TYPE_STRING) {
+            for (uint64_t j = 0; j < n; ++j) {
+                if (!skip_string()) {
+                    return;
+                }
+            }
+        } else {
+            const uint64_t size = scalar_bytes.at(type);
+            if (n > UINT64_MAX / size || !r.skip(n * size)) {
+                return;
+            }
+        }
+    }
+    for (int64_t i = 0; i < n_tensors; ++i) {
+        uint32_t n_dims, type;
+        uint64_t name_len;
+        std::string name;
+        if (!r.read(name_len) || name_len > GGML_MAX_NAME) {
+            return;
+        }
+        name.resize(size_t(name_len));
+        if (!r.read_bytes(name.data(), name_len) || !r.read(n_dims) || n_dims > GGML_MAX_DIMS) {
+            return;
+        }
+        // ggml multiplies the dimensions before its own overflow check.
+        int64_t elements = 1;
+        for (uint32_t d = 0; d < n_dims; ++d) {
+            int64_t ne;
+            if (!r.read(ne)) {
+                return;
+            }
+            if (ne < 0 || __builtin_mul_overflow(elements, ne, &elements)) {
+                fail_file(path.string(), fmt::format("tensor {}: dimension {} of {} elements is negative or its element "
+                                                     "count overflows",
+                                                     name, d, ne));
+            }
+        }
+        if (!r.read(type)) {
+            return;
+        }
+        if (type >= GGML_TYPE_COUNT) {
+            fail_file(path.string(), fmt::format("not a valid GGUF file: tensor {} has type {}, which ggml does not define",
+                                                 name, type));
+        }
+        if (!r.skip(8)) {
+            return;
+        }
+    }
+}
+
+} // namespace
+
 GgufPtr open_gguf_metadata(const fs::path & path) {
     std::error_code ec;
     if (!fs::is_regular_file(path, ec)) {
         fail_file(path.string(), fs::exists(path, ec) ? "not a regular file" : "no such file");
     }
+    check_gguf_types(path);
     gguf_init_params params{/*no_alloc=*/true, /*ctx=*/nullptr};
     GgufPtr ctx(gguf_init_from_file(path.c_str(), params));
     if (!ctx) {
