@@ -3,6 +3,7 @@
 #   make demo    build, then run the whole job (moeprune run) on the default model and a corpus from this machine
 #   make test    build, then run the whole test suite, plain and under ASan+UBSan, and a fuzz smoke
 #   make fuzz    every fuzz target for FUZZ_RUNS executions (docs/reliability.md)
+#   make faults  kill/resume, disk-full and race checks of every writer (docs/reliability.md)
 BUILD_DIR  ?= build
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
@@ -21,7 +22,7 @@ FUZZ_DIR   ?= build-fuzz
 FUZZ_RUNS  ?= 1000000
 FUZZ_SMOKE_RUNS ?= 20000
 
-.PHONY: build deps llama configure demo test fuzz fuzz-build fuzz-seeds clean
+.PHONY: build deps llama configure demo test fuzz fuzz-build fuzz-seeds faults clean
 
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target moeprune llama-peers moeprune_tests
@@ -61,6 +62,10 @@ fuzz-build: llama
 
 fuzz: fuzz-build
 	@bash scripts/fuzz.sh $(FUZZ_DIR) $(FUZZ_RUNS)
+
+# SIGKILL at random moments then rerun, disk full for every writer, two writers of one output.
+faults: build
+	@bash scripts/faults.sh
 
 # Rewrites the committed seeds (fuzz/corpus/) from moeprune's own writers.
 fuzz-seeds: build

@@ -51,18 +51,27 @@ private:
     std::vector<uint8_t> buf_;
 };
 
-// ggml's GGUF reader loads every value type and tensor type straight into its enums, which
-// is undefined behaviour for a number outside them (found by fuzzing; docs/reliability.md).
-// Those fields are checked here first, walking the header as gguf.cpp does; anything else
-// wrong with it is left to ggml's own refusal.
-void check_gguf_types(const fs::path & path) {
+// ggml's GGUF reader loads every value type and tensor type straight into its enums (an
+// uninitialized one when the file ends there) and multiplies dimensions before checking
+// them: undefined behaviour on hostile files (found by fuzzing; docs/reliability.md). The
+// header is walked here first, as gguf.cpp reads it, and any file the walk cannot finish
+// is refused before ggml sees it.
+void check_gguf_header(const fs::path & path) {
+    const auto bad = [&](const std::string & what) {
+        fail_file(path.string(), "not a valid GGUF file (bad magic, version or truncated header): " + what);
+    };
     HeaderReader r(path);
     char magic[4];
     uint32_t version;
     int64_t n_tensors, n_kv;
-    if (!r.read(magic) || std::memcmp(magic, "GGUF", 4) != 0 || !r.read(version) || !r.read(n_tensors) ||
-        !r.read(n_kv) || n_tensors < 0 || n_kv < 0 || (version != 2 && version != 3)) {
-        return;
+    if (!r.read(magic) || std::memcmp(magic, "GGUF", 4) != 0) {
+        bad("no GGUF magic");
+    }
+    if (!r.read(version) || (version != 2 && version != 3)) {
+        bad(fmt::format("version {}, llama.cpp reads 2 and 3", version));
+    }
+    if (!r.read(n_tensors) || !r.read(n_kv) || n_tensors < 0 || n_kv < 0) {
+        bad("tensor or key count missing or negative");
     }
     static const std::map<uint32_t, uint64_t> scalar_bytes = {
         {GGUF_TYPE_UINT8, 1}, {GGUF_TYPE_INT8, 1},   {GGUF_TYPE_UINT16, 2},  {GGUF_TYPE_INT16, 2},
@@ -74,33 +83,26 @@ void check_gguf_types(const fs::path & path) {
     };
     for (int64_t i = 0; i < n_kv; ++i) {
         uint32_t type;
-        if (!skip_string() || !r.read(type)) {
-            return;
-        }
         uint64_t n = 1;
-        if (type == GGUF_TYPE_ARRAY) {
-            if (!r.read(type) || !r.read(n)) {
-                return;
-            }
-            if (type == GGUF_TYPE_ARRAY) {
-                return;  // nested arrays: ggml refuses them by name
-            }
+        if (!skip_string() || !r.read(type)) {
+            bad(fmt::format("the file ends inside key {}", i));
         }
-        if (type >= GGUF_TYPE_COUNT) {
-            fail_file(path.string(), fmt::format("not a valid GGUF file: key {} has value type {}, which GGUF does not "
-                                                 "define",
-                                                 i, type));
+        if (type == GGUF_TYPE_ARRAY && (!r.read(type) || !r.read(n))) {
+            bad(fmt::format("the file ends inside key {}", i));
+        }
+        if (type >= GGUF_TYPE_COUNT || type == GGUF_TYPE_ARRAY) {
+            bad(fmt::format("key {} has value type {}, which GGUF does not define here", i, type));
         }
         if (type == GGUF_TYPE_STRING) {
             for (uint64_t j = 0; j < n; ++j) {
                 if (!skip_string()) {
-                    return;
+                    bad(fmt::format("the file ends inside key {}", i));
                 }
             }
         } else {
             const uint64_t size = scalar_bytes.at(type);
             if (n > UINT64_MAX / size || !r.skip(n * size)) {
-                return;
+                bad(fmt::format("the file ends inside key {}", i));
             }
         }
     }
@@ -108,19 +110,22 @@ void check_gguf_types(const fs::path & path) {
         uint32_t n_dims, type;
         uint64_t name_len;
         std::string name;
-        if (!r.read(name_len) || name_len > GGML_MAX_NAME) {
-            return;
+        if (!r.read(name_len) || name_len >= GGML_MAX_NAME) {
+            bad(fmt::format("tensor {} has no name of fewer than {} bytes", i, GGML_MAX_NAME));
         }
         name.resize(size_t(name_len));
-        if (!r.read_bytes(name.data(), name_len) || !r.read(n_dims) || n_dims > GGML_MAX_DIMS) {
-            return;
+        if (!r.read_bytes(name.data(), name_len) || !r.read(n_dims)) {
+            bad(fmt::format("the file ends inside tensor {}", i));
+        }
+        if (n_dims > GGML_MAX_DIMS) {
+            bad(fmt::format("tensor {} has {} dimensions", name, n_dims));
         }
         // ggml multiplies the dimensions before its own overflow check.
         int64_t elements = 1;
         for (uint32_t d = 0; d < n_dims; ++d) {
             int64_t ne;
             if (!r.read(ne)) {
-                return;
+                bad(fmt::format("the file ends inside tensor {}", name));
             }
             if (ne < 0 || __builtin_mul_overflow(elements, ne, &elements)) {
                 fail_file(path.string(), fmt::format("tensor {}: dimension {} of {} elements is negative or its element "
@@ -129,14 +134,13 @@ void check_gguf_types(const fs::path & path) {
             }
         }
         if (!r.read(type)) {
-            return;
+            bad(fmt::format("the file ends inside tensor {}", name));
         }
         if (type >= GGML_TYPE_COUNT) {
-            fail_file(path.string(), fmt::format("not a valid GGUF file: tensor {} has type {}, which ggml does not define",
-                                                 name, type));
+            bad(fmt::format("tensor {} has type {}, which ggml does not define", name, type));
         }
         if (!r.skip(8)) {
-            return;
+            bad(fmt::format("the file ends inside tensor {}", name));
         }
     }
 }
@@ -148,7 +152,7 @@ GgufPtr open_gguf_metadata(const fs::path & path) {
     if (!fs::is_regular_file(path, ec)) {
         fail_file(path.string(), fs::exists(path, ec) ? "not a regular file" : "no such file");
     }
-    check_gguf_types(path);
+    check_gguf_header(path);
     gguf_init_params params{/*no_alloc=*/true, /*ctx=*/nullptr};
     GgufPtr ctx(gguf_init_from_file(path.c_str(), params));
     if (!ctx) {
