@@ -61,7 +61,7 @@ manifest = sys.argv[1].endswith("stage.json")
 def strip(x):
     if isinstance(x, dict):
         return {k: ("json digest" if manifest and k.endswith(".json") else strip(v))
-                for k, v in x.items() if k not in ("seconds",)}
+                for k, v in x.items() if k not in ("seconds", "tok_per_s")}
     if isinstance(x, list):
         return [strip(v) for v in x]
     return x

@@ -15,6 +15,8 @@ void add_collect(CLI::App & app, Action & action) {
     sub->add_option("-f,--file", opt->corpus, "Corpus: plain text, or .jsonl documents (docs/formats.md)")->required();
     sub->add_option("-o,--output", opt->output, "Statistics (moeprune-stats JSON)")->required();
     sub->add_option("--trace", opt->trace, "Also write a router trace here");
+    sub->add_option("--imatrix", opt->imatrix,
+                    "Also write llama.cpp's importance matrix (GGUF, as llama-imatrix) from the same pass");
     sub->add_option("--trace-top", opt->trace_top, "Candidates per layer and token in the trace")->capture_default_str();
     sub->add_option("--trace-tokens", opt->trace_tokens, "Trace only the first N tokens (0: all)")->capture_default_str();
     sub->add_option("-c,--ctx-size", opt->ctx, "Context: long documents are cut into windows of this many tokens")

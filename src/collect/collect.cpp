@@ -1,5 +1,6 @@
 #include "collect/collect.h"
 #include "collect/corpus.h"
+#include "collect/imatrix.h"
 #include "core/atomic_file.h"
 #include "core/errors.h"
 #include "core/progress.h"
@@ -15,6 +16,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -103,8 +105,9 @@ struct LayerCapture {
 class Collector {
 public:
     Collector(const CollectOptions & opt, std::string arch, std::vector<int> moe_layers, int n_expert, int n_expert_used,
-              int n_embd, std::string down_node, const std::vector<std::string> & domains, SaliencyStats & stats)
-        : opt_(opt), arch_(std::move(arch)), moe_layers_(std::move(moe_layers)), n_expert_(n_expert),
+              int n_embd, std::string down_node, const std::vector<std::string> & domains, SaliencyStats & stats,
+              ImatrixAccumulator * imatrix)
+        : opt_(opt), imatrix_(imatrix), arch_(std::move(arch)), moe_layers_(std::move(moe_layers)), n_expert_(n_expert),
           n_expert_used_(n_expert_used), n_embd_(n_embd), down_node_(std::move(down_node)), domains_(domains),
           stats_(stats), capture_(moe_layers_.size()), done_tokens_(moe_layers_.size(), 0),
           trace_count_(moe_layers_.size(), std::vector<uint64_t>(size_t(n_expert), 0)),
@@ -164,6 +167,8 @@ public:
     }
 
     Gating gating() const { return gating_; }
+    // Graph evaluations stopped before the output head.
+    uint64_t head_stops() const { return head_stops_; }
     int trace_m() const { return trace_m_; }
     const std::vector<std::vector<uint64_t>> & trace_count() const { return trace_count_; }
     void set_trace_count(std::vector<std::vector<uint64_t>> c) { trace_count_ = std::move(c); }
@@ -173,6 +178,25 @@ public:
 
 private:
     bool on_node(ggml_tensor * t, bool ask) {
+        // Every MoE layer is done once the final norm is computed: stopping the graph there
+        // spares the output head, the largest matmul of a small-expert model, which only
+        // feeds logits nobody reads (nor the imatrix, which leaves the head out).
+        if (opt_.generate == 0 && std::strcmp(t->name, "result_norm") == 0) {
+            head_stops_ += !ask;
+            return ask;
+        }
+        const bool for_imatrix = imatrix_ && ImatrixAccumulator::wants(t);
+        if (ask) {
+            return on_router_node(t, true) || for_imatrix;
+        }
+        if (for_imatrix) {
+            imatrix_->observe(t);
+        }
+        on_router_node(t, false);
+        return true;
+    }
+
+    bool on_router_node(ggml_tensor * t, bool ask) {
         const char * name = t->name;
         const RouterNode parsed = parse_router_node(name);
         if (parsed.layer < 0) {
@@ -436,6 +460,7 @@ private:
     }
 
     const CollectOptions & opt_;
+    ImatrixAccumulator * imatrix_;
     std::string arch_;
     std::vector<int> moe_layers_;
     std::map<int, int> ordinal_;
@@ -454,6 +479,7 @@ private:
     std::vector<char> is_chosen_;
     std::vector<uint8_t> raw_;
     int trace_m_ = 0;
+    uint64_t head_stops_ = 0;
     Gating gating_ = Gating::Unknown;
     std::exception_ptr failure_;
 };
@@ -508,10 +534,13 @@ CollectResult collect(const CollectOptions & opt) {
     if (opt.resume && opt.save_every <= 0) {
         throw Error("--resume continues from the checkpoints of --save-every N: give it too");
     }
+    if (!opt.imatrix.empty() && opt.save_every > 0) {
+        throw Error("--imatrix is gathered in one uninterrupted run: checkpoints (--save-every, --resume) do not hold it");
+    }
     const GgufModel gguf = GgufModel::open(opt.model);
     std::vector<std::filesystem::path> inputs = gguf.shard_paths();
     inputs.push_back(opt.corpus);
-    refuse_output_clashes({opt.output, opt.trace}, inputs);
+    refuse_output_clashes({opt.output, opt.trace, opt.imatrix}, inputs);
     const Corpus corpus = read_corpus(opt.corpus);
     if (!opt.trace.empty() && corpus.domains.size() + 1 > kMaxTraceDomains) {
         fail_file(opt.corpus.string(), fmt::format("has {} domains; a trace stores domain ids in 16 bits and holds at most "
@@ -626,8 +655,12 @@ CollectResult collect(const CollectOptions & opt) {
     std::vector<std::string> trace_domains{""};
     trace_domains.insert(trace_domains.end(), corpus.domains.begin(), corpus.domains.end());
     const std::string down_node = down_node_of(gguf, moe_layers.front());
+    std::optional<ImatrixAccumulator> imatrix;
+    if (!opt.imatrix.empty()) {
+        imatrix.emplace();
+    }
     Collector collector(opt, info.arch, moe_layers, int(info.n_expert), int(info.n_expert_used), n_embd, down_node,
-                        corpus.domains, stats);
+                        corpus.domains, stats, imatrix ? &*imatrix : nullptr);
     if (!resumed_trace_count.empty()) {
         collector.set_trace_count(resumed_trace_count);
     }
@@ -695,6 +728,7 @@ CollectResult collect(const CollectOptions & opt) {
             throw Error(fmt::format("llama_decode failed ({}) on a batch of {} tokens", rc, n));
         }
         collector.end_batch(trace.get());
+        ++res.decodes;
         stats.n_tokens += n;
         res.tokens += n;
         progress.advance(n);
@@ -746,6 +780,7 @@ CollectResult collect(const CollectOptions & opt) {
     };
 
     std::unique_ptr<llama_sampler, decltype(&llama_sampler_free)> sampler(nullptr, llama_sampler_free);
+    const auto started = std::chrono::steady_clock::now();
     for (size_t wi = first_window; wi < windows.size(); ++wi) {
         const Window & w = windows[wi];
         llama_memory_clear(llama_get_memory(ctx.get()), true);
@@ -773,6 +808,7 @@ CollectResult collect(const CollectOptions & opt) {
         }
     }
     progress.finish();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     res.windows = windows.size();
     if (trace) {
         trace->close();
@@ -822,6 +858,12 @@ CollectResult collect(const CollectOptions & opt) {
     describe(windows.size(), true);
     stats.settings["gating"] = gating_name(collector.gating());
     stats.settings["expert_output_node"] = down_node;
+    // This process's forward passes only: a resumed run times what it evaluated.
+    // Skipped on every evaluation unless --generate samples from the logits.
+    res.head_skipped = res.decodes > 0 && collector.head_stops() >= res.decodes;
+    stats.settings["output_head"] = res.head_skipped ? "skipped" : "computed";
+    stats.settings["timing"] = {{"tokens", res.tokens}, {"seconds", seconds},
+                                {"tok_per_s", seconds > 0 ? double(res.tokens) / seconds : 0.0}};
     stats.settings["invariants"] = {{"ok", ok},
                                     {"checked", {"count_sum", "prob_sum (softmax gating)", "trace_counts"}},
                                     {"violations", json::array()}};
@@ -841,6 +883,10 @@ CollectResult collect(const CollectOptions & opt) {
         if (ec) {
             fail_file(opt.trace.string(), "cannot rename " + trace_partial.string() + " into place: " + ec.message());
         }
+    }
+    if (imatrix) {
+        imatrix->write(opt.imatrix, {opt.corpus.string()}, uint32_t(opt.ctx));
+        stats.settings["imatrix"] = opt.imatrix.string();
     }
     write_stats(opt.output, stats);
     trace_guard.committed = true;

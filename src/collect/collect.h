@@ -16,6 +16,7 @@ namespace moeprune {
 struct CollectOptions {
     std::filesystem::path model, corpus, output;
     std::filesystem::path trace;          // optional
+    std::filesystem::path imatrix;        // optional: llama.cpp's importance matrix (GGUF) from the same pass
     int trace_top = 64;                   // candidates per layer and token in the trace
     uint64_t trace_tokens = 0;            // trace only the first N tokens; 0: all
     int ctx = 512;                        // window of a long document
@@ -38,6 +39,8 @@ struct CollectOptions {
 struct CollectResult {
     SaliencyStats stats;
     uint64_t windows = 0, tokens = 0, traced_tokens = 0;
+    uint64_t decodes = 0;        // llama_decode calls of this process
+    bool head_skipped = false;   // every one stopped before the output head (no --generate)
 };
 
 CollectResult collect(const CollectOptions & opt);

@@ -118,6 +118,13 @@ void File::sync() {
     }
 }
 
+void File::write_back(uint64_t offset, uint64_t n, bool wait) {
+    const unsigned flags = wait ? SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER
+                                : SYNC_FILE_RANGE_WRITE;
+    // A failure here (a file system without the call, an I/O error) resurfaces in sync().
+    (void) ::sync_file_range(fd_, off64_t(offset), off64_t(n), flags);
+}
+
 void File::copy_from(const File & src, uint64_t src_offset, uint64_t dst_offset, uint64_t n,
                      std::vector<char> & buffer) {
     while (n > 0 && kernel_copy_) {

@@ -30,6 +30,10 @@ public:
     void pwrite_all(const void * buf, uint64_t n, uint64_t offset);
     void truncate(uint64_t size);
     void sync();
+    // Starts writing [offset, offset + n) to the device (sync_file_range); with `wait`,
+    // also waits until it is written. Only a head start for sync(), which stays the one
+    // durability point and the one place write errors are reported.
+    void write_back(uint64_t offset, uint64_t n, bool wait);
 
     // Copies n bytes of src at src_offset to this file at dst_offset, in the kernel
     // (copy_file_range) where it can, else through `buffer` (sized on first need), which

@@ -211,6 +211,7 @@ TEST(Collect, TraceAgreesWithStatisticsAndRecordsDecode) {
     collect(o);
     const SaliencyStats s = read_stats(dir / "stats.json");
     expect_invariants(s);
+    EXPECT_EQ(s.settings["output_head"], "computed") << "--generate samples from the logits";
     const TraceReader t = TraceReader::open(dir / "run.trace");
     ASSERT_EQ(t.n_tokens(), s.n_tokens);
     EXPECT_EQ(t.header().top_m, 8u);
@@ -275,9 +276,15 @@ TEST(Collect, EveryGraphVariantSynthBuildsKeepsTheInvariants) {
         const Model m{synthesize(so).files.front(), {}};
         CollectOptions o = options(m, dir / "corpus.jsonl", dir / "s.json");
         o.trace = dir / "t.trace";
-        collect(o);
+        const CollectResult r = collect(o);
         const SaliencyStats s = read_stats(dir / "s.json");
         EXPECT_EQ(s.settings["expert_output_node"], v.f_node) << v.arch;
+        // Statistics alone need no logits: every evaluation stopped before the output head.
+        EXPECT_TRUE(r.head_skipped) << v.arch;
+        EXPECT_GT(r.decodes, 0u);
+        EXPECT_EQ(s.settings["output_head"], "skipped") << v.arch;
+        EXPECT_EQ(s.settings["timing"]["tokens"], s.n_tokens);
+        EXPECT_GT(s.settings["timing"]["tok_per_s"].get<double>(), 0.0);
         if (v.arch == "dots1") {
             // Sigmoid gating: probabilities do not sum to one; routing still must.
             EXPECT_EQ(s.settings["gating"], "sigmoid");
