@@ -4,6 +4,7 @@
 #   make test    build, then run the whole test suite, plain and under ASan+UBSan, and a fuzz smoke
 #   make fuzz    every fuzz target for FUZZ_RUNS executions (docs/reliability.md)
 #   make faults  kill/resume, disk-full and race checks of every writer (docs/reliability.md)
+#   make bench   every bench script, side by side with its peer; last lines as in docs/benchmarks.md
 BUILD_DIR  ?= build
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
@@ -22,7 +23,7 @@ FUZZ_DIR   ?= build-fuzz
 FUZZ_RUNS  ?= 1000000
 FUZZ_SMOKE_RUNS ?= 20000
 
-.PHONY: build deps llama configure demo test fuzz fuzz-build fuzz-seeds faults clean
+.PHONY: build deps llama configure demo test fuzz fuzz-build fuzz-seeds faults bench clean
 
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target moeprune llama-peers moeprune_tests
@@ -66,6 +67,10 @@ fuzz: fuzz-build
 # SIGKILL at random moments then rerun, disk full for every writer, two writers of one output.
 faults: build
 	@bash scripts/faults.sh
+
+# Every benchmark (bench/*.sh), one after another; BENCH_SKIP="scale" leaves the longest out.
+bench: build
+	@bash bench/all.sh
 
 # Rewrites the committed seeds (fuzz/corpus/) from moeprune's own writers.
 fuzz-seeds: build

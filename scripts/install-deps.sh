@@ -6,6 +6,7 @@ packages=(cmake g++ make git pkg-config libgtest-dev libcli11-dev nlohmann-json3
   chromium   # the report test loads report.html in headless Chromium
   manpages-zh  # CJK text for make demo
   clang libclang-rt-dev llvm  # make fuzz: libFuzzer, sanitizer runtimes, llvm-symbolizer
+  python3    # make faults and the eval and scale bench scripts compare JSON with it
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include <cerrno>
 #include <cstring>
 #include <memory>
 
@@ -103,7 +104,7 @@ ShardMeta build_shard_meta(StreamWriteRequest & req, const std::vector<int> & sh
 }
 
 // Re-reads what was written and checks it against the intended layout.
-void verify_written(const fs::path & path, const gguf_context * intended, uint64_t expected_size) {
+void verify_written(const fs::path & path, const gguf_context * intended, uint64_t data_offset, uint64_t expected_size) {
     gguf_init_params params{/*no_alloc=*/true, /*ctx=*/nullptr};
     GgufPtr got(gguf_init_from_file(path.c_str(), params));
     if (!got) {
@@ -116,7 +117,7 @@ void verify_written(const fs::path & path, const gguf_context * intended, uint64
         gguf_get_n_kv(got.get()) != gguf_get_n_kv(intended)) {
         mismatch("tensor or key count");
     }
-    if (gguf_get_data_offset(got.get()) != gguf_get_meta_size(intended)) {
+    if (gguf_get_data_offset(got.get()) != data_offset) {
         mismatch("data offset");
     }
     for (int64_t i = 0; i < gguf_get_n_tensors(intended); ++i) {
@@ -215,16 +216,20 @@ std::vector<fs::path> write_gguf_streamed(StreamWriteRequest & req) {
         outputs.push_back(std::make_unique<AtomicOutput>(paths[size_t(s)]));
         File out = File::create_new(outputs.back()->temp_path());
 
+        // ggml writes the header straight into the file just created: serialized in
+        // memory it would be held twice (a tokenizer's worth, tens of MiB each). Its
+        // magic stays zero until the data is complete, so no reader takes a partial
+        // file for a model.
         std::array<char, 4> magic{};
-        uint64_t data_offset = 0;
-        {
-            std::vector<char> header(gguf_get_meta_size(meta.gguf));
-            gguf_get_meta_data(meta.gguf, header.data());
-            std::memcpy(magic.data(), header.data(), magic.size());
-            std::memset(header.data(), 0, magic.size());
-            out.pwrite_all(header.data(), header.size(), 0);
-            data_offset = header.size();
+        errno = 0;
+        if (!gguf_write_to_file(meta.gguf, out.path().c_str(), /*only_meta=*/true)) {
+            const int err = errno;
+            fail_file(out.path().string(),
+                      "cannot write the GGUF header" + (err ? std::string(": ") + std::strerror(err) : std::string()));
         }
+        const uint64_t data_offset = out.size();
+        out.pread_exact(magic.data(), magic.size(), 0);
+        out.pwrite_all(std::array<char, 4>{}.data(), magic.size(), 0);
         uint64_t end = data_offset;
         WriteBehind behind(out);
         for (size_t j = 0; j < meta.members.size(); ++j) {
@@ -242,7 +247,7 @@ std::vector<fs::path> write_gguf_streamed(StreamWriteRequest & req) {
         out.sync();
         out.pwrite_all(magic.data(), magic.size(), 0);
         out.sync();
-        verify_written(out.path(), meta.gguf, end);
+        verify_written(out.path(), meta.gguf, data_offset, end);
     }
     progress.finish();
     // The first shard is what a loader opens: it goes into place last.

@@ -729,14 +729,15 @@ ReplayReport run_replay(const ReplayOptions & opt, const std::vector<std::filesy
                 runners.emplace_back(s, opt, c, c.slots[l], f == futures.end() ? nullptr : &f->second, s.n_expert);
             }
             std::vector<std::array<PhaseCounts, 2>> local(configs.size());
-            for (uint64_t t = 0; t < n_tok; ++t) {
-                const bool reset = session_reset(t);
-                const std::span<const int32_t> predicted =
-                    pred.n && !s.batched[t] ? pred.of(t) : std::span<const int32_t>{};
-                for (size_t c = 0; c < runners.size(); ++c) {
-                    if (reset) {
+            // One configuration through every token before the next: its cache state stays
+            // in the core's own caches while the layer's requests stream past.
+            for (size_t c = 0; c < runners.size(); ++c) {
+                for (uint64_t t = 0; t < n_tok; ++t) {
+                    if (session_reset(t)) {
                         runners[c].reset();
                     }
+                    const std::span<const int32_t> predicted =
+                        pred.n && !s.batched[t] ? pred.of(t) : std::span<const int32_t>{};
                     runners[c].token(t, l, d, 0, predicted, local[c][size_t(phase_index(t))]);
                 }
             }

@@ -1,0 +1,32 @@
+#include "replay/policies/registry.h"
+#include "replay/policies/keyed_cache.h"
+#include "core/errors.h"
+
+namespace moeprune::policies {
+
+namespace {
+
+// Belady's MIN: evict the resident whose next use is farthest; never again is farthest.
+class Belady : public KeyedCache<Belady> {
+public:
+    Belady(int n_expert, int capacity, const AccessSequence & future)
+        : KeyedCache(n_expert, capacity, false), future_(future) {}
+private:
+    friend class KeyedCache<Belady>;
+    void on_chosen(int32_t e, size_t j) {
+        const uint64_t next = future_.next_use[future_.offsets[now() - 1] + j];
+        set_key(e, next == AccessSequence::kNeverAgain ? -(int64_t(1) << 46) : -int64_t(next));
+    }
+    const AccessSequence & future_;
+};
+
+} // namespace
+
+std::unique_ptr<CachePolicy> make_belady(const PolicySpec & s) {
+    if (!s.future || s.future->next_use.size() != s.future->ids.size()) {
+        throw Error("belady needs the whole request sequence with its next uses");
+    }
+    return std::make_unique<Belady>(s.n_expert, s.capacity, *s.future);
+}
+
+} // namespace moeprune::policies

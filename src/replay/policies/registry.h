@@ -1,0 +1,23 @@
+#pragma once
+// What a policy's factory is given, and the factories of registry.def.
+#include "replay/policy.h"
+
+#include <memory>
+#include <string>
+
+namespace moeprune::policies {
+
+struct PolicySpec {
+    const std::string & name;
+    int n_expert, capacity;
+    const PolicyParams & params;
+    const AccessSequence * future;   // set for policies that read the future
+};
+
+using PolicyFactory = std::unique_ptr<CachePolicy> (*)(const PolicySpec &);
+
+#define MOEPRUNE_POLICY(name, factory, reads_future) std::unique_ptr<CachePolicy> factory(const PolicySpec &);
+#include "replay/policies/registry.def"
+#undef MOEPRUNE_POLICY
+
+} // namespace moeprune::policies
