@@ -67,7 +67,7 @@ bool policy_reads_future(const std::string & name) {
 }
 
 std::unique_ptr<CachePolicy> make_policy(const std::string & name, int n_expert, int capacity, const PolicyParams & p,
-                                         const AccessSequence * future) {
+                                         const AccessSequence * future, const KeySchedule * keys) {
     if (n_expert > 65536) {
         throw Error(fmt::format("a cache of {} expert ids is more than the 65536 the policies address", n_expert));
     }
@@ -75,7 +75,10 @@ std::unique_ptr<CachePolicy> make_policy(const std::string & name, int n_expert,
     if (!e) {
         throw Error(fmt::format("unknown policy \"{}\" (known: {})", name, fmt::join(policy_names(), ", ")));
     }
-    return e->make({name, n_expert, capacity, p, e->reads_future ? future : nullptr});
+    if (keys && !policy_takes_key_schedule(name)) {
+        throw Error(fmt::format("internal: policy {} cannot follow a key schedule", name));
+    }
+    return e->make({name, n_expert, capacity, p, e->reads_future ? future : nullptr, keys});
 }
 
 } // namespace moeprune

@@ -4,6 +4,7 @@
 // expert the request needs, and every tie goes to the lowest expert id. The exact
 // rules are in docs/replay.md.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -57,9 +58,32 @@ struct AccessSequence {
     void index_next_uses(int n_expert);
 };
 
-// `future` is needed by belady only; it must outlive the policy.
+// The ema family's key after every score update of a request sequence that does not
+// depend on the cache (unbiased routing): the same for every cache size, so a sweep
+// computes the scores and their logarithms once per layer and policy, and each cache
+// only orders its residents by them. Request i's updates, in the order a cache applies
+// them (credited candidates by rank, then the chosen experts in request order), are
+// [offsets[i], offsets[i+1]).
+struct KeySchedule {
+    std::vector<uint64_t> offsets{0};
+    std::vector<int32_t> ids;
+    std::vector<int64_t> keys;
+    size_t size() const { return offsets.size() - 1; }
+};
+
+// Whether `name` is an ema-family policy, which can follow a KeySchedule.
+bool policy_takes_key_schedule(const std::string & name);
+
+// The schedule of `n_requests` requests: request_of(i, reset) gives request i and sets
+// `reset` when the cache is emptied before it (as CachePolicy::reset() does).
+KeySchedule build_key_schedule(const std::string & name, int n_expert, const PolicyParams & p, uint64_t n_requests,
+                               const std::function<Request(uint64_t, bool &)> & request_of);
+
+// `future` is needed by belady only; `keys`, optional for the ema family, must be the
+// schedule of exactly the requests (and resets) the policy will see. Both must outlive
+// the policy.
 std::unique_ptr<CachePolicy> make_policy(const std::string & name, int n_expert, int capacity, const PolicyParams & p,
-                                         const AccessSequence * future = nullptr);
+                                         const AccessSequence * future = nullptr, const KeySchedule * keys = nullptr);
 
 const std::vector<std::string> & policy_names();
 bool policy_reads_future(const std::string & name);

@@ -211,9 +211,9 @@ Predictions predict_layer(const LayerData & prev, const LayerData & cur, int k, 
 class Runner {
 public:
     Runner(const Setup & s, const ReplayOptions & opt, const Config & c, int slots, const AccessSequence * future,
-           int n_ids)
+           int n_ids, const KeySchedule * keys = nullptr)
         : s_(s), opt_(opt), lambda_(c.lambda), slots_(slots),
-          policy_(make_policy(c.policy, n_ids, slots, s.params, future)), credits_candidates_(
+          policy_(make_policy(c.policy, n_ids, slots, s.params, future, keys)), credits_candidates_(
               c.policy == "near-pick-ema" || c.policy == "inverse-router-ema"),
           plain_(lambda_ == 0.0 && !credits_candidates_), in_union_(size_t(n_ids), 0) {}
 
@@ -722,11 +722,36 @@ ReplayReport run_replay(const ReplayOptions & opt, const std::vector<std::filesy
                     }
                 }
             }
+            // An ema-family policy routed without looking at the cache sees the same
+            // requests at every cache size: its scores and keys are computed once here.
+            std::map<std::string, KeySchedule> schedules;
+            if (opt.prefill_union == 0) {
+                std::map<std::string, int> sizes;
+                for (const Config & c : configs) {
+                    sizes[c.policy] += c.lambda == 0.0 && policy_takes_key_schedule(c.policy);
+                }
+                for (const auto & [policy, n] : sizes) {
+                    if (n < 2) {
+                        continue;
+                    }
+                    const bool credits = policy == "near-pick-ema" || policy == "inverse-router-ema";
+                    schedules.emplace(policy, build_key_schedule(policy, s.n_expert, s.params, n_tok, [&](uint64_t t, bool & reset) {
+                        reset = session_reset(t);
+                        if (!credits) {
+                            return Request{d.unbiased_of(t, s.k), {}, {}};
+                        }
+                        return Request{d.unbiased_of(t, s.k), {d.cand.data() + t * d.width, d.n_cand[t]},
+                                       {d.logit.data() + t * d.width, d.n_cand[t]}};
+                    }));
+                }
+            }
             std::vector<Runner> runners;
             runners.reserve(configs.size());
             for (const Config & c : configs) {
                 const auto f = futures.find(future_key(c.slots[l]));
-                runners.emplace_back(s, opt, c, c.slots[l], f == futures.end() ? nullptr : &f->second, s.n_expert);
+                const auto ks = c.lambda == 0.0 ? schedules.find(c.policy) : schedules.end();
+                runners.emplace_back(s, opt, c, c.slots[l], f == futures.end() ? nullptr : &f->second, s.n_expert,
+                                     ks == schedules.end() ? nullptr : &ks->second);
             }
             std::vector<std::array<PhaseCounts, 2>> local(configs.size());
             // One configuration through every token before the next: its cache state stays

@@ -65,15 +65,12 @@ public:
     bool resident(int32_t e) const override { return slot_[size_t(e)].pos >= 0; }
 
 protected:
-    // Everything kept per expert, together, so that a touch costs one cache line:
-    // the heap's fields and, for the ema family, the decayed score.
+    // Everything the heap keeps per expert, together, so that a touch costs one cache line.
     struct Slot {
         int64_t key = 0;
         uint64_t chosen_at = 0;
         int32_t pos = -1;  // in heap_, or -1 when not resident
         bool stale = false;
-        double score = 0;    // ema family: score as of the request that last credited the expert
-        uint64_t stamp = 0;  // that request
     };
     Slot & slot(int32_t e) { return slot_[size_t(e)]; }
     const Slot & slot(int32_t e) const { return slot_[size_t(e)]; }

@@ -12,6 +12,7 @@ struct PolicySpec {
     int n_expert, capacity;
     const PolicyParams & params;
     const AccessSequence * future;   // set for policies that read the future
+    const KeySchedule * keys;        // optional, for the ema family
 };
 
 using PolicyFactory = std::unique_ptr<CachePolicy> (*)(const PolicySpec &);
