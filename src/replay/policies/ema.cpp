@@ -48,7 +48,7 @@ class DecayedScores {
 public:
     DecayedScores(int n_expert, double decay, Credit credit, int near_pick)
         : decay_(decay), log_decay_(std::log(decay)), credit_(credit), near_pick_(near_pick),
-          score_(size_t(n_expert), 0.0), stamp_(size_t(n_expert), 0) {}
+          scores_(size_t(n_expert)) {}
 
     // The candidates request `now` credits besides its chosen experts, in rank order:
     // f(e, credit) for each, skipping those is_chosen(e) names.
@@ -71,14 +71,15 @@ public:
         }
     }
     void add(int32_t e, double credit, uint64_t now) {
-        score_[size_t(e)] = score_[size_t(e)] * decay_pow(now - stamp_[size_t(e)]) + credit;
-        stamp_[size_t(e)] = now;
+        Score & s = scores_[size_t(e)];
+        s.score = s.score * decay_pow(now - s.stamp) + credit;
+        s.stamp = now;
     }
-    int64_t key(int32_t e) const { return ema_key(std::log(score_[size_t(e)]), stamp_[size_t(e)], log_decay_); }
-    void reset() {
-        std::fill(score_.begin(), score_.end(), 0.0);
-        std::fill(stamp_.begin(), stamp_.end(), 0);
+    int64_t key(int32_t e) const {
+        const Score & s = scores_[size_t(e)];
+        return ema_key(std::log(s.score), s.stamp, log_decay_);
     }
+    void reset() { std::fill(scores_.begin(), scores_.end(), Score{}); }
 
 private:
     // d^gap, from a table grown as far as the gaps seen go: a sweep builds thousands of
@@ -97,8 +98,12 @@ private:
     double decay_, log_decay_;
     Credit credit_;
     int near_pick_;
-    std::vector<double> score_;
-    std::vector<uint64_t> stamp_;
+    // Score and stamp side by side: a global cache credits thousands of ids per token.
+    struct Score {
+        double score = 0;
+        uint64_t stamp = 0;   // the request that last credited the expert
+    };
+    std::vector<Score> scores_;
     std::vector<double> decay_pow_;
     ExpMemo exp_memo_;
 };
