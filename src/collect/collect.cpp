@@ -877,16 +877,18 @@ CollectResult collect(const CollectOptions & opt) {
         throw Error(fmt::format("{} invariant(s) broken, statistics kept in {} for inspection: {}", inv.size(),
                                 bad.string(), inv.front().detail));
     }
+    // Before the trace takes its name: a failed imatrix write must not leave a finished
+    // trace beside no statistics.
+    if (imatrix) {
+        imatrix->write(opt.imatrix, {opt.corpus.string()}, uint32_t(opt.ctx));
+        stats.settings["imatrix"] = opt.imatrix.string();
+    }
     if (trace) {
         std::error_code ec;
         fs::rename(trace_partial, opt.trace, ec);
         if (ec) {
             fail_file(opt.trace.string(), "cannot rename " + trace_partial.string() + " into place: " + ec.message());
         }
-    }
-    if (imatrix) {
-        imatrix->write(opt.imatrix, {opt.corpus.string()}, uint32_t(opt.ctx));
-        stats.settings["imatrix"] = opt.imatrix.string();
     }
     write_stats(opt.output, stats);
     trace_guard.committed = true;
