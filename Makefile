@@ -4,6 +4,7 @@
 #   make test    build, then run the whole test suite, plain and under ASan+UBSan, and a fuzz smoke
 #   make fuzz    every fuzz target for FUZZ_RUNS executions (docs/reliability.md)
 #   make faults  kill/resume, disk-full and race checks of every writer (docs/reliability.md)
+#   make archs   the architecture matrix alone, then docs/architectures.md from its results
 #   make bench   every bench script, side by side with its peer; last lines as in docs/benchmarks.md
 BUILD_DIR  ?= build
 JOBS       ?= $(shell nproc)
@@ -16,6 +17,8 @@ CMAKE_ARGS += -DMOEPRUNE_SANITIZE=$(SANITIZE)
 export ASAN_OPTIONS ?= detect_leaks=1:abort_on_error=1
 export LSAN_OPTIONS ?= suppressions=$(CURDIR)/tests/lsan.supp
 export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
+# The architecture matrix runs in the plain pass only: it is llama.cpp's graphs, 54 times.
+CTEST_ARGS += -LE arch
 endif
 DEMO_DIR   ?= demo
 # make fuzz: every libFuzzer target (fuzz/) for FUZZ_RUNS executions, in build-fuzz/ (clang).
@@ -23,10 +26,11 @@ FUZZ_DIR   ?= build-fuzz
 FUZZ_RUNS  ?= 1000000
 FUZZ_SMOKE_RUNS ?= 20000
 
-.PHONY: build deps llama configure demo test fuzz fuzz-build fuzz-seeds faults bench clean
+CTEST_ARGS ?=
+.PHONY: archs build deps llama configure demo test fuzz fuzz-build fuzz-seeds faults bench clean
 
 build: configure
-	cmake --build $(BUILD_DIR) -j $(JOBS) --target moeprune llama-peers moeprune_tests
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target moeprune llama-peers moeprune_tests moeprune_arch_tests
 
 deps:
 	@bash scripts/install-deps.sh
@@ -46,7 +50,7 @@ demo: build
 # The whole suite, then the same suite again with moeprune's code under AddressSanitizer
 # and UndefinedBehaviorSanitizer (build-sanitize/); any report fails it.
 test: build
-	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
 ifeq ($(SANITIZE),)
 	$(MAKE) test SANITIZE=address,undefined
 	$(MAKE) fuzz FUZZ_RUNS=$(FUZZ_SMOKE_RUNS)
@@ -67,6 +71,12 @@ fuzz: fuzz-build
 # SIGKILL at random moments then rerun, disk full for every writer, two writers of one output.
 faults: build
 	@bash scripts/faults.sh
+
+# Every MoE architecture of the pinned llama.cpp through synth, collect, slice and eval.
+archs: build
+	rm -rf $(BUILD_DIR)/arch-results
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) -L arch; status=$$?; cd $(CURDIR) && \
+	  python3 scripts/arch-table.py $(BUILD_DIR)/arch-results docs/architectures.md && exit $$status
 
 # Every benchmark (bench/*.sh), one after another; BENCH_SKIP="scale" leaves the longest out.
 bench: build

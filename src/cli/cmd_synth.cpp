@@ -12,7 +12,8 @@ void add_synth(CLI::App & app, Action & action) {
     auto type = std::make_shared<std::string>("f32");
     auto json_out = std::make_shared<bool>(false);
     CLI::App * sub = app.add_subcommand("synth", "Build a small real-format MoE model through llama.cpp");
-    sub->add_option("--arch", opt->arch, "Architecture: qwen3moe, qwen2moe (shared expert), qwen4exp (hybrid, shared expert)")
+    sub->add_option("--arch", opt->arch, "llama.cpp architecture name (every MoE one of the pinned release; "
+                                         "docs/architectures.md lists them)")
         ->capture_default_str();
     sub->add_option("--layers", opt->n_layer, "Transformer blocks")->capture_default_str();
     sub->add_option("--experts", opt->n_expert, "Routed experts per layer")->capture_default_str();
@@ -23,6 +24,10 @@ void add_synth(CLI::App & app, Action & action) {
         ->capture_default_str();
     sub->add_flag("--gate-up", opt->gate_up, "Merged ffn_gate_up_exps tensors (qwen4exp)");
     sub->add_flag("--expert-scales", opt->expert_scales, "Per-expert ffn_*_exps.scale and .input_scale tensors");
+    sub->add_option("--groups", opt->groups, "Expert groups; a token uses the best half of them (DeepSeek-V3 style)");
+    sub->add_flag("--mtp", opt->mtp, "Make the last layer a nextn (multi-token prediction) layer");
+    sub->add_option("--dense-leading", opt->dense_leading,
+                    "Dense FFN layers before the MoE ones (default: one when a MoE layer is left)");
     sub->add_option("--split", opt->split, "Write N shards in gguf-split layout")->capture_default_str();
     sub->add_option("--seed", opt->seed, "Random seed")->capture_default_str();
     sub->add_option("--dead", opt->dead, "Plant N experts per layer that no input can route to")->capture_default_str();

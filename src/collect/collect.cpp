@@ -111,7 +111,7 @@ public:
           n_expert_used_(n_expert_used), n_embd_(n_embd), down_node_(std::move(down_node)), domains_(domains),
           stats_(stats), capture_(moe_layers_.size()), done_tokens_(moe_layers_.size(), 0),
           trace_count_(moe_layers_.size(), std::vector<uint64_t>(size_t(n_expert), 0)),
-          prob_drops_(moe_layers_.size(), 0) {
+          prob_drops_(moe_layers_.size(), 0), routed_this_graph_(moe_layers_.size(), 0) {
         for (size_t i = 0; i < moe_layers_.size(); ++i) {
             ordinal_[moe_layers_[i]] = int(i);
         }
@@ -169,6 +169,7 @@ public:
     Gating gating() const { return gating_; }
     // Graph evaluations stopped before the output head.
     uint64_t head_stops() const { return head_stops_; }
+    uint64_t repeat_routings() const { return repeat_routings_; }
     int trace_m() const { return trace_m_; }
     const std::vector<std::vector<uint64_t>> & trace_count() const { return trace_count_; }
     void set_trace_count(std::vector<std::vector<uint64_t>> c) { trace_count_ = std::move(c); }
@@ -181,9 +182,15 @@ private:
         // Every MoE layer is done once the final norm is computed: stopping the graph there
         // spares the output head, the largest matmul of a small-expert model, which only
         // feeds logits nobody reads (nor the imatrix, which leaves the head out).
-        if (opt_.generate == 0 && std::strcmp(t->name, "result_norm") == 0) {
-            head_stops_ += !ask;
-            return ask;
+        if (std::strcmp(t->name, "result_norm") == 0) {
+            if (!ask) {
+                std::fill(routed_this_graph_.begin(), routed_this_graph_.end(), 0);
+            }
+            if (opt_.generate == 0) {
+                head_stops_ += !ask;
+                return ask;
+            }
+            return true;
         }
         const bool for_imatrix = imatrix_ && ImatrixAccumulator::wants(t);
         if (ask) {
@@ -226,6 +233,12 @@ private:
             throw Error(fmt::format("{}: node {} belongs to layer {}, which has no routed experts in the model's tensors",
                                     arch_, name, il));
         }
+        // A second routing of a layer in one graph (grovemoe's adjugate experts, chosen by the
+        // same router from the same probabilities) adds no routing decision of its own.
+        if (routed_this_graph_[size_t(it->second)]) {
+            repeat_routings_ += node == down_node_;
+            return true;
+        }
         LayerCapture & c = capture_[size_t(it->second)];
         if (t->type != GGML_TYPE_F32 && !(node == "ffn_moe_topk" && t->type == GGML_TYPE_I32)) {
             throw Error(fmt::format("{}: node {} has type {}, expected {}", arch_, name, ggml_type_name(t->type),
@@ -267,6 +280,7 @@ private:
             reduce_down(t, c);
             process(it->second, c, il);
             c.clear();
+            routed_this_graph_[size_t(it->second)] = 1;
         }
         return true;
     }
@@ -480,6 +494,8 @@ private:
     std::vector<uint8_t> raw_;
     int trace_m_ = 0;
     uint64_t head_stops_ = 0;
+    std::vector<char> routed_this_graph_;  // per MoE layer, until the graph's result_norm
+    uint64_t repeat_routings_ = 0;
     Gating gating_ = Gating::Unknown;
     std::exception_ptr failure_;
 };
@@ -858,6 +874,8 @@ CollectResult collect(const CollectOptions & opt) {
     describe(windows.size(), true);
     stats.settings["gating"] = gating_name(collector.gating());
     stats.settings["expert_output_node"] = down_node;
+    // Second routings of a layer within one graph (grovemoe's adjugate experts) were not counted.
+    stats.settings["repeated_routings_ignored"] = collector.repeat_routings();
     // This process's forward passes only: a resumed run times what it evaluated.
     // Skipped on every evaluation unless --generate samples from the logits.
     res.head_skipped = res.decodes > 0 && collector.head_stops() >= res.decodes;

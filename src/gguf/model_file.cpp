@@ -174,8 +174,9 @@ const char * tensor_role_name(TensorRole role) {
 
 TensorClass classify_tensor(const std::string & name) {
     static const std::regex blk_re(R"(^blk\.(\d{1,6})\.(.+)$)");
-    // ffn_norm_exps (arctic) is one norm in front of all experts, not a per-expert tensor.
-    static const std::regex expert_re(R"(^ffn_(?!norm_exps)[a-z_]*_exps\.(weight|bias|scale|input_scale)$)");
+    // ffn_norm_exps (arctic) is one norm in front of all experts, not a per-expert tensor;
+    // ffn_*_chexps (grovemoe) are the adjugate experts routed by the same router.
+    static const std::regex expert_re(R"(^ffn_(?!norm_exps)[a-z_]*_(ch)?exps\.(weight|bias|scale|input_scale)$)");
     static const std::regex router_re(R"(^ffn_gate_inp\.(weight|bias)$)");
     static const std::regex selbias_re(R"(^exp_probs_b(_vl)?(\.bias)?$)");
     std::smatch m;

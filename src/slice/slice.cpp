@@ -35,7 +35,7 @@ bool looks_per_expert(const std::string & name) {
 }
 
 struct ModelFacts {
-    int64_t n_expert = 0, n_used = 0, n_block = 0, n_nextn = 0, n_group = 0;
+    int64_t n_expert = 0, n_used = 0, n_block = 0, n_nextn = 0, n_group = 0, n_group_used = 0;
 };
 
 ModelFacts read_facts(const GgufModel & m) {
@@ -53,6 +53,7 @@ ModelFacts read_facts(const GgufModel & m) {
     f.n_block = need("block_count");
     f.n_nextn = m.get_int(m.arch_key("nextn_predict_layers")).value_or(0);
     f.n_group = m.get_int(m.arch_key("expert_group_count")).value_or(0);
+    f.n_group_used = m.get_int(m.arch_key("expert_group_used_count")).value_or(0);
     if (f.n_expert <= 0) {
         fail_file(path, fmt::format("{} is {}: not a MoE model", m.arch_key("expert_count"), f.n_expert));
     }
@@ -203,6 +204,18 @@ void check_expert_groups(const ModelFacts & f, const KeepMap & km, const std::st
         fail_file(origin, fmt::format("keeps {} experts per layer, not a multiple of the model's {} expert groups; "
                                       "group-limited routing needs every group to keep the same number",
                                       km.k, f.n_group));
+    }
+    // llama.cpp ranks a group by the sum of its two best experts and refuses a model with
+    // as many groups as experts (n_expert_groups < n_expert in llama-model.cpp).
+    if (km.k / f.n_group < 2) {
+        fail_file(origin, fmt::format("keeps {} experts per layer, {} in each of the model's {} expert groups; llama.cpp "
+                                      "needs at least 2 per group (it ranks groups by their two best experts)",
+                                      km.k, km.k / f.n_group, f.n_group));
+    }
+    if (f.n_group_used > 0 && f.n_used > f.n_group_used * (km.k / f.n_group)) {
+        fail_file(origin, fmt::format("keeps {} experts per group, so the {} groups a token may use hold {} experts, "
+                                      "fewer than the {} each token uses",
+                                      km.k / f.n_group, f.n_group_used, f.n_group_used * (km.k / f.n_group), f.n_used));
     }
     const int64_t group_size = f.n_expert / f.n_group;
     for (const auto & [layer, ids] : km.layers) {

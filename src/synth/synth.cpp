@@ -1,4 +1,5 @@
 #include "synth/synth.h"
+#include "synth/architectures.h"
 #include "core/atomic_file.h"
 #include "core/errors.h"
 #include "gguf/model_file.h"
@@ -16,16 +17,12 @@
 #include <map>
 #include <random>
 #include <regex>
+#include <set>
 
 namespace moeprune {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-const std::vector<std::string> & synth_architectures() {
-    static const std::vector<std::string> archs = {"qwen3moe", "qwen2moe", "qwen4exp", "dots1"};
-    return archs;
-}
 
 ggml_type parse_ggml_type(const std::string & name) {
     std::string want = name;
@@ -124,6 +121,23 @@ struct Plan {
     int n_kind_coords = 0;                          // embedding coordinates 1..n_kind_coords mark text kinds
 };
 
+// A tensor as llama.cpp created it and synth filled it. llama.cpp's own model saver
+// refuses several architectures (those whose metadata it cannot write back), so synth
+// keeps what it filled and writes the file itself from the metadata it chose.
+struct FilledTensor {
+    std::string name;
+    ggml_type type;
+    int64_t ne[GGML_MAX_DIMS];
+    std::vector<uint8_t> bytes;
+};
+
+struct Filling {
+    Plan plan;
+    std::vector<FilledTensor> tensors;  // in llama.cpp's creation order, each name once
+    std::set<std::string> names;
+    std::set<int> router_layers;        // layers llama.cpp gave a router: where planting lands
+};
+
 uint64_t tensor_seed(uint64_t seed, const char * name) { return XXH64(name, std::strlen(name), seed); }
 
 int layer_of(const std::string & name) {
@@ -136,6 +150,14 @@ bool ends_with(const std::string & s, const std::string & suffix) {
     return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// Norm gains are ones (and their biases zeros): a random gain would scale the planted
+// coordinates by chance. Some architectures name them ffn_norm_exps, post_attention_norm...
+bool is_norm_weight(const ggml_tensor * t) {
+    const std::string name = t->name;
+    return ends_with(name, "norm.weight") || (name.find("norm") != std::string::npos && ends_with(name, ".weight") &&
+                                              ggml_n_dims(t) == 1);
+}
+
 bool planting(const Plan & p) { return !p.dead.empty() || !p.specialists.empty(); }
 
 // Fills every tensor llama.cpp creates. Planting works through the residual stream:
@@ -143,7 +165,8 @@ bool planting(const Plan & p) { return !p.dead.empty() || !p.specialists.empty()
 // of text kind k. No layer writes into those coordinates, so they reach every layer's
 // router unchanged, and router rows that weigh them strongly decide who can reach the top-k.
 void fill_tensor(ggml_tensor * t, void * ud) {
-    const Plan & plan = *static_cast<const Plan *>(ud);
+    auto & filling = *static_cast<Filling *>(ud);
+    const Plan & plan = filling.plan;
     const std::string name = t->name;
     const int64_t n = ggml_nelements(t);
     const int64_t row = t->ne[0];
@@ -169,7 +192,7 @@ void fill_tensor(ggml_tensor * t, void * ud) {
                 r[1 + kind] = 1.0f;
             }
         }
-    } else if (ends_with(name, "norm.weight") || ends_with(name, ".scale") || ends_with(name, ".input_scale")) {
+    } else if (is_norm_weight(t) || ends_with(name, ".scale") || ends_with(name, ".input_scale")) {
         std::fill(v.begin(), v.end(), 1.0f);
         static const std::regex expert_scale_re(R"(ffn_[a-z_]+_exps\.(input_)?scale$)");
         if (plan.opt.expert_scales && std::regex_search(name, expert_scale_re)) {
@@ -181,6 +204,7 @@ void fill_tensor(ggml_tensor * t, void * ud) {
     } else if (ends_with(name, "ffn_gate_inp.weight")) {
         normal(0.5f);
         const int layer = layer_of(name);
+        filling.router_layers.insert(layer);
         for (int64_t e = 0; e < t->ne[1]; ++e) {
             float * r = &v[size_t(e * row)];
             for (int c = 0; c <= plan.n_kind_coords; ++c) {
@@ -201,6 +225,8 @@ void fill_tensor(ggml_tensor * t, void * ud) {
                 r[1 + sl->second.at(int(e))] = 6.0f;
             }
         }
+    } else if (ends_with(name, "norm.bias")) {
+        std::fill(v.begin(), v.end(), 0.0f);
     } else if (ends_with(name, "ssm_a") || ends_with(name, "ssm_dt.bias") || ends_with(name, "exp_probs_b.bias")) {
         std::fill(v.begin(), v.end(), ends_with(name, "ssm_a") ? -1.0f : 0.0f);
     } else if (name == "output.weight") {
@@ -212,12 +238,24 @@ void fill_tensor(ggml_tensor * t, void * ud) {
     }
     // Nothing may write into the planted coordinates of the residual stream: at width
     // 256, a few layers of random updates would otherwise drown them, and dead experts
-    // would start to win the top-k in deeper layers.
-    static const std::regex residual_writer_re(R"((attn_output|ffn_down|ffn_down_exps|ffn_down_shexp)\.weight$)");
+    // would start to win the top-k in deeper layers. A writer is any projection back to
+    // the embedding width (attention and SSM outputs, every kind of down projection) and
+    // its bias.
+    static const std::regex residual_writer_re(
+        R"((attn_output|attn_out|ssm_out|ffn_down[a-z_]*|time_mix_output|channel_mix_value|shortconv\.out_proj)\.(weight|bias)$)");
     if (planting(plan) && std::regex_search(name, residual_writer_re)) {
-        for (int64_t r = 0; r < n / row; ++r) {
-            if (r % t->ne[1] <= plan.n_kind_coords) {
-                std::fill_n(&v[size_t(r * row)], row, 0.0f);
+        const int64_t n_embd = plan.opt.n_embd;
+        if (ends_with(name, ".bias") && row == n_embd) {
+            for (int64_t i = 0; i < n; ++i) {
+                if (i % row <= plan.n_kind_coords) {
+                    v[size_t(i)] = 0.0f;
+                }
+            }
+        } else if (t->ne[1] == n_embd) {
+            for (int64_t r = 0; r < n / row; ++r) {
+                if (r % t->ne[1] <= plan.n_kind_coords) {
+                    std::fill_n(&v[size_t(r * row)], row, 0.0f);
+                }
             }
         }
     }
@@ -231,10 +269,13 @@ void fill_tensor(ggml_tensor * t, void * ud) {
         ggml_quantize_chunk(t->type, v.data(), data.data(), 0, n / row, row, nullptr);
     }
     ggml_backend_tensor_set(t, data.data(), 0, data.size());
+    // A tied output matrix is created a second time under the embedding's name.
+    if (filling.names.insert(name).second) {
+        FilledTensor f{name, t->type, {}, std::move(data)};
+        std::copy(t->ne, t->ne + GGML_MAX_DIMS, f.ne);
+        filling.tensors.push_back(std::move(f));
+    }
 }
-
-void set_u32(gguf_context * ctx, const std::string & key, uint32_t v) { gguf_set_val_u32(ctx, key.c_str(), v); }
-void set_f32(gguf_context * ctx, const std::string & key, float v) { gguf_set_val_f32(ctx, key.c_str(), v); }
 
 void add_type_override(gguf_context * ctx, const std::string & name, ggml_type type) {
     ggml_tensor t;
@@ -246,10 +287,19 @@ void add_type_override(gguf_context * ctx, const std::string & name, ggml_type t
 
 fs::path default_vocab() { return fs::path(MOEPRUNE_LLAMA_DIR) / "models" / "ggml-vocab-qwen2.gguf"; }
 
-void check_options(const SynthOptions & o) {
-    const auto & archs = synth_architectures();
-    if (std::find(archs.begin(), archs.end(), o.arch) == archs.end()) {
-        throw Error("synth: unsupported --arch " + o.arch + " (supported: qwen3moe, qwen2moe, qwen4exp, dots1)");
+const ArchTraits & check_options(const SynthOptions & o) {
+    const ArchTraits * traits = find_arch(o.arch);
+    if (!traits) {
+        std::string names;
+        for (const auto & t : arch_table()) {
+            if (t.refused.empty()) {
+                names += (names.empty() ? "" : ", ") + t.name;
+            }
+        }
+        throw Error("synth: unsupported --arch " + o.arch + " (supported: " + names + ")");
+    }
+    if (!traits->refused.empty()) {
+        throw Error("synth: --arch " + o.arch + " is not supported: " + traits->refused);
     }
     // llama.cpp asserts instead of refusing past its fixed limits (LLAMA_MAX_LAYERS and
     // LLAMA_MAX_EXPERTS in src/llama-hparams.h of the pinned release).
@@ -257,14 +307,18 @@ void check_options(const SynthOptions & o) {
     if (o.n_layer < 1 || o.n_layer > kMaxLayers) {
         throw Error(fmt::format("synth: --layers must be from 1 to {} (got {})", kMaxLayers, o.n_layer));
     }
+    if (o.n_layer < traits->min_layers) {
+        throw Error(fmt::format("synth: {} needs --layers >= {} (llama.cpp builds its layer pattern from that many)",
+                                o.arch, traits->min_layers));
+    }
     if (o.n_expert < 2 || o.n_expert > kMaxExperts) {
         throw Error(fmt::format("synth: --experts must be from 2 to {} (got {})", kMaxExperts, o.n_expert));
     }
     if (o.n_expert_used < 1 || o.n_expert_used > o.n_expert) {
         throw Error(fmt::format("synth: --used must be from 1 to --experts {} (got {})", o.n_expert, o.n_expert_used));
     }
-    if (o.n_embd < 32 || o.n_embd % 32 != 0) {
-        throw Error(fmt::format("synth: --embd must be a multiple of 32 and at least 32 (got {})", o.n_embd));
+    if (o.n_embd < traits->head_dim || o.n_embd % traits->head_dim != 0) {
+        throw Error(fmt::format("synth: --embd must be a multiple of {} for {} (got {})", traits->head_dim, o.arch, o.n_embd));
     }
     if (o.n_ff < 1) {
         throw Error(fmt::format("synth: --ff must be at least 1 (got {})", o.n_ff));
@@ -278,8 +332,33 @@ void check_options(const SynthOptions & o) {
         throw Error(fmt::format("synth: type {} needs an importance matrix to quantize; use another type (e.g. iq4_nl)",
                                 ggml_type_name(o.expert_type)));
     }
-    if (o.gate_up && o.arch != "qwen4exp") {
-        throw Error("synth: --gate-up: llama.cpp loads merged ffn_gate_up_exps only for qwen4exp among the synth architectures");
+    if (o.gate_up && !traits->gate_up) {
+        throw Error("synth: --gate-up: llama.cpp does not load merged ffn_gate_up_exps for " + o.arch);
+    }
+    if (o.mtp && !traits->mtp) {
+        throw Error("synth: --mtp: " + (traits->no_mtp_reason.empty()
+                                            ? "llama.cpp builds no nextn (multi-token prediction) layers for " + o.arch
+                                            : traits->no_mtp_reason));
+    }
+    if (o.mtp && o.n_layer < 2) {
+        throw Error("synth: --mtp takes the last layer as the nextn layer, so it needs --layers >= 2");
+    }
+    if (o.groups != 0) {
+        if (traits->tuned) {
+            throw Error("synth: --groups: " + o.arch + " has no expert groups");
+        }
+        if (o.groups < 2 || o.n_expert % o.groups != 0 || o.groups >= o.n_expert) {
+            throw Error(fmt::format("synth: --groups must divide --experts {} into at least 2 groups (got {})", o.n_expert,
+                                    o.groups));
+        }
+        if (o.n_expert_used > (o.groups / 2) * (o.n_expert / o.groups)) {
+            throw Error(fmt::format("synth: --used {} is more than the {} experts of the {} groups a token may use",
+                                    o.n_expert_used, (o.groups / 2) * (o.n_expert / o.groups), o.groups / 2));
+        }
+    }
+    if (o.dense_leading > o.n_layer - int(o.mtp) - 1) {
+        throw Error(fmt::format("synth: --dense-leading {} leaves no MoE layer among {} layers", o.dense_leading,
+                                o.n_layer - int(o.mtp)));
     }
     if (o.split < 1 || o.split > 99) {
         throw Error("synth: --split must be between 1 and 99");
@@ -292,71 +371,33 @@ void check_options(const SynthOptions & o) {
         throw Error(fmt::format("synth: {} planted experts leave {} ordinary experts, fewer than --used {}", planted,
                                 o.n_expert - planted, o.n_expert_used));
     }
-    if ((o.dead > 0 || o.specialists) && o.arch == "qwen4exp") {
-        throw Error("synth: --dead and --specialists are planted for qwen3moe and qwen2moe; qwen4exp's hyper-connections "
-                    "mix the residual streams, so the planted coordinates are not guaranteed there");
+    if ((o.dead > 0 || o.specialists) && !traits->planting_refused.empty()) {
+        throw Error("synth: --dead and --specialists cannot be planted in " + o.arch + ": " + traits->planting_refused);
     }
-    if ((o.dead > 0 || o.specialists) && o.arch == "dots1") {
-        throw Error("synth: --dead and --specialists are planted for qwen3moe and qwen2moe; dots1's sigmoid router with "
-                    "selection bias has not been checked to keep the planted experts' routing");
-    }
-    if (o.arch == "dots1" && o.n_layer < 2) {
-        throw Error("synth: dots1 starts with a dense layer, so it needs --layers >= 2");
+    if ((o.dead > 0 || o.specialists) && o.groups > 0) {
+        throw Error("synth: --dead and --specialists are not planted with --groups: group-limited routing picks groups "
+                    "by their best experts, which the planted rows do not account for");
     }
     if (o.output.empty() || o.output.extension() != ".gguf") {
         throw Error("synth: -o must name a .gguf file");
     }
+    return *traits;
 }
 
-void add_arch_metadata(gguf_context * meta, const SynthOptions & o) {
-    const std::string a = o.arch;
-    const uint32_t head_dim = 32;
-    const uint32_t n_head = uint32_t(o.n_embd) / head_dim;
-    gguf_set_val_str(meta, "general.architecture", a.c_str());
-    gguf_set_val_str(meta, "general.name", ("moeprune-synth-" + a).c_str());
-    set_u32(meta, a + ".context_length", 4096);
-    set_u32(meta, a + ".embedding_length", uint32_t(o.n_embd));
-    set_u32(meta, a + ".block_count", uint32_t(o.n_layer));
-    set_u32(meta, a + ".feed_forward_length", uint32_t(o.n_ff));
-    set_u32(meta, a + ".attention.head_count", n_head);
-    // dots1 creates its K and V projections as wide as Q (no grouped-query attention).
-    set_u32(meta, a + ".attention.head_count_kv", a == "dots1" ? n_head : std::max(1u, n_head / 2));
-    set_f32(meta, a + ".attention.layer_norm_rms_epsilon", 1e-6f);
-    set_f32(meta, a + ".rope.freq_base", 1000000.0f);
-    set_u32(meta, a + ".expert_count", uint32_t(o.n_expert));
-    set_u32(meta, a + ".expert_used_count", uint32_t(o.n_expert_used));
-    set_u32(meta, a + ".expert_feed_forward_length", uint32_t(o.n_ff));
-    if (a == "qwen2moe" || a == "qwen4exp") {
-        set_u32(meta, a + ".expert_shared_feed_forward_length", uint32_t(o.n_ff));
+// One leading dense layer when at least one MoE layer is left after it, as the
+// DeepSeek-V3 family ships (three there); none for a one-layer trunk.
+SynthOptions resolve_defaults(SynthOptions o) {
+    const ArchTraits * traits = find_arch(o.arch);
+    if (traits && traits->tuned) {
+        const int fixed = o.arch == "dots1" ? 1 : 0;
+        if (o.dense_leading >= 0 && o.dense_leading != fixed) {
+            throw Error(fmt::format("synth: --dense-leading: {} always has {} dense leading layers", o.arch, fixed));
+        }
+        o.dense_leading = fixed;
+    } else if (o.dense_leading < 0) {
+        o.dense_leading = o.n_layer - int(o.mtp) >= 2 ? 1 : 0;
     }
-    if (a == "dots1") {
-        // A dense first layer, then MoE layers with a shared expert and a sigmoid router
-        // whose selection is biased by exp_probs_b and whose gates are renormalized and
-        // scaled: the DeepSeek-V3 style of gating.
-        set_u32(meta, a + ".leading_dense_block_count", 1);
-        set_u32(meta, a + ".expert_shared_count", 1);
-        set_f32(meta, a + ".expert_weights_scale", 2.5f);
-        gguf_set_val_bool(meta, (a + ".expert_weights_norm").c_str(), true);
-        set_u32(meta, a + ".expert_gating_func", 2);  // LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
-    }
-    if (a == "qwen4exp") {
-        // The geometry llama.cpp's own test-llama-archs uses for this architecture.
-        set_u32(meta, a + ".ssm.conv_kernel", 4);
-        set_u32(meta, a + ".ssm.state_size", 128);
-        set_u32(meta, a + ".ssm.time_step_rank", n_head);
-        set_u32(meta, a + ".ssm.group_count", 2);
-        set_u32(meta, a + ".ssm.inner_size", 128 * n_head);
-        set_u32(meta, a + ".hyper_connection.count", 4);
-        set_u32(meta, a + ".hyper_connection.low_rank", 8);
-        set_u32(meta, a + ".attention.indexer.head_count", 4);
-        set_u32(meta, a + ".attention.indexer.key_length", head_dim);
-        set_u32(meta, a + ".attention.indexer.top_k", 8);
-        set_u32(meta, a + ".full_attention_interval", 2);
-        const uint32_t sections[4] = {head_dim / 4, head_dim / 4, head_dim / 4, head_dim / 4};
-        gguf_set_arr_data(meta, (a + ".rope.dimension_sections").c_str(), GGUF_TYPE_UINT32, sections, 4);
-        std::vector<uint32_t> ratios(size_t(o.n_layer), 4);
-        gguf_set_arr_data(meta, (a + ".attention.compress_ratios").c_str(), GGUF_TYPE_UINT32, ratios.data(), ratios.size());
-    }
+    return o;
 }
 
 Plan make_plan(const SynthOptions & o, const gguf_context * vocab, const fs::path & vocab_path) {
@@ -397,12 +438,18 @@ Plan make_plan(const SynthOptions & o, const gguf_context * vocab, const fs::pat
     return p;
 }
 
-json planted_json(const Plan & p) {
+// The planted truth of the layers that route (dense leading layers have no experts).
+json planted_json(const Plan & p, const std::set<int> & router_layers) {
     json dead = json::object(), spec = json::object();
     for (const auto & [layer, ids] : p.dead) {
-        dead[std::to_string(layer)] = ids;
+        if (router_layers.count(layer)) {
+            dead[std::to_string(layer)] = ids;
+        }
     }
     for (const auto & [layer, m] : p.specialists) {
+        if (!router_layers.count(layer)) {
+            continue;
+        }
         json l = json::object();
         for (const auto & [id, kind] : m) {
             l[std::to_string(id)] = specialist_kinds()[size_t(kind)];
@@ -420,21 +467,20 @@ json planted_json(const Plan & p) {
 // Which of llama.cpp's tensors the output keeps, and how merged gate_up is split when
 // the user did not ask for it. llama.cpp creates every optional tensor when a model
 // is built from metadata (all .scale tensors, merged gate_up), so the requested layout
-// is carved out of what it saved.
+// is carved out of what it created.
 struct OutTensor {
     std::string name;
     const ggml_tensor * src;   // copied as is, or split from when half >= 0
     int half = -1;             // 0 = gate rows, 1 = up rows of a merged gate_up slab
 };
 
-std::vector<OutTensor> choose_tensors(const SynthOptions & o, ggml_context * data_ctx, const gguf_context * saved) {
+std::vector<OutTensor> choose_tensors(const SynthOptions & o, const std::vector<const ggml_tensor *> & filled) {
     // llama.cpp creates every optional .scale / .input_scale tensor in this mode; only the
     // per-expert ones asked for with --expert-scales stay.
     static const std::regex expert_scale_re(R"(ffn_[a-z_]+_exps\.(input_)?scale$)");
     std::vector<OutTensor> out;
-    for (int64_t i = 0; i < gguf_get_n_tensors(saved); ++i) {
-        const std::string name = gguf_get_tensor_name(saved, i);
-        const ggml_tensor * t = ggml_get_tensor(data_ctx, name.c_str());
+    for (const ggml_tensor * t : filled) {
+        const std::string name = t->name;
         if ((ends_with(name, ".scale") || ends_with(name, ".input_scale")) &&
             !(o.expert_scales && std::regex_search(name, expert_scale_re))) {
             continue;
@@ -458,8 +504,9 @@ struct HalfTensor {
 
 } // namespace
 
-SynthResult synthesize(const SynthOptions & o) {
-    check_options(o);
+SynthResult synthesize(const SynthOptions & requested) {
+    const SynthOptions o = resolve_defaults(requested);
+    const ArchTraits & traits = check_options(o);
     const fs::path vocab_path = o.vocab.empty() ? default_vocab() : o.vocab;
     {
         fs::path prefix = o.output;
@@ -475,7 +522,7 @@ SynthResult synthesize(const SynthOptions & o) {
 
     GgufPtr meta(gguf_init_empty());
     gguf_set_kv(meta.get(), vocab.get());
-    add_arch_metadata(meta.get(), o);
+    add_arch_metadata(meta.get(), o, traits);
     for (int il = 0; il < o.n_layer; ++il) {
         for (const char * base : {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_up_exps"}) {
             add_type_override(meta.get(), fmt::format("blk.{}.{}.weight", il, base), o.expert_type);
@@ -493,39 +540,37 @@ SynthResult synthesize(const SynthOptions & o) {
     llama_backend_init();
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 0;
-    llama_model * model = llama_model_init_from_user(meta.get(), fill_tensor, &plan, mp);
+    mp.load_mtp = true;  // otherwise llama.cpp skips the nextn tensors it would have to save
+    Filling filling{std::move(plan), {}, {}, {}};
+    llama_model * model = llama_model_init_from_user(meta.get(), fill_tensor, &filling, mp);
     if (!model) {
         throw Error("synth: llama.cpp could not build a " + o.arch + " model from these settings");
     }
-    // Scratch copy of llama.cpp's own save; never committed, removed on every exit path.
-    AtomicOutput staged(o.output.string() + ".llama");
-    llama_model_save_to_file(model, staged.temp_path().c_str());
     llama_model_free(model);
-
-    ggml_context * data_ctx = nullptr;
-    gguf_init_params gp{/*no_alloc=*/false, &data_ctx};
-    GgufPtr saved(gguf_init_from_file(staged.temp_path().c_str(), gp));
-    if (!saved) {
-        std::error_code ec;
-        const fs::space_info space = fs::space(staged.temp_path().parent_path().empty() ? "." : staged.temp_path().parent_path(), ec);
-        fail_file(staged.temp_path().string(),
-                  fmt::format("llama.cpp's save did not produce a readable GGUF ({} bytes written, {} bytes free on "
-                              "that file system: a full disk?)", fs::file_size(staged.temp_path(), ec),
-                              ec ? 0 : space.available));
+    if (filling.router_layers.empty()) {
+        throw Error("synth: llama.cpp built no expert router (ffn_gate_inp) for " + o.arch + ": not a MoE model as built");
     }
-    std::unique_ptr<ggml_context, decltype(&ggml_free)> data_guard(data_ctx, ggml_free);
+
+    // Tensors over the kept bytes, and room for the halves of split gate_up slabs.
+    ggml_init_params ip{ggml_tensor_overhead() * (2 * filling.tensors.size() + 1), nullptr, /*no_alloc=*/true};
+    std::unique_ptr<ggml_context, decltype(&ggml_free)> tensor_ctx(ggml_init(ip), ggml_free);
+    std::vector<const ggml_tensor *> filled;
+    for (auto & f : filling.tensors) {
+        ggml_tensor * t = ggml_new_tensor(tensor_ctx.get(), f.type, GGML_MAX_DIMS, f.ne);
+        ggml_set_name(t, f.name.c_str());
+        t->data = f.bytes.data();
+        filled.push_back(t);
+    }
 
     SynthResult result;
-    result.planted = planted_json(plan);
+    result.planted = planted_json(filling.plan, filling.router_layers);
     const json settings = {{"arch", o.arch}, {"layers", o.n_layer}, {"experts", o.n_expert}, {"used", o.n_expert_used},
                            {"embd", o.n_embd}, {"ff", o.n_ff}, {"type", ggml_type_name(o.expert_type)},
-                           {"gate_up", o.gate_up}, {"expert_scales", o.expert_scales}, {"split", o.split},
+                           {"gate_up", o.gate_up}, {"expert_scales", o.expert_scales}, {"groups", o.groups}, {"mtp", o.mtp},
+                           {"dense_leading", o.dense_leading}, {"split", o.split},
                            {"seed", o.seed}, {"dead", o.dead}, {"specialists", o.specialists}};
 
-    const std::vector<OutTensor> chosen = choose_tensors(o, data_ctx, saved.get());
-    // Split halves need tensors of their own shape; they live in this context.
-    ggml_init_params ip{ggml_tensor_overhead() * (chosen.size() + 1), nullptr, /*no_alloc=*/true};
-    std::unique_ptr<ggml_context, decltype(&ggml_free)> half_ctx(ggml_init(ip), ggml_free);
+    const std::vector<OutTensor> chosen = choose_tensors(o, filled);
     std::vector<HalfTensor> halves;
     halves.reserve(chosen.size());
     std::vector<const ggml_tensor *> tensors;
@@ -535,7 +580,7 @@ SynthResult synthesize(const SynthOptions & o) {
             continue;
         }
         const int64_t n_ff = c.src->ne[1] / 2;
-        ggml_tensor * h = ggml_new_tensor_3d(half_ctx.get(), c.src->type, c.src->ne[0], n_ff, c.src->ne[2]);
+        ggml_tensor * h = ggml_new_tensor_3d(tensor_ctx.get(), c.src->type, c.src->ne[0], n_ff, c.src->ne[2]);
         ggml_set_name(h, c.name.c_str());
         const size_t row = ggml_row_size(c.src->type, c.src->ne[0]);
         HalfTensor ht{h, std::vector<uint8_t>(ggml_nbytes(h))};
@@ -556,7 +601,7 @@ SynthResult synthesize(const SynthOptions & o) {
         const fs::path path = n_split == 1 ? o.output : split_shard_path(prefix, s + 1, n_split);
         GgufPtr out(gguf_init_empty());
         if (s == 0) {
-            gguf_set_kv(out.get(), saved.get());
+            gguf_set_kv(out.get(), meta.get());
             if (gguf_find_key(out.get(), "tokenizer.chat_template") < 0) {
                 // llama.cpp saves no template and the Qwen2 vocabulary file has none; Qwen
                 // models speak ChatML, which llama.cpp recognizes by its markers.

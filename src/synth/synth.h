@@ -23,6 +23,9 @@ struct SynthOptions {
     ggml_type expert_type = GGML_TYPE_F32;
     bool gate_up = false;                // merged ffn_gate_up_exps
     bool expert_scales = false;          // per-expert ffn_*_exps.scale tensors
+    int groups = 0;                      // expert groups (DeepSeek-V3 style group-limited routing)
+    bool mtp = false;                    // one nextn (multi-token prediction) layer at the end
+    int dense_leading = -1;              // dense FFN layers before the MoE ones; -1: one when there is room
     int split = 1;                       // shards in gguf-split layout
     uint64_t seed = 42;
     int dead = 0;                        // experts per layer that no input can route to
@@ -37,7 +40,6 @@ struct SynthResult {
     uint64_t bytes = 0;
 };
 
-const std::vector<std::string> & synth_architectures();
 ggml_type parse_ggml_type(const std::string & name);  // "q4_K", "f16", ... as ggml names them
 
 // The text kinds specialists are planted for, and how a token is classified.

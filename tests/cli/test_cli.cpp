@@ -57,8 +57,14 @@ TEST(Cli, BadInputsExitNonZeroNamingTheFile) {
     EXPECT_EQ(r.exit_code, 1);
     EXPECT_NE(r.output.find("keep.json: layer 0: ids are not in ascending order"), std::string::npos) << r.output;
 
-    r = test::run_command(moeprune_cmd("synth --arch llama -o " + (dir / "x.gguf").string()));
+    r = test::run_command(moeprune_cmd("synth --arch gpt2 -o " + (dir / "x.gguf").string()));
     EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.output.find("unsupported --arch gpt2"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(dir / "x.gguf"));
+    // A MoE architecture whose graph never routes is refused with the reason.
+    r = test::run_command(moeprune_cmd("synth --arch refact -o " + (dir / "x.gguf").string()));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.output.find("never routes through them"), std::string::npos) << r.output;
     EXPECT_FALSE(fs::exists(dir / "x.gguf"));
 }
 

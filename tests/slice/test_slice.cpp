@@ -408,18 +408,28 @@ TEST(Slice, MtpLayersMustBeCoveredOrDropped) {
 TEST(Slice, ExpertGroupsMustKeepTheSameNumberEach) {
     test::TempDir dir;
     test::FakeMoe spec;
-    spec.n_group = 4;  // groups {0,1} {2,3} {4,5} {6,7}
+    spec.n_group = 2;  // groups {0..3} {4..7}
     test::write_fake_moe(dir / "m.gguf", spec);
-    test::write_keep(dir / "even.json", test::keep_all_but(8, {{0, {0, 2, 4, 6}}, {1, {1, 3, 5, 7}}}, 2));
-    test::write_keep(dir / "uneven.json", test::keep_all_but(8, {{0, {0, 2, 4, 6}}, {1, {0, 1, 4, 6}}}, 2));
+    test::write_keep(dir / "even.json", test::keep_all_but(8, {{0, {0, 1, 4, 5}}, {1, {1, 3, 5, 7}}}, 2));
+    test::write_keep(dir / "uneven.json", test::keep_all_but(8, {{0, {0, 1, 4, 5}}, {1, {0, 1, 2, 4}}}, 2));
     auto r = slice(fmt::format("-m {} --keep {} -o {}", (dir / "m.gguf").string(), (dir / "even.json").string(),
                                (dir / "even.gguf").string()));
     EXPECT_EQ(r.exit_code, 0) << r.output;
     r = slice(fmt::format("-m {} --keep {} -o {}", (dir / "m.gguf").string(), (dir / "uneven.json").string(),
                           (dir / "uneven.gguf").string()));
     EXPECT_NE(r.exit_code, 0);
-    EXPECT_NE(r.output.find("layer 1: expert group 0 (experts 0..1) keeps 0 experts"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("layer 1: expert group 0 (experts 0..3) keeps 1 experts"), std::string::npos) << r.output;
     EXPECT_FALSE(fs::exists(dir / "uneven.gguf"));
+
+    // One expert per group: llama.cpp would assert on load (n_expert_groups < n_expert).
+    spec.n_group = 4;
+    test::write_fake_moe(dir / "g4.gguf", spec);
+    test::write_keep(dir / "one.json", test::keep_all_but(8, {{0, {0, 2, 4, 6}}, {1, {1, 3, 5, 7}}}, 2));
+    r = slice(fmt::format("-m {} --keep {} -o {}", (dir / "g4.gguf").string(), (dir / "one.json").string(),
+                          (dir / "one.gguf").string()));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find("needs at least 2 per group"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(dir / "one.gguf"));
 }
 
 TEST(Slice, RefusesPerExpertLookingTensorsItCannotSlice) {
