@@ -21,7 +21,7 @@ COLUMNS = [
     ("identity_bit_exact", "identity slice bit-exact"),
     ("planted_dead_kld", "planted-dead slice KLD <= 1e-5"),
     ("eval_masking_equals_sliced", "eval masking = sliced"),
-    ("mtp", "MTP"),
+    ("mtp", "MTP (nextn layer sliced, loads)"),
     ("groups", "groups"),
 ]
 
@@ -39,7 +39,7 @@ def main():
     rows = [json.loads(p.read_text()) for p in sorted(results_dir.glob("*.json"))]
     if not rows:
         sys.exit(f"arch-table: no results in {results_dir} (run `make archs` first)")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True).stdout.strip()
     archs = sorted({r["arch"] for r in rows})
     lines = [
         "# Architectures",
@@ -53,7 +53,12 @@ def main():
         "",
         "Each case synthesizes 8 experts, top-2, through llama.cpp, with the architecture's nextn",
         "layer where it has one and two planted dead experts per layer where planting is possible.",
-        "`pass`: verified on this run; `n/a`: does not apply (reason below); `fail`: checked and wrong.",
+        "Dead-slice and cut KLDs are means over the first 96 tokens of the test text against the",
+        "original (planted dead experts sliced away; two live experts per layer sliced away);",
+        "masked vs sliced is eval's per-token KLD over the whole text between the cut masked",
+        "inside the original and the sliced file.",
+        "`pass`: verified on this run; `n/a`: does not apply (reason below); `fail`: checked and wrong;",
+        "`not run`: the case stopped before (a case marked crashed ended without finishing).",
         "",
         "## Fraction of architectures passing each column",
         "",
@@ -76,21 +81,23 @@ def main():
         lines.append(f"| {title} | {passed} | {applies} | {passed}/{len(by_arch)} ({100 * passed / len(by_arch):.0f}%) |")
     lines += ["", "## Per case", "",
               "| case | " + " | ".join(t for _, t in COLUMNS) +
-              " | gating | expert output node | MoE layers | dead-slice KLD | masked vs sliced KLD (mean / worst token) |",
-              "|---" * (len(COLUMNS) + 6) + "|"]
+              " | gating | expert output node | MoE layers | dead-slice KLD | cut KLD | masked vs sliced KLD (mean / worst token) |",
+              "|---" * (len(COLUMNS) + 7) + "|"]
 
     def num(value):
         return "-" if value is None else f"{value:.1e}"
 
     for r in rows:
+        if not r.get("finished", True):
+            r["case"] += " (crashed)"
         c, notes = r["columns"], r.get("notes", {})
         masked = "-"
         if "eval_masked_vs_sliced_mean_kld" in notes:
             masked = num(notes["eval_masked_vs_sliced_mean_kld"]) + " / " + num(notes["eval_masked_vs_sliced_worst_kld"])
-        lines.append("| {} | {} | {} | {} | {} | {} | {} |".format(
+        lines.append("| {} | {} | {} | {} | {} | {} | {} | {} |".format(
             r["case"], " | ".join(cell(c.get(k)) for k, _ in COLUMNS), notes.get("gating", "-"),
             notes.get("expert_output_node", "-"), ",".join(str(x) for x in notes.get("moe_layers", [])) or "-",
-            num(notes.get("planted_dead_kld")), masked))
+            num(notes.get("planted_dead_kld")), num(notes.get("cut_kld")), masked))
     reasons = []
     for r in rows:
         by_reason = {}

@@ -134,6 +134,7 @@ public:
     void begin_batch(std::vector<TokenInfo> tokens) {
         batch_ = std::move(tokens);
         std::fill(done_tokens_.begin(), done_tokens_.end(), 0);
+        std::fill(routed_this_graph_.begin(), routed_this_graph_.end(), 0);
         trace_ids_.assign(batch_.size() * moe_layers_.size() * size_t(trace_m_), 0);
         trace_logits_.assign(trace_ids_.size(), 0.0f);
     }

@@ -65,7 +65,10 @@ const std::vector<ArchTraits> & arch_table() {
             set(n, mla);
         }
         for (const char * n : {"lfm2moe", "kimi-linear", "bailingmoe3", "kimi-k3", "nemotron_h_moe"}) {
-            set(n, [](ArchTraits & t) { t.recurrent_layer_1 = true; });
+            set(n, [](ArchTraits & t) {
+                t.recurrent_layer_1 = true;
+                t.min_layers = std::max(t.min_layers, 2);
+            });
         }
         for (const char * n : {"cohere2moe", "mimo2", "step35", "dots3note"}) {
             set(n, [](ArchTraits & t) { t.swa_pattern_per_layer = true; });
@@ -290,10 +293,6 @@ void add_general_metadata(const Writer & w, const SynthOptions & o, const ArchTr
     w.flag("expert_weights_norm", true);
     w.f32("expert_group_scale", 1.0f);
     w.u32("experts_per_group", 1);
-    if (o.groups > 0) {
-        w.u32("expert_group_count", uint32_t(o.groups));
-        w.u32("expert_group_used_count", uint32_t(std::max(1, o.groups / 2)));
-    }
     if (o.mtp) {
         w.u32("nextn_predict_layers", 1);
     }
@@ -333,6 +332,11 @@ void add_arch_metadata(gguf_context * meta, const SynthOptions & o, const ArchTr
         add_tuned_metadata(w, o);
     } else {
         add_general_metadata(w, o, traits);
+    }
+    // llama.cpp reads expert groups for every architecture (llama_model_base::load_hparams).
+    if (o.groups > 0) {
+        w.u32("expert_group_count", uint32_t(o.groups));
+        w.u32("expert_group_used_count", uint32_t(std::max(1, o.groups / 2)));
     }
 }
 

@@ -344,9 +344,6 @@ const ArchTraits & check_options(const SynthOptions & o) {
         throw Error("synth: --mtp takes the last layer as the nextn layer, so it needs --layers >= 2");
     }
     if (o.groups != 0) {
-        if (traits->tuned) {
-            throw Error("synth: --groups: " + o.arch + " has no expert groups");
-        }
         if (o.groups < 2 || o.n_expert % o.groups != 0 || o.groups >= o.n_expert) {
             throw Error(fmt::format("synth: --groups must divide --experts {} into at least 2 groups (got {})", o.n_expert,
                                     o.groups));
@@ -540,7 +537,10 @@ SynthResult synthesize(const SynthOptions & requested) {
     llama_backend_init();
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 0;
-    mp.load_mtp = true;  // otherwise llama.cpp skips the nextn tensors it would have to save
+    mp.load_mtp = true;  // otherwise llama.cpp creates no nextn tensors
+    // Repacked buffer types (chosen by the CPU's features) would reorder the tensors it
+    // hands over, and synth writes them in that order: same flags, same bytes, on any host.
+    mp.use_extra_bufts = false;
     Filling filling{std::move(plan), {}, {}, {}};
     llama_model * model = llama_model_init_from_user(meta.get(), fill_tensor, &filling, mp);
     if (!model) {
@@ -567,7 +567,7 @@ SynthResult synthesize(const SynthOptions & requested) {
     const json settings = {{"arch", o.arch}, {"layers", o.n_layer}, {"experts", o.n_expert}, {"used", o.n_expert_used},
                            {"embd", o.n_embd}, {"ff", o.n_ff}, {"type", ggml_type_name(o.expert_type)},
                            {"gate_up", o.gate_up}, {"expert_scales", o.expert_scales}, {"groups", o.groups}, {"mtp", o.mtp},
-                           {"dense_leading", o.dense_leading}, {"split", o.split},
+                           {"dense_leading", *filling.router_layers.begin()}, {"split", o.split},
                            {"seed", o.seed}, {"dead", o.dead}, {"specialists", o.specialists}};
 
     const std::vector<OutTensor> chosen = choose_tensors(o, filled);
@@ -603,7 +603,7 @@ SynthResult synthesize(const SynthOptions & requested) {
         if (s == 0) {
             gguf_set_kv(out.get(), meta.get());
             if (gguf_find_key(out.get(), "tokenizer.chat_template") < 0) {
-                // llama.cpp saves no template and the Qwen2 vocabulary file has none; Qwen
+                // The Qwen2 vocabulary file has no template; Qwen
                 // models speak ChatML, which llama.cpp recognizes by its markers.
                 gguf_set_val_str(out.get(), "tokenizer.chat_template",
                                  "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"

@@ -430,6 +430,16 @@ TEST(Slice, ExpertGroupsMustKeepTheSameNumberEach) {
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.output.find("needs at least 2 per group"), std::string::npos) << r.output;
     EXPECT_FALSE(fs::exists(dir / "one.gguf"));
+
+    // Top-3 routing within one of two groups needs 3 experts in a group; 2 each are kept.
+    spec.n_group = 2;
+    spec.n_used = 3;
+    test::write_fake_moe(dir / "k3.gguf", spec);
+    r = slice(fmt::format("-m {} --keep {} -o {}", (dir / "k3.gguf").string(), (dir / "even.json").string(),
+                          (dir / "k3-sliced.gguf").string()));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find("fewer than the 3 each token uses"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(dir / "k3-sliced.gguf"));
 }
 
 TEST(Slice, RefusesPerExpertLookingTensorsItCannotSlice) {
