@@ -14,12 +14,14 @@ namespace {
 struct PolicyEntry {
     std::string name;
     policies::PolicyFactory make;
+    policies::StackFactory make_stack;
     bool reads_future;
 };
 
 const std::vector<PolicyEntry> & registry() {
     static const std::vector<PolicyEntry> entries = {
-#define MOEPRUNE_POLICY(name, factory, reads_future) {name, &policies::factory, reads_future},
+#define MOEPRUNE_POLICY(name, factory, stack_factory, reads_future)                                                     \
+    {name, &policies::factory, &policies::stack_factory, reads_future},
 #include "replay/policies/registry.def"
 #undef MOEPRUNE_POLICY
     };
@@ -36,6 +38,12 @@ const PolicyEntry * find_policy(const std::string & name) {
 }
 
 } // namespace
+
+namespace policies {
+
+std::unique_ptr<StackPolicy> not_a_stack_algorithm(const PolicySpec &) { return nullptr; }
+
+} // namespace policies
 
 void AccessSequence::index_next_uses(int n_expert) {
     std::vector<uint64_t> seen(size_t(n_expert), kNeverAgain);
@@ -66,8 +74,9 @@ bool policy_reads_future(const std::string & name) {
     return e && e->reads_future;
 }
 
-std::unique_ptr<CachePolicy> make_policy(const std::string & name, int n_expert, int capacity, const PolicyParams & p,
-                                         const AccessSequence * future, const KeySchedule * keys) {
+namespace {
+
+const PolicyEntry & policy_entry(const std::string & name, int n_expert) {
     if (n_expert > 65536) {
         throw Error(fmt::format("a cache of {} expert ids is more than the 65536 the policies address", n_expert));
     }
@@ -75,6 +84,25 @@ std::unique_ptr<CachePolicy> make_policy(const std::string & name, int n_expert,
     if (!e) {
         throw Error(fmt::format("unknown policy \"{}\" (known: {})", name, fmt::join(policy_names(), ", ")));
     }
+    return *e;
+}
+
+} // namespace
+
+bool policy_is_stack_algorithm(const std::string & name) {
+    const PolicyEntry * e = find_policy(name);
+    return e && e->make_stack != &policies::not_a_stack_algorithm;
+}
+
+std::unique_ptr<StackPolicy> make_stack_policy(const std::string & name, int n_expert, int largest, const PolicyParams & p,
+                                               const AccessSequence * future) {
+    const PolicyEntry & e = policy_entry(name, n_expert);
+    return e.make_stack({name, n_expert, largest, p, e.reads_future ? future : nullptr, nullptr});
+}
+
+std::unique_ptr<CachePolicy> make_policy(const std::string & name, int n_expert, int capacity, const PolicyParams & p,
+                                         const AccessSequence * future, const KeySchedule * keys) {
+    const PolicyEntry * e = &policy_entry(name, n_expert);
     if (keys && !policy_takes_key_schedule(name)) {
         throw Error(fmt::format("internal: policy {} cannot follow a key schedule", name));
     }

@@ -38,6 +38,23 @@ public:
     virtual bool resident(int32_t expert) const = 0;
 };
 
+// Every cache size of one policy at once, for the policies that are stack algorithms
+// (Mattson et al., 1970): those that evict the resident lowest in an order of all
+// experts whose rules do not depend on the cache size (lru, lfu, the ema family,
+// belady). A cache of C slots then always holds the top C of one list of experts, the
+// stack, so one pass gives the misses of every C: a chosen expert is a miss for
+// exactly the sizes up to its depth. docs/replay.md shows why the batched requests
+// (a token's experts at once, none evicted for another) keep the property.
+class StackPolicy {
+public:
+    virtual ~StackPolicy() = default;
+    // depth[j] is where r.chosen[j] stood in the stack before this request, or the
+    // largest capacity when it stood deeper or was never seen: a cache of C slots
+    // (k <= C <= largest) missed it iff depth[j] >= C.
+    virtual void depths(const Request & r, std::span<int32_t> depth) = 0;
+    virtual void reset() = 0;
+};
+
 // The whole request sequence of one cache for offline policies: the chosen ids of
 // every request, flat, and for each pick the request (counted from 1, as policies
 // count) that next chooses that expert, or kNeverAgain.
@@ -84,6 +101,12 @@ KeySchedule build_key_schedule(const std::string & name, int n_expert, const Pol
 // the policy.
 std::unique_ptr<CachePolicy> make_policy(const std::string & name, int n_expert, int capacity, const PolicyParams & p,
                                          const AccessSequence * future = nullptr, const KeySchedule * keys = nullptr);
+
+// nullptr when `name` is not a stack algorithm; `largest` is the largest cache size
+// the depths must tell apart.
+std::unique_ptr<StackPolicy> make_stack_policy(const std::string & name, int n_expert, int largest,
+                                               const PolicyParams & p, const AccessSequence * future = nullptr);
+bool policy_is_stack_algorithm(const std::string & name);
 
 const std::vector<std::string> & policy_names();
 bool policy_reads_future(const std::string & name);

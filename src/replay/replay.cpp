@@ -207,6 +207,16 @@ Predictions predict_layer(const LayerData & prev, const LayerData & cur, int k, 
     return p;
 }
 
+// What storage must serve for `exposed` experts of layer l in one request: reads in
+// rounds of the queue depth.
+void count_exposed(const Setup & s, const ReplayOptions & opt, uint32_t l, uint64_t exposed, PhaseCounts & pc) {
+    if (exposed > 0) {
+        const auto depth = uint64_t(opt.throughput.queue_depth);
+        pc.rounds += (exposed + depth - 1) / depth;
+        pc.exposed_bytes += double(exposed) * (s.expert_bytes.empty() ? 0.0 : s.expert_bytes[l]);
+    }
+}
+
 // One configuration's cache (one layer's, or the global one) and its counters.
 class Runner {
 public:
@@ -287,12 +297,7 @@ private:
 
     double bytes(uint32_t l) const { return s_.expert_bytes.empty() ? 0.0 : s_.expert_bytes[l]; }
 
-    void expose(uint32_t l, uint64_t exposed, PhaseCounts & pc) {
-        if (exposed > 0) {
-            pc.rounds += (exposed + uint64_t(opt_.throughput.queue_depth) - 1) / uint64_t(opt_.throughput.queue_depth);
-            pc.exposed_bytes += double(exposed) * bytes(l);
-        }
-    }
+    void expose(uint32_t l, uint64_t exposed, PhaseCounts & pc) { count_exposed(s_, opt_, l, exposed, pc); }
 
     void request_batch(uint64_t first, uint64_t last, uint32_t l, const LayerData & d, int32_t id_base,
                        PhaseCounts & pc) {
@@ -413,6 +418,54 @@ AccessSequence unbiased_requests(const Setup & s, const std::vector<const LayerD
     }
     seq.index_next_uses(s.n_expert * int(layers.size()));
     return seq;
+}
+
+bool session_resets_at(const Setup & s, const ReplayOptions & opt, uint64_t t) {
+    return opt.reset_on_session && t > 0 && s.meta[t].seq != s.meta[t - 1].seq;
+}
+
+size_t phase_index(const Setup & s, uint64_t t) { return s.meta[t].phase == TracePhase::Decode ? 1 : 0; }
+
+// Configurations `members` of one stack-algorithm policy (policy.h's StackPolicy) in
+// one pass over layer l: each token's chosen experts are requested once, and each
+// configuration counts those at least as deep as its slots as misses, the counters a
+// Runner keeps. Only where the requests do not depend on the cache: unbiased routing
+// of single tokens (lambda 0, no prefill unions) without prefetch.
+void replay_all_sizes(const Setup & s, const ReplayOptions & opt, uint32_t l, const LayerData & d,
+                      const std::vector<Config> & configs, const std::vector<size_t> & members,
+                      const AccessSequence * future, std::vector<std::array<PhaseCounts, 2>> & local) {
+    const std::string & policy = configs[members.front()].policy;
+    std::vector<int> slots;
+    for (size_t c : members) {
+        slots.push_back(configs[c].slots[l]);
+    }
+    const auto stack = make_stack_policy(policy, s.n_expert, *std::max_element(slots.begin(), slots.end()), s.params, future);
+    const bool credits = policy == "near-pick-ema" || policy == "inverse-router-ema";
+    std::vector<int32_t> depth(size_t(s.k));
+    for (uint64_t t = 0; t < s.meta.size(); ++t) {
+        if (session_resets_at(s, opt, t)) {
+            stack->reset();
+        }
+        const std::span<const int32_t> chosen = d.unbiased_of(t, s.k);
+        stack->depths(credits ? Request{chosen, {d.cand.data() + t * d.width, d.n_cand[t]}, {d.logit.data() + t * d.width, d.n_cand[t]}}
+                              : Request{chosen, {}, {}},
+                      depth);
+        if (t < opt.warmup) {
+            continue;
+        }
+        const uint64_t forced = d.forced[t];
+        for (size_t m = 0; m < members.size(); ++m) {
+            uint64_t misses = 0;
+            for (size_t j = 0; j < chosen.size(); ++j) {
+                misses += depth[j] >= slots[m];
+            }
+            PhaseCounts & pc = local[members[m]][phase_index(s, t)];
+            pc.picks += uint64_t(s.k);
+            pc.forced_misses += forced;
+            pc.misses += misses;
+            count_exposed(s, opt, l, misses + forced, pc);
+        }
+    }
 }
 
 // A 4096 x 4096 table of u32 pair counts is 64 MiB per worker.
@@ -698,14 +751,28 @@ ReplayReport run_replay(const ReplayOptions & opt, const std::vector<std::filesy
     });
     // Requests depend on the cache size only where a prefill batch's union is split.
     const auto future_key = [&](int slots) { return opt.prefill_union > 0 ? slots : 0; };
-    const auto session_reset = [&](uint64_t t) {
-        return opt.reset_on_session && t > 0 && s.meta[t].seq != s.meta[t - 1].seq;
-    };
+    const auto session_reset = [&](uint64_t t) { return session_resets_at(s, opt, t); };
 
     // counts[c][phase], merged from every cache.
     std::vector<std::array<PhaseCounts, 2>> counts(configs.size());
     std::mutex counts_mutex;
-    const auto phase_index = [&](uint64_t t) { return s.meta[t].phase == TracePhase::Decode ? 1 : 0; };
+    // The configurations of each stack-algorithm policy whose requests do not depend on
+    // the cache, where there are several sizes to share one pass (per-layer caches).
+    std::map<std::string, std::vector<size_t>> all_sizes;
+    if (!opt.global && opt.prefill_union == 0 && n_predict == 0) {
+        for (size_t c = 0; c < configs.size(); ++c) {
+            if (configs[c].lambda == 0.0 && policy_is_stack_algorithm(configs[c].policy)) {
+                all_sizes[configs[c].policy].push_back(c);
+            }
+        }
+        std::erase_if(all_sizes, [](const auto & group) { return group.second.size() < 2; });
+    }
+    std::vector<char> in_all_sizes(configs.size(), 0);
+    for (const auto & [policy, members] : all_sizes) {
+        for (size_t c : members) {
+            in_all_sizes[c] = 1;
+        }
+    }
 
     if (!opt.global) {
         run_parallel(h.n_layer, opt.threads, [&](unsigned l) {
@@ -727,8 +794,9 @@ ReplayReport run_replay(const ReplayOptions & opt, const std::vector<std::filesy
             std::map<std::string, KeySchedule> schedules;
             if (opt.prefill_union == 0) {
                 std::map<std::string, int> sizes;
-                for (const Config & c : configs) {
-                    sizes[c.policy] += c.lambda == 0.0 && policy_takes_key_schedule(c.policy);
+                for (size_t c = 0; c < configs.size(); ++c) {
+                    sizes[configs[c].policy] += configs[c].lambda == 0.0 && !in_all_sizes[c] &&
+                                                policy_takes_key_schedule(configs[c].policy);
                 }
                 for (const auto & [policy, n] : sizes) {
                     if (n < 2) {
@@ -745,25 +813,28 @@ ReplayReport run_replay(const ReplayOptions & opt, const std::vector<std::filesy
                     }));
                 }
             }
-            std::vector<Runner> runners;
-            runners.reserve(configs.size());
-            for (const Config & c : configs) {
-                const auto f = futures.find(future_key(c.slots[l]));
-                const auto ks = c.lambda == 0.0 ? schedules.find(c.policy) : schedules.end();
-                runners.emplace_back(s, opt, c, c.slots[l], f == futures.end() ? nullptr : &f->second, s.n_expert,
-                                     ks == schedules.end() ? nullptr : &ks->second);
-            }
             std::vector<std::array<PhaseCounts, 2>> local(configs.size());
+            for (const auto & [policy, members] : all_sizes) {
+                const auto f = futures.find(0);
+                replay_all_sizes(s, opt, l, d, configs, members, f == futures.end() ? nullptr : &f->second, local);
+            }
             // One configuration through every token before the next: its cache state stays
             // in the core's own caches while the layer's requests stream past.
-            for (size_t c = 0; c < runners.size(); ++c) {
+            for (size_t c = 0; c < configs.size(); ++c) {
+                if (in_all_sizes[c]) {
+                    continue;
+                }
+                const auto f = futures.find(future_key(configs[c].slots[l]));
+                const auto ks = configs[c].lambda == 0.0 ? schedules.find(configs[c].policy) : schedules.end();
+                Runner runner(s, opt, configs[c], configs[c].slots[l], f == futures.end() ? nullptr : &f->second, s.n_expert,
+                              ks == schedules.end() ? nullptr : &ks->second);
                 for (uint64_t t = 0; t < n_tok; ++t) {
                     if (session_reset(t)) {
-                        runners[c].reset();
+                        runner.reset();
                     }
                     const std::span<const int32_t> predicted =
                         pred.n && !s.batched[t] ? pred.of(t) : std::span<const int32_t>{};
-                    runners[c].token(t, l, d, 0, predicted, local[c][size_t(phase_index(t))]);
+                    runner.token(t, l, d, 0, predicted, local[c][phase_index(s, t)]);
                 }
             }
             std::lock_guard<std::mutex> lock(counts_mutex);
@@ -803,7 +874,7 @@ ReplayReport run_replay(const ReplayOptions & opt, const std::vector<std::filesy
                     const std::span<const int32_t> predicted =
                         preds[l].n && !s.batched[t] ? preds[l].of(t) : std::span<const int32_t>{};
                     runner.token(t, l, layers[l], int32_t(l) * s.n_expert, predicted,
-                                 local[size_t(phase_index(t))]);
+                                 local[phase_index(s, t)]);
                 }
             }
             std::lock_guard<std::mutex> lock(counts_mutex);
@@ -823,7 +894,7 @@ ReplayReport run_replay(const ReplayOptions & opt, const std::vector<std::filesy
         rec.decode = counts[c][1];
         rec.prefill.tokens = rec.decode.tokens = 0;
         for (uint64_t t = opt.warmup; t < n_tok; ++t) {
-            ++(phase_index(t) ? rec.decode : rec.prefill).tokens;
+            ++(phase_index(s, t) ? rec.decode : rec.prefill).tokens;
         }
         rep.records.push_back(std::move(rec));
     }

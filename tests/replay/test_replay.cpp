@@ -657,3 +657,83 @@ TEST(Replay, ManyObjectsOneCandidateEqualTheReference) {
     const ReplayOptions o = options(dir / "objects.trace", policy_names(), {100, 1000}, 1);
     EXPECT_EQ(expect_equals_reference(run_replay(o), o, to_reference(s, 1, nullptr)), int(policy_names().size()) * 2);
 }
+
+// The all-sizes form of each stack algorithm against one cache per size, request by
+// request: the chosen experts at least as deep as C are exactly the misses of the cache
+// of C slots, through credited candidates (near-pick, inverse-router), resets, caches
+// of exactly k slots and of every expert. The sizes beyond the stack's largest are
+// left out: the stack does not tell them apart.
+TEST(Replay, StackDepthsAreEveryCacheSizesMisses) {
+    const int n_expert = 40, k = 4, largest = 30;
+    std::mt19937 rng(5);
+    std::vector<double> weight(n_expert);
+    for (int e = 0; e < n_expert; ++e) {
+        weight[size_t(e)] = 1.0 / std::pow(double(e + 1), 0.9);
+    }
+    std::discrete_distribution<int> pick(weight.begin(), weight.end());
+    struct Step {
+        std::vector<int32_t> chosen, ranked;
+        std::vector<float> logits;
+        bool reset = false;
+    };
+    std::vector<Step> steps(3000);
+    AccessSequence future;
+    for (size_t t = 0; t < steps.size(); ++t) {
+        Step & s = steps[t];
+        while (s.ranked.size() < size_t(k) + 6) {
+            const int e = pick(rng);
+            if (std::find(s.ranked.begin(), s.ranked.end(), e) == s.ranked.end()) {
+                s.ranked.push_back(e);
+                s.logits.push_back(3.0f - 0.25f * float(s.ranked.size()) - float(rng() % 4) / 8.0f);
+            }
+        }
+        std::sort(s.logits.rbegin(), s.logits.rend());
+        s.chosen.assign(s.ranked.begin(), s.ranked.begin() + k);
+        std::sort(s.chosen.begin(), s.chosen.end());
+        s.reset = t == 1700;
+        future.push(s.chosen);
+    }
+    future.index_next_uses(n_expert);
+    const std::vector<int> sizes = {k, k + 1, 9, 16, 29, largest};
+    int checked = 0;
+    for (const std::string & policy : policy_names()) {
+        if (!policy_is_stack_algorithm(policy)) {
+            continue;
+        }
+        PolicyParams p;
+        p.ema_decay = 0.85;
+        p.near_pick = 7;
+        const auto stack = make_stack_policy(policy, n_expert, largest, p, &future);
+        ASSERT_TRUE(stack) << policy;
+        std::vector<std::unique_ptr<CachePolicy>> caches;
+        for (int c : sizes) {
+            caches.push_back(make_policy(policy, n_expert, c, p, &future));
+        }
+        std::vector<int32_t> depth(static_cast<size_t>(k));
+        uint64_t misses_seen = 0;
+        for (size_t t = 0; t < steps.size(); ++t) {
+            const Step & s = steps[t];
+            if (s.reset) {
+                stack->reset();
+                for (auto & c : caches) {
+                    c->reset();
+                }
+            }
+            const Request r{s.chosen, s.ranked, s.logits};
+            stack->depths(r, depth);
+            for (size_t i = 0; i < sizes.size(); ++i) {
+                const int want = caches[i]->access(r);
+                const int got = int(std::count_if(depth.begin(), depth.end(), [&](int32_t d) { return d >= sizes[i]; }));
+                ASSERT_EQ(got, want) << policy << " request " << t << " cache " << sizes[i];
+                misses_seen += uint64_t(want);
+            }
+        }
+        EXPECT_GT(misses_seen, 1000u) << policy;  // the sizes are small enough to miss
+        ++checked;
+    }
+    EXPECT_EQ(checked, 7);  // lru, lfu, the four of the ema family, belady
+    for (const std::string & policy : {"slru", "arc", "s3fifo", "sieve"}) {
+        EXPECT_FALSE(policy_is_stack_algorithm(policy)) << policy;  // not stack algorithms: they keep no order of all experts
+        EXPECT_EQ(make_stack_policy(policy, n_expert, largest, {}), nullptr) << policy;
+    }
+}

@@ -20,13 +20,21 @@ private:
     const AccessSequence & future_;
 };
 
-} // namespace
-
-std::unique_ptr<CachePolicy> make_belady(const PolicySpec & s) {
+const AccessSequence & future_of(const PolicySpec & s) {
     if (!s.future || s.future->next_use.size() != s.future->ids.size()) {
         throw Error("belady needs the whole request sequence with its next uses");
     }
-    return std::make_unique<Belady>(s.n_expert, s.capacity, *s.future);
+    return *s.future;
+}
+
+} // namespace
+
+std::unique_ptr<CachePolicy> make_belady(const PolicySpec & s) {
+    return std::make_unique<Belady>(s.n_expert, s.capacity, future_of(s));
+}
+
+std::unique_ptr<StackPolicy> make_belady_stack(const PolicySpec & s) {
+    return std::make_unique<Belady>(s.n_expert, s.capacity, future_of(s));
 }
 
 } // namespace moeprune::policies

@@ -180,7 +180,7 @@ void check_params(const PolicyParams & p) {
     }
 }
 
-std::unique_ptr<CachePolicy> make_decayed(const PolicySpec & s) {
+std::unique_ptr<DecayedScore> make_decayed(const PolicySpec & s) {
     check_params(s.params);
     return std::make_unique<DecayedScore>(
         s.n_expert, s.capacity, DecayedScores(s.n_expert, effective_decay(s.name, s.params), credit_of(s.name), s.params.near_pick),
@@ -193,6 +193,10 @@ std::unique_ptr<CachePolicy> make_ema(const PolicySpec & s) { return make_decaye
 std::unique_ptr<CachePolicy> make_lfru(const PolicySpec & s) { return make_decayed(s); }
 std::unique_ptr<CachePolicy> make_near_pick_ema(const PolicySpec & s) { return make_decayed(s); }
 std::unique_ptr<CachePolicy> make_inverse_router_ema(const PolicySpec & s) { return make_decayed(s); }
+std::unique_ptr<StackPolicy> make_ema_stack(const PolicySpec & s) { return make_decayed(s); }
+std::unique_ptr<StackPolicy> make_lfru_stack(const PolicySpec & s) { return make_decayed(s); }
+std::unique_ptr<StackPolicy> make_near_pick_ema_stack(const PolicySpec & s) { return make_decayed(s); }
+std::unique_ptr<StackPolicy> make_inverse_router_ema_stack(const PolicySpec & s) { return make_decayed(s); }
 
 } // namespace moeprune::policies
 

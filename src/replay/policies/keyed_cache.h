@@ -22,8 +22,12 @@ namespace moeprune::policies {
 // A policy derives as `class P : public KeyedCache<P>` and supplies on_chosen, and
 // optionally current_key and credit_candidates (hiding the defaults here): calls
 // resolved at compile time, since they run for every expert of every request.
+// Keys are kept for every expert, resident or not, by rules that do not depend on the
+// capacity, so every such policy is a stack algorithm: the same object also serves as
+// the StackPolicy of every cache size up to `capacity` (one object serves one of the
+// two uses).
 template <class Policy>
-class KeyedCache : public CachePolicy {
+class KeyedCache : public CachePolicy, public StackPolicy {
 public:
     KeyedCache(int n_expert, int capacity, bool keys_only_grow)
         : capacity_(capacity), keys_only_grow_(keys_only_grow), slot_(size_t(n_expert)) {
@@ -31,16 +35,11 @@ public:
     }
 
     int access(const Request & r) override {
-        ++t_;
         int misses = 0;
         for (int32_t e : r.chosen) {
-            slot_[size_t(e)].chosen_at = t_;
             misses += slot_[size_t(e)].pos < 0;
         }
-        self().credit_candidates(r);
-        for (size_t j = 0; j < r.chosen.size(); ++j) {
-            self().on_chosen(r.chosen[j], j);
-        }
+        update_keys(r);
         for (int excess = int(heap_.size()) + misses - capacity_; excess > 0; --excess) {
             evict_lowest_unchosen();
         }
@@ -54,11 +53,35 @@ public:
         return misses;
     }
 
+    // Mattson's update, once per chosen expert: it goes on top, and the expert it
+    // displaces sinks, at each depth i swapping with the expert there when that one
+    // ranks lower (then that one is what a cache of i + 1 slots evicts), until it
+    // takes the chosen expert's old place. Chosen experts rank above all others
+    // during the request, so none is evicted for another, as in access().
+    void depths(const Request & r, std::span<int32_t> depth) override {
+        update_keys(r);
+        if (stack_rank_.empty()) {
+            stack_rank_.resize(slot_.size());
+        }
+        for (const std::span<const int32_t> touched : {r.ranked, r.chosen}) {
+            for (int32_t e : touched) {
+                stack_rank_[size_t(e)] = chosen_now(e) ? kChosenRank + e : rank_of(e);
+            }
+        }
+        for (size_t j = 0; j < r.chosen.size(); ++j) {
+            depth[j] = bring_to_top(r.chosen[j]);
+        }
+        for (int32_t e : r.chosen) {
+            stack_rank_[size_t(e)] = rank_of(e);
+        }
+    }
+
     void reset() override {
         for (int64_t r : heap_) {
             slot_[size_t(id_of(r))].pos = -1;
         }
         heap_.clear();
+        stack_.clear();
         std::fill(slot_.begin(), slot_.end(), Slot{});
     }
 
@@ -104,6 +127,48 @@ protected:
 
 private:
     Policy & self() { return static_cast<Policy &>(*this); }
+    // A request's key updates: the candidates it credits, then its chosen experts.
+    void update_keys(const Request & r) {
+        ++t_;
+        for (int32_t e : r.chosen) {
+            slot_[size_t(e)].chosen_at = t_;
+        }
+        self().credit_candidates(r);
+        for (size_t j = 0; j < r.chosen.size(); ++j) {
+            self().on_chosen(r.chosen[j], j);
+        }
+    }
+    // Above every key * 65536 + id, since |key| < 2^46.
+    static constexpr int64_t kChosenRank = int64_t(1) << 62;
+    int32_t bring_to_top(int32_t x) {
+        if (stack_.empty()) {
+            stack_.push_back(x);
+            return capacity_;
+        }
+        int32_t sinking = stack_[0];
+        stack_[0] = x;
+        if (sinking == x) {
+            return 0;
+        }
+        int64_t sinking_rank = stack_rank_[size_t(sinking)];
+        for (size_t i = 1; i < stack_.size(); ++i) {
+            const int32_t here = stack_[i];
+            if (here == x) {
+                stack_[i] = sinking;
+                return int32_t(i);
+            }
+            // Without branches: which of the two sinks is unpredictable.
+            const int64_t here_rank = stack_rank_[size_t(here)];
+            const bool stays = here_rank > sinking_rank;
+            stack_[i] = stays ? here : sinking;
+            sinking = stays ? sinking : here;
+            sinking_rank = stays ? sinking_rank : here_rank;
+        }
+        if (stack_.size() < size_t(capacity_)) {
+            stack_.push_back(sinking);
+        }
+        return capacity_;
+    }
     int64_t rank_of(int32_t e) {
         Slot & s = slot_[size_t(e)];
         if (s.stale) {
@@ -200,6 +265,10 @@ private:
     uint64_t t_ = 0;
     std::vector<Slot> slot_;
     std::vector<int64_t> heap_, set_aside_;
+    // The StackPolicy's stack, its top `capacity_` experts, and each expert's rank as
+    // of the current request (stale for experts not in the stack).
+    std::vector<int32_t> stack_;
+    std::vector<int64_t> stack_rank_;
 };
 
 } // namespace moeprune::policies

@@ -20,4 +20,8 @@ std::unique_ptr<CachePolicy> make_lfu(const PolicySpec & s) {
     return std::make_unique<Lfu>(s.n_expert, s.capacity);
 }
 
+std::unique_ptr<StackPolicy> make_lfu_stack(const PolicySpec & s) {
+    return std::make_unique<Lfu>(s.n_expert, s.capacity);
+}
+
 } // namespace moeprune::policies

@@ -1,4 +1,5 @@
 #include "replay/policies/registry.h"
+#include "replay/policies/keyed_cache.h"
 
 namespace moeprune::policies {
 
@@ -69,10 +70,24 @@ private:
     std::vector<char> in_;
 };
 
+// The same order as keys (the request that last chose an expert), for the one pass
+// over every cache size, where a key per expert is what the stack compares.
+class LruOrder : public KeyedCache<LruOrder> {
+public:
+    LruOrder(int n_expert, int capacity) : KeyedCache(n_expert, capacity, true) {}
+private:
+    friend class KeyedCache<LruOrder>;
+    void on_chosen(int32_t e, size_t) { set_key(e, int64_t(now())); }
+};
+
 } // namespace
 
 std::unique_ptr<CachePolicy> make_lru(const PolicySpec & s) {
     return std::make_unique<Lru>(s.n_expert, s.capacity);
+}
+
+std::unique_ptr<StackPolicy> make_lru_stack(const PolicySpec & s) {
+    return std::make_unique<LruOrder>(s.n_expert, s.capacity);
 }
 
 } // namespace moeprune::policies

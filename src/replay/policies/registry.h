@@ -16,8 +16,14 @@ struct PolicySpec {
 };
 
 using PolicyFactory = std::unique_ptr<CachePolicy> (*)(const PolicySpec &);
+// Given the largest cache size as the capacity; for policies that are not stack
+// algorithms, not_a_stack_algorithm, which returns nullptr.
+using StackFactory = std::unique_ptr<StackPolicy> (*)(const PolicySpec &);
+std::unique_ptr<StackPolicy> not_a_stack_algorithm(const PolicySpec &);
 
-#define MOEPRUNE_POLICY(name, factory, reads_future) std::unique_ptr<CachePolicy> factory(const PolicySpec &);
+#define MOEPRUNE_POLICY(name, factory, stack_factory, reads_future)                                                     \
+    std::unique_ptr<CachePolicy> factory(const PolicySpec &);                                                          \
+    std::unique_ptr<StackPolicy> stack_factory(const PolicySpec &);
 #include "replay/policies/registry.def"
 #undef MOEPRUNE_POLICY
 
