@@ -757,7 +757,10 @@ ReplayReport run_replay(const ReplayOptions & opt, const std::vector<std::filesy
     std::vector<std::array<PhaseCounts, 2>> counts(configs.size());
     std::mutex counts_mutex;
     // The configurations of each stack-algorithm policy whose requests do not depend on
-    // the cache, where there are several sizes to share one pass (per-layer caches).
+    // the cache, where enough sizes share one pass (per-layer caches). The pass scans
+    // the stack down to each chosen expert, as deep as the largest size, about as long
+    // as one heap update per 32 positions measures (bench/replay.sh): a few sizes far
+    // apart (thousands of storage objects) run faster one cache each.
     std::map<std::string, std::vector<size_t>> all_sizes;
     if (!opt.global && opt.prefill_union == 0 && n_predict == 0) {
         for (size_t c = 0; c < configs.size(); ++c) {
@@ -765,7 +768,13 @@ ReplayReport run_replay(const ReplayOptions & opt, const std::vector<std::filesy
                 all_sizes[configs[c].policy].push_back(c);
             }
         }
-        std::erase_if(all_sizes, [](const auto & group) { return group.second.size() < 2; });
+        std::erase_if(all_sizes, [&](const auto & group) {
+            int largest = 0;
+            for (size_t c : group.second) {
+                largest = std::max(largest, *std::max_element(configs[c].slots.begin(), configs[c].slots.end()));
+            }
+            return group.second.size() < 2 || size_t(largest) > 32 * group.second.size();
+        });
     }
     std::vector<char> in_all_sizes(configs.size(), 0);
     for (const auto & [policy, members] : all_sizes) {
