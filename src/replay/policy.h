@@ -48,9 +48,10 @@ public:
 class StackPolicy {
 public:
     virtual ~StackPolicy() = default;
-    // depth[j] is where r.chosen[j] stood in the stack before this request, or the
-    // largest capacity when it stood deeper or was never seen: a cache of C slots
-    // (k <= C <= largest) missed it iff depth[j] >= C.
+    // depth[j] is where r.chosen[j] stood in the stack when its turn came (the chosen
+    // experts go on top one after another), or the largest capacity when it stood
+    // deeper or was never seen: a cache of C slots (k <= C <= largest) missed it iff
+    // depth[j] >= C.
     virtual void depths(const Request & r, std::span<int32_t> depth) = 0;
     virtual void reset() = 0;
 };

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 namespace moeprune::policies {
@@ -138,8 +139,8 @@ private:
             self().on_chosen(r.chosen[j], j);
         }
     }
-    // Above every key * 65536 + id, since |key| < 2^46.
-    static constexpr int64_t kChosenRank = int64_t(1) << 62;
+    // Above every key * 65536 + id that does not overflow.
+    static constexpr int64_t kChosenRank = std::numeric_limits<int64_t>::max() - 65535;
     int32_t bring_to_top(int32_t x) {
         if (stack_.empty()) {
             stack_.push_back(x);
