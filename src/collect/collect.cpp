@@ -896,12 +896,14 @@ CollectResult collect(const CollectOptions & opt) {
         throw Error(fmt::format("{} invariant(s) broken, statistics kept in {} for inspection: {}", inv.size(),
                                 bad.string(), inv.front().detail));
     }
-    // Before the trace takes its name: a failed imatrix write must not leave a finished
-    // trace beside no statistics.
+    // Every output is whole before the trace takes its name: a failed write (of the
+    // imatrix or the statistics) must not leave a finished trace beside no statistics.
     if (imatrix) {
         imatrix->write(opt.imatrix, {opt.corpus.string()}, uint32_t(opt.ctx));
         stats.settings["imatrix"] = opt.imatrix.string();
     }
+    AtomicOutput stats_out(opt.output);
+    write_stats(stats_out, stats);
     if (trace) {
         std::error_code ec;
         fs::rename(trace_partial, opt.trace, ec);
@@ -909,7 +911,7 @@ CollectResult collect(const CollectOptions & opt) {
             fail_file(opt.trace.string(), "cannot rename " + trace_partial.string() + " into place: " + ec.message());
         }
     }
-    write_stats(opt.output, stats);
+    stats_out.commit();
     trace_guard.committed = true;
     return res;
 }

@@ -85,6 +85,11 @@ void AtomicOutput::commit() {
 
 void write_file_atomic(const fs::path & path, const std::string & contents) {
     AtomicOutput out(path);
+    write_temp_file(out, contents);
+    out.commit();
+}
+
+void write_temp_file(const AtomicOutput & out, const std::string & contents) {
     FILE * f = std::fopen(out.temp_path().c_str(), "wb");
     if (!f) {
         fail_file(out.temp_path().string(), std::string("cannot create: ") + std::strerror(errno));
@@ -96,7 +101,6 @@ void write_file_atomic(const fs::path & path, const std::string & contents) {
     if (written != contents.size() || !flushed) {
         fail_file(out.temp_path().string(), std::string("write failed: ") + std::strerror(saved_errno));
     }
-    out.commit();
 }
 
 namespace {

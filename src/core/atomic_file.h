@@ -27,6 +27,9 @@ private:
 
 // Writes a whole text or binary blob atomically.
 void write_file_atomic(const std::filesystem::path & path, const std::string & contents);
+// Writes a whole blob, made durable, under `out`'s temporary name, for a caller that
+// commits it together with other outputs.
+void write_temp_file(const AtomicOutput & out, const std::string & contents);
 
 // The one check every command that writes runs before it writes anything: refuses an
 // output that is one of `inputs` or another of `outputs` (the same path, a hard link,

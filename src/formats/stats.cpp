@@ -224,6 +224,10 @@ void write_stats(const std::filesystem::path & path, const SaliencyStats & s) {
     write_file_atomic(path, stats_to_json(s).dump() + "\n");
 }
 
+void write_stats(const AtomicOutput & out, const SaliencyStats & s) {
+    write_temp_file(out, stats_to_json(s).dump() + "\n");
+}
+
 bool is_checkpoint(const SaliencyStats & s) {
     const auto it = s.settings.find("progress");
     return it != s.settings.end() && it->is_object() && !it->value("complete", true);

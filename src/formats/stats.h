@@ -3,6 +3,8 @@
 // Every field is additive over disjoint token sets (max_act takes the max), so
 // runs over separate corpora merge into what one run over both would give.
 // See docs/formats.md for the meaning of each field.
+#include "core/atomic_file.h"
+
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -53,6 +55,8 @@ SaliencyStats parse_stats(const std::string & text, const std::string & origin);
 SaliencyStats read_stats(const std::filesystem::path & path);
 nlohmann::json stats_to_json(const SaliencyStats & s);
 void write_stats(const std::filesystem::path & path, const SaliencyStats & s);
+// Into `out`'s temporary file, for the caller to commit.
+void write_stats(const AtomicOutput & out, const SaliencyStats & s);
 
 // Adds b into a. Refuses stats of different models or shapes; `a_origin`/`b_origin` name them.
 // A checkpoint of an unfinished collect (settings.progress.complete false): its counts

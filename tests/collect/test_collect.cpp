@@ -403,6 +403,34 @@ TEST(Collect, TraceTokensLimitsOnlyTheTrace) {
     expect_invariants(s);
 }
 
+// The disk fills while the statistics are written, after the trace (one token, far
+// smaller) is whole: neither output may appear, or a finished trace would stand beside
+// no statistics.
+TEST(Collect, AFailedStatisticsWriteLeavesNoTrace) {
+    test::TempDir dir;
+    const Model m = synth_model(dir.path(), "qwen3moe", false);
+    test::write_text(dir / "corpus.jsonl", planted_corpus(2));
+    const std::string args = fmt::format("collect -m {} -f {} -c 128 -t 2 --trace-tokens 1", m.path.string(),
+                                         (dir / "corpus.jsonl").string());
+    const std::string collect = test::bin("moeprune").string() + " " + args;
+    const auto free = test::run_command(fmt::format("{} -o {} --trace {}", collect, (dir / "free.json").string(),
+                                                    (dir / "free.trace").string()));
+    ASSERT_EQ(free.exit_code, 0) << free.output;
+    const uint64_t limit = 2048;  // bash's ulimit -f 2, in KiB
+    ASSERT_LT(fs::file_size(dir / "free.trace"), limit);
+    ASSERT_GT(fs::file_size(dir / "free.json"), limit);
+    const fs::path out = dir / "s.json", trace = dir / "t.trace";
+    const auto full = test::run_command(fmt::format("bash -c 'ulimit -f 2; exec \"$0\" \"$@\"' {} -o {} --trace {}", collect,
+                                                    out.string(), trace.string()));
+    EXPECT_NE(full.exit_code, 0) << full.output;
+    EXPECT_NE(full.output.find("s.json"), std::string::npos) << full.output;
+    EXPECT_FALSE(fs::exists(out));
+    EXPECT_FALSE(fs::exists(trace));
+    for (const auto & e : fs::directory_iterator(dir.path())) {
+        EXPECT_EQ(e.path().filename().string().find(".partial"), std::string::npos) << e.path();
+    }
+}
+
 // A corpus in two shards, collected separately and merged, gives the single run's counts.
 TEST(Collect, ShardsMergeToTheSingleRun) {
     test::TempDir dir;
