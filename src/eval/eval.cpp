@@ -508,6 +508,9 @@ EvalReport run_eval(const EvalOptions & opt) {
     facts.arch = info.arch;
     facts.n_expert = info.n_expert;
     facts.n_expert_used = info.n_expert_used;
+    if (closed_loop) {
+        refuse_inert_moce(opt.j, int(info.n_expert_used), opt.lambdas);
+    }
     facts.n_groups = info.expert_group_count;
     facts.n_group_used = info.expert_group_used_count;
     for (const LayerInfo & li : info.layers) {

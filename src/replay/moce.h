@@ -2,6 +2,10 @@
 // Cache-aware (MoCE) re-routing of one token's candidates, shared by replay (open
 // loop, over a trace) and eval's closed loop (inside the forward pass), so both apply
 // the rules of docs/replay.md to the same numbers.
+#include "core/errors.h"
+
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -52,6 +56,18 @@ MocePick moce_pick(const float * z, uint32_t n, int k, double bonus, int j, Favo
     }
     p.moved_mass = (all_mass - kept_mass) / all_mass;
     return p;
+}
+
+// With j >= k every expert of the unbiased top-k gets the bonus, and a candidate
+// beyond it, bonus or not, can then never overtake one: any λ > 0 would change nothing
+// while its records claimed a cache-aware routing.
+inline void refuse_inert_moce(int j, int k, const std::vector<double> & lambdas) {
+    const bool biased = std::any_of(lambdas.begin(), lambdas.end(), [](double l) { return l > 0; });
+    if (biased && j >= k) {
+        throw Error(fmt::format("--j {} gives all {} experts of every token the bonus, so --lambda > 0 would never change a "
+                                "choice; give --j below {}",
+                                j, k, k));
+    }
 }
 
 // The MoCE prior's Δ for one layer: the running mean of each token's z_0 - z_{k-1}.

@@ -643,6 +643,7 @@ ReplayReport run_replay(const ReplayOptions & opt, const std::vector<std::filesy
         fail_file(s.origin, fmt::format("k = {} but the trace holds the top {} candidates per token", s.k, h.top_m));
     }
     rep.k = s.k;
+    refuse_inert_moce(opt.j, s.k, opt.lambdas);
     if (opt.warmup >= reader.n_tokens()) {
         fail_file(s.origin, fmt::format("has {} tokens, not more than the warm-up of {}: nothing would be counted",
                                         reader.n_tokens(), opt.warmup));

@@ -537,6 +537,8 @@ std::string run_pipeline(const RunOptions & opt) {
                       o.caches.assign(caches.begin(), caches.end());
                       o.model = c.model;
                       o.lambdas = c.lambdas;
+                      // replay's default J, below k: at J >= k the bonus would change nothing.
+                      o.j = std::min(o.j, int(model.n_expert_used) - 1);
                       o.threads = c.threads;
                       o.throughput = tp;
                       const fs::path out = replay_out(m);

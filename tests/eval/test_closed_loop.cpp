@@ -450,6 +450,9 @@ TEST(ClosedLoop, CommandLineTableJsonAndRefusals) {
     const auto small = test::run_command(moeprune_cmd(common + " --cache-policy lru --cache 1"));
     EXPECT_NE(small.exit_code, 0);
     EXPECT_NE(small.output.find("cache of 1"), std::string::npos) << small.output;
+    const auto inert = test::run_command(moeprune_cmd(common + " --cache-policy lru --cache 4 --lambda 0,1 --j 2"));
+    EXPECT_NE(inert.exit_code, 0);
+    EXPECT_NE(inert.output.find("give --j below 2"), std::string::npos) << inert.output;
     const auto future = test::run_command(moeprune_cmd(common + " --cache-policy belady --cache 4"));
     EXPECT_NE(future.exit_code, 0);
     EXPECT_NE(future.output.find("belady"), std::string::npos) << future.output;

@@ -324,6 +324,7 @@ TEST(Replay, GlobalCachePrefillUnionsAndPrefetchEqualTheReference) {
         o.global = global;
         o.keep = keep ? dir / "keep.json" : fs::path();
         o.lambdas = {0.0, 0.7};
+        o.j = 1;
         o.prefill_union = 8;
         o.prefetch = true;
         o.prefetch_n = 3;
@@ -368,6 +369,7 @@ TEST(Replay, AdversarialTracesEqualTheReference) {
         write_trace(dir / (name + ".trace"), s);
         ReplayOptions o = options(dir / (name + ".trace"), policy_names(), {1, 2, 4, int(s.n_expert)}, 1);
         o.lambdas = {0.0, 2.0};
+        o.j = 0;
         compared += expect_equals_reference(run_replay(o), o, to_reference(s, 1, nullptr));
     }
     EXPECT_EQ(compared, 3 * (11 * 4 * 2 - 4));
@@ -384,6 +386,7 @@ TEST(Replay, AdversarialTracesEqualTheReference) {
     ReplayOptions ok = options(dir / "flat.trace", policy_names(), {2, 3}, 2);
     ok.keep = dir / "keep.json";
     ok.lambdas = {0.0, 1.0};
+    ok.j = 1;
     const ReplayReport rk = run_replay(ok);
     EXPECT_GT(record(rk, "lru", 2).total().forced_misses, 0u);
     EXPECT_EQ(expect_equals_reference(rk, ok, to_reference(flat, 2, &km)), 11 * 2 * 2 - 2);
@@ -556,6 +559,13 @@ TEST(Replay, GuardsAgainstMeaninglessConfigurations) {
     EXPECT_THROW(run_replay(o), Error);
     o.policies = {"lru", "belady"};
     o.lambdas = {0.0, 0.2};
+    try {
+        run_replay(o);
+        ADD_FAILURE() << "--j 2 with k = 2 was accepted: every chosen expert gets the bonus, MoCE changes nothing";
+    } catch (const Error & e) {
+        EXPECT_NE(std::string(e.what()).find("give --j below 2"), std::string::npos) << e.what();
+    }
+    o.j = 1;
     const ReplayReport skipped = run_replay(o);
     EXPECT_EQ(skipped.records.size(), 3u);  // no belady at lambda 0.2
     EXPECT_EQ(skipped.inputs["skipped"].size(), 1u);
