@@ -1112,18 +1112,8 @@ EvalReport run_eval(const EvalOptions & opt) {
             {"moce", opt.moce},
             {"trace_top", trace_top},
             {"trace_out", opt.trace_out.empty() ? json() : json(opt.trace_out.string())},
-            {"params",
-             {{"ema_decay", opt.policy_params.ema_decay},
-              {"near_pick", opt.policy_params.near_pick},
-              {"lfru_half_life", opt.policy_params.lfru_half_life},
-              {"slru_protected", opt.policy_params.slru_protected},
-              {"s3fifo_small", opt.policy_params.s3fifo_small}}},
-            {"throughput",
-             {{"ssd_gbps", opt.throughput.ssd_gbps},
-              {"read_latency_us", opt.throughput.read_latency_us},
-              {"queue_depth", opt.throughput.queue_depth},
-              {"compute_ms", opt.throughput.compute_ms},
-              {"sync_us", opt.throughput.sync_us}}},
+            {"params", to_json(opt.policy_params)},
+            {"throughput", to_json(opt.throughput)},
             {"expert_bytes", expert_bytes}};
     }
 

@@ -429,6 +429,8 @@ json make_plan(const PlanOptions & opt) {
     for (const double b : g.bytes) {
         layer_bytes.push_back(b);
     }
+    json throughput_inputs = to_json(tp);
+    throughput_inputs["model"] = "t = compute + layers * sync + read_bytes / ssd + rounds * latency; tokens/s = 1 / t";
     return {{"format", "moeprune-plan"},
             {"version", 1},
             {"inputs",
@@ -438,9 +440,7 @@ json make_plan(const PlanOptions & opt) {
               {"ram_bytes", opt.ram_bytes > 0 ? json(opt.ram_bytes) : json(nullptr)},
               {"reserve_bytes", opt.reserve_bytes},
               {"budget_bytes", budget > 0 ? json(budget) : json(nullptr)},
-              {"throughput", {{"ssd_gbps", tp.ssd_gbps}, {"read_latency_us", tp.read_latency_us}, {"queue_depth", tp.queue_depth},
-                              {"compute_ms", tp.compute_ms}, {"sync_us", tp.sync_us},
-                              {"model", "t = compute + layers * sync + read_bytes / ssd + rounds * latency; tokens/s = 1 / t"}}},
+              {"throughput", throughput_inputs},
               {"replays", replay_inputs},
               {"evals", eval_inputs},
               {"misses_per_token", opt.misses_per_token},

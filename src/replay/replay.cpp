@@ -44,6 +44,22 @@ PhaseCounts ReplayRecord::total() const {
     return t;
 }
 
+json to_json(const PolicyParams & p) {
+    return {{"ema_decay", p.ema_decay},
+            {"near_pick", p.near_pick},
+            {"lfru_half_life", p.lfru_half_life},
+            {"slru_protected", p.slru_protected},
+            {"s3fifo_small", p.s3fifo_small}};
+}
+
+json to_json(const ThroughputParams & p) {
+    return {{"ssd_gbps", p.ssd_gbps},
+            {"read_latency_us", p.read_latency_us},
+            {"queue_depth", p.queue_depth},
+            {"compute_ms", p.compute_ms},
+            {"sync_us", p.sync_us}};
+}
+
 double tokens_per_second(const PhaseCounts & c, int n_layer, const ThroughputParams & p) {
     if (c.tokens == 0) {
         return 0.0;
@@ -925,12 +941,7 @@ ReplayReport run_replay(const ReplayOptions & opt, const std::vector<std::filesy
                   {"reset_on_session", opt.reset_on_session},
                   {"prefill_union", opt.prefill_union},
                   {"cache_scope", opt.global ? "global" : "per-layer"},
-                  {"policy_params",
-                   {{"ema_decay", opt.params.ema_decay},
-                    {"near_pick", opt.params.near_pick},
-                    {"lfru_half_life", opt.params.lfru_half_life},
-                    {"slru_protected", opt.params.slru_protected},
-                    {"s3fifo_small", opt.params.s3fifo_small}}},
+                  {"policy_params", to_json(opt.params)},
                   {"moce", {{"mode", opt.moce}, {"j", opt.j}, {"lambdas", opt.lambdas}}},
                   {"prefetch", opt.prefetch ? json{{"mode", "next-layer"}, {"n", n_predict}, {"train", opt.prefetch_train}}
                                             : json()},
@@ -944,10 +955,8 @@ ReplayReport run_replay(const ReplayOptions & opt, const std::vector<std::filesy
                 fmt::format("slots from the mean expert size; layers' experts range from {} to {} bytes", min_bytes,
                             max_bytes);
         }
-        const ThroughputParams & p = opt.throughput;
-        rep.inputs["throughput"] = {{"ssd_gbps", p.ssd_gbps},       {"read_latency_us", p.read_latency_us},
-                                    {"queue_depth", p.queue_depth}, {"compute_ms", p.compute_ms},
-                                    {"sync_us", p.sync_us},         {"model", "docs/replay.md#throughput-model"}};
+        rep.inputs["throughput"] = to_json(opt.throughput);
+        rep.inputs["throughput"]["model"] = "docs/replay.md#throughput-model";
     }
     rep.throughput = opt.throughput;
     return rep;

@@ -82,6 +82,10 @@ nlohmann::json to_json(const ReplayReport & r);
 std::string to_text(const ReplayReport & r);
 std::string to_csv(const ReplayReport & r);
 
+// The settings as every result file records them (replay, eval, plan).
+nlohmann::json to_json(const PolicyParams & p);
+nlohmann::json to_json(const ThroughputParams & p);
+
 // tokens/s from a record's counters under the model of docs/replay.md.
 double tokens_per_second(const PhaseCounts & c, int n_layer, const ThroughputParams & p);
 
