@@ -89,6 +89,23 @@ void expect_no_partial_files(const fs::path & dir) {
     }
 }
 
+// Runs slice with `args` (+ -o OUT when `out` is given) and checks everything a refusal
+// promises: non-zero exit, a message naming the problem, inputs unchanged, no output.
+void expect_slice_refused(const std::string & args, const std::string & needle, const std::vector<fs::path> & inputs,
+                          const fs::path & out = {}) {
+    const std::string before = contents_of(inputs);
+    const auto r = slice(args + (out.empty() ? "" : " -o " + out.string()));
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find(needle), std::string::npos) << r.output;
+    EXPECT_EQ(contents_of(inputs), before) << "an input changed";
+    if (!out.empty()) {
+        if (std::find(inputs.begin(), inputs.end(), out) == inputs.end()) {
+            EXPECT_FALSE(fs::exists(fs::symlink_status(out))) << out;
+        }
+        expect_no_partial_files(out.parent_path());
+    }
+}
+
 // One layer with a single expert tensor of 4 experts, each a slab of 8192 x n_ff f32:
 // big tensors at the cost of a sparse file.
 test::FakeMoe one_big_expert_tensor(int64_t n_ff) {
@@ -412,34 +429,26 @@ TEST(Slice, ExpertGroupsMustKeepTheSameNumberEach) {
     test::write_fake_moe(dir / "m.gguf", spec);
     test::write_keep(dir / "even.json", test::keep_all_but(8, {{0, {0, 1, 4, 5}}, {1, {1, 3, 5, 7}}}, 2));
     test::write_keep(dir / "uneven.json", test::keep_all_but(8, {{0, {0, 1, 4, 5}}, {1, {0, 1, 2, 4}}}, 2));
-    auto r = slice(fmt::format("-m {} --keep {} -o {}", (dir / "m.gguf").string(), (dir / "even.json").string(),
-                               (dir / "even.gguf").string()));
+    const auto r = slice(fmt::format("-m {} --keep {} -o {}", (dir / "m.gguf").string(), (dir / "even.json").string(),
+                                     (dir / "even.gguf").string()));
     EXPECT_EQ(r.exit_code, 0) << r.output;
-    r = slice(fmt::format("-m {} --keep {} -o {}", (dir / "m.gguf").string(), (dir / "uneven.json").string(),
-                          (dir / "uneven.gguf").string()));
-    EXPECT_NE(r.exit_code, 0);
-    EXPECT_NE(r.output.find("layer 1: expert group 0 (experts 0..3) keeps 1 experts"), std::string::npos) << r.output;
-    EXPECT_FALSE(fs::exists(dir / "uneven.gguf"));
+    const auto refused = [&](const std::string & model, const std::string & keep, const std::string & needle) {
+        expect_slice_refused(fmt::format("-m {} --keep {}", (dir / model).string(), (dir / keep).string()), needle,
+                             {dir / model, dir / keep}, dir / "refused.gguf");
+    };
+    refused("m.gguf", "uneven.json", "layer 1: expert group 0 (experts 0..3) keeps 1 experts");
 
     // One expert per group: llama.cpp would assert on load (n_expert_groups < n_expert).
     spec.n_group = 4;
     test::write_fake_moe(dir / "g4.gguf", spec);
     test::write_keep(dir / "one.json", test::keep_all_but(8, {{0, {0, 2, 4, 6}}, {1, {1, 3, 5, 7}}}, 2));
-    r = slice(fmt::format("-m {} --keep {} -o {}", (dir / "g4.gguf").string(), (dir / "one.json").string(),
-                          (dir / "one.gguf").string()));
-    EXPECT_NE(r.exit_code, 0);
-    EXPECT_NE(r.output.find("needs at least 2 per group"), std::string::npos) << r.output;
-    EXPECT_FALSE(fs::exists(dir / "one.gguf"));
+    refused("g4.gguf", "one.json", "needs at least 2 per group");
 
     // Top-3 routing within one of two groups needs 3 experts in a group; 2 each are kept.
     spec.n_group = 2;
     spec.n_used = 3;
     test::write_fake_moe(dir / "k3.gguf", spec);
-    r = slice(fmt::format("-m {} --keep {} -o {}", (dir / "k3.gguf").string(), (dir / "even.json").string(),
-                          (dir / "k3-sliced.gguf").string()));
-    EXPECT_NE(r.exit_code, 0);
-    EXPECT_NE(r.output.find("fewer than the 3 each token uses"), std::string::npos) << r.output;
-    EXPECT_FALSE(fs::exists(dir / "k3-sliced.gguf"));
+    refused("k3.gguf", "even.json", "fewer than the 3 each token uses");
 }
 
 TEST(Slice, RefusesPerExpertLookingTensorsItCannotSlice) {
@@ -448,12 +457,10 @@ TEST(Slice, RefusesPerExpertLookingTensorsItCannotSlice) {
     spec.extra_per_layer = {"ffn_up_exps.qweight"};
     test::write_fake_moe(dir / "m.gguf", spec);
     test::write_keep(dir / "keep.json", test::keep_all_but(8, {{0, {0}}, {1, {0}}}, 2));
-    const auto r = slice(fmt::format("-m {} --keep {} -o {}", (dir / "m.gguf").string(), (dir / "keep.json").string(),
-                                     (dir / "s.gguf").string()));
-    EXPECT_NE(r.exit_code, 0);
-    EXPECT_NE(r.output.find("blk.0.ffn_up_exps.qweight"), std::string::npos) << r.output;
-    EXPECT_NE(r.output.find("blk.1.ffn_up_exps.qweight"), std::string::npos) << r.output;
-    EXPECT_FALSE(fs::exists(dir / "s.gguf"));
+    const std::string args = fmt::format("-m {} --keep {}", (dir / "m.gguf").string(), (dir / "keep.json").string());
+    for (const char * tensor : {"blk.0.ffn_up_exps.qweight", "blk.1.ffn_up_exps.qweight"}) {
+        expect_slice_refused(args, tensor, {dir / "m.gguf"}, dir / "s.gguf");
+    }
 }
 
 // One tensor of 3 GiB, kept experts forming a single 2.25 GiB range: more than one
@@ -491,17 +498,9 @@ protected:
     static void TearDownTestSuite() { delete dir_; }
     static const fs::path & dir() { return dir_->path(); }
 
-    // Runs slice with `args` (+ -o OUT when `out` is given) and checks everything a refusal promises.
     void expect_refused(const std::string & args, const std::string & needle, const std::vector<fs::path> & inputs,
                         const fs::path & out = {}) {
-        const std::string before = contents_of(inputs);
-        const auto r = slice(args + (out.empty() ? "" : " -o " + out.string()));
-        EXPECT_NE(r.exit_code, 0) << r.output;
-        EXPECT_NE(r.output.find(needle), std::string::npos) << r.output;
-        EXPECT_EQ(contents_of(inputs), before) << "an input changed";
-        if (!out.empty() && std::find(inputs.begin(), inputs.end(), out) == inputs.end()) {
-            EXPECT_FALSE(fs::exists(fs::symlink_status(out))) << out;
-        }
+        expect_slice_refused(args, needle, inputs, out);
         expect_no_partial_files(dir());
     }
 
