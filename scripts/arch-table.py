@@ -14,18 +14,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-COLUMNS = [
-    ("synth_loads", "synth loads (split and unsplit)"),
-    ("collect_invariants", "collect invariants"),
-    ("slice_loads", "slice loads and runs"),
-    ("identity_bit_exact", "identity slice bit-exact"),
-    ("planted_dead_kld", "planted-dead slice KLD <= 1e-5"),
-    ("eval_masking_equals_sliced", "eval masking = sliced"),
-    ("mtp", "MTP (nextn layer sliced, loads)"),
-    ("groups", "groups"),
-]
-
-
 def cell(value):
     if value is None:
         return "not run"
@@ -39,6 +27,11 @@ def main():
     rows = [json.loads(p.read_text()) for p in sorted(results_dir.glob("*.json"))]
     if not rows:
         sys.exit(f"arch-table: no results in {results_dir} (run `make archs` first)")
+    # The matrix names its columns in every result (kColumns in tests/archs/test_arch_matrix.cpp).
+    titles = {json.dumps(r.get("column_titles")) for r in rows}
+    if len(titles) != 1 or None in (r.get("column_titles") for r in rows):
+        sys.exit(f"arch-table: the results in {results_dir} come from different versions of the matrix (rerun `make archs`)")
+    columns = [tuple(c) for c in rows[0]["column_titles"]]
     commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True).stdout.strip()
     archs = sorted({r["arch"] for r in rows})
     lines = [
@@ -72,7 +65,7 @@ def main():
     by_arch = {}
     for r in rows:
         by_arch.setdefault(r["arch"], []).append(r)
-    for key, title in COLUMNS:
+    for key, title in columns:
         passed = applies = 0
         for cases in by_arch.values():
             values = [r["columns"].get(key) or "not run" for r in cases]
@@ -81,9 +74,9 @@ def main():
             passed += bool(relevant) and all(v == "pass" for v in relevant)
         lines.append(f"| {title} | {passed} | {applies} | {passed}/{len(by_arch)} ({100 * passed / len(by_arch):.0f}%) |")
     lines += ["", "## Per case", "",
-              "| case | " + " | ".join(t for _, t in COLUMNS) +
+              "| case | " + " | ".join(t for _, t in columns) +
               " | gating | expert output node | MoE layers | dead-slice KLD | cut KLD | masked vs sliced KLD (mean / worst token) |",
-              "|---" * (len(COLUMNS) + 7) + "|"]
+              "|---" * (len(columns) + 7) + "|"]
 
     def num(value):
         return "-" if value is None else f"{value:.1e}"
@@ -96,18 +89,18 @@ def main():
         if "eval_masked_vs_sliced_mean_kld" in notes:
             masked = num(notes["eval_masked_vs_sliced_mean_kld"]) + " / " + num(notes["eval_masked_vs_sliced_worst_kld"])
         lines.append("| {} | {} | {} | {} | {} | {} | {} | {} |".format(
-            r["case"], " | ".join(cell(c.get(k)) for k, _ in COLUMNS), notes.get("gating", "-"),
+            r["case"], " | ".join(cell(c.get(k)) for k, _ in columns), notes.get("gating", "-"),
             notes.get("expert_output_node", "-"), ",".join(str(x) for x in notes.get("moe_layers", [])) or "-",
             num(notes.get("planted_dead_kld")), num(notes.get("cut_kld")), masked))
     reasons = []
     for r in rows:
         by_reason = {}
-        for key, _ in COLUMNS:
+        for key, _ in columns:
             value = r["columns"].get(key) or ""
             if value.startswith("n/a: ") and "builds no nextn layer" not in value:
-                by_reason.setdefault(value[5:], []).append(dict(COLUMNS)[key])
+                by_reason.setdefault(value[5:], []).append(dict(columns)[key])
         for reason, cols in by_reason.items():
-            what = "every column" if len(cols) == len(COLUMNS) else ", ".join(cols)
+            what = "every column" if len(cols) == len(columns) else ", ".join(cols)
             reasons.append(f"- {r['case']} ({what}): {reason}")
     if reasons:
         lines += ["", "## Why a column does not apply", ""] + reasons

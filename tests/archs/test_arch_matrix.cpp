@@ -58,14 +58,27 @@ std::string test_name(const std::string & case_name) {
 
 std::string moeprune_cmd(const std::string & args) { return test::bin("moeprune").string() + " " + args; }
 
+// The columns of docs/architectures.md, in order: key and title. Every result file
+// carries them, and scripts/arch-table.py takes them from there.
+const std::vector<std::pair<std::string, std::string>> kColumns = {
+    {"synth_loads", "synth loads (split and unsplit)"},
+    {"collect_invariants", "collect invariants"},
+    {"slice_loads", "slice loads and runs"},
+    {"identity_bit_exact", "identity slice bit-exact"},
+    {"planted_dead_kld", "planted-dead slice KLD <= 1e-5"},
+    {"eval_masking_equals_sliced", "eval masking = sliced"},
+    {"mtp", "MTP (nextn layer sliced, loads)"},
+    {"groups", "groups"},
+};
+
 // What a case verified: column -> "pass", "fail", or "n/a: why".
 class Record {
 public:
     // Written at every step, so a case that crashes (llama.cpp aborts rather than
     // throws) still shows in the table, as unfinished, with what it got through.
     Record(const Case & c, json settings) : case_(c) {
-        j_ = {{"case", c.name}, {"arch", c.arch}, {"settings", std::move(settings)}, {"columns", json::object()},
-              {"finished", false}};
+        j_ = {{"case", c.name},       {"arch", c.arch},        {"settings", std::move(settings)},
+              {"columns", json::object()}, {"column_titles", kColumns}, {"finished", false}};
         save();
     }
     ~Record() {
@@ -73,6 +86,9 @@ public:
         save();
     }
     void set(const std::string & column, const std::string & value) {
+        if (std::none_of(kColumns.begin(), kColumns.end(), [&](const auto & k) { return k.first == column; })) {
+            throw std::logic_error("no column " + column + " in kColumns");
+        }
         j_["columns"][column] = value;
         save();
     }
@@ -207,8 +223,7 @@ TEST_P(ArchMatrix, Verify) {
         const bool refused = r.exit_code != 0 && r.output.find(traits.refused) != std::string::npos &&
                              !fs::exists(dir / "m.gguf");
         EXPECT_TRUE(refused) << r.output;
-        for (const char * column : {"synth_loads", "collect_invariants", "slice_loads", "identity_bit_exact",
-                                    "planted_dead_kld", "eval_masking_equals_sliced", "mtp", "groups"}) {
+        for (const auto & [column, title] : kColumns) {
             rec.set(column, refused ? "n/a: refused by synth: " + traits.refused : "fail");
         }
         return;
