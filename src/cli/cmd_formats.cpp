@@ -96,9 +96,8 @@ void add_merge(CLI::App & app, Action & action) {
         action = [=] {
             std::vector<std::filesystem::path> in_paths(inputs->begin(), inputs->end());
             refuse_output_clashes({*output}, in_paths);
-            // The same statistics twice would count their tokens twice: refuse a file given
-            // twice (links included) and two files with the same bytes.
-            refuse_output_clashes(in_paths, {});
+            // Two files with the same bytes are refused below.
+            refuse_repeated_inputs(in_paths, "its tokens would count twice");
             std::map<std::string, std::string> digests;
             SaliencyStats merged;
             nlohmann::json sources = nlohmann::json::array();

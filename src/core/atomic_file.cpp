@@ -136,6 +136,19 @@ FileIdentity identity_of(const fs::path & p) {
 
 } // namespace
 
+void refuse_repeated_inputs(const std::vector<fs::path> & inputs, const std::string & why) {
+    std::vector<std::pair<fs::path, FileIdentity>> seen;
+    for (const auto & in : inputs) {
+        const FileIdentity id = identity_of(in);
+        for (const auto & [other, other_id] : seen) {
+            if (other_id == id) {
+                fail_file(in.string(), "is given twice (also as " + other.string() + "): " + why);
+            }
+        }
+        seen.emplace_back(in, id);
+    }
+}
+
 void refuse_output_clashes(const std::vector<fs::path> & outputs, const std::vector<fs::path> & inputs) {
     std::vector<FileIdentity> in_ids;
     for (const auto & in : inputs) {

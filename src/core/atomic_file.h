@@ -37,6 +37,10 @@ void write_temp_file(const AtomicOutput & out, const std::string & contents);
 void refuse_output_clashes(const std::vector<std::filesystem::path> & outputs,
                            const std::vector<std::filesystem::path> & inputs);
 
+// Refuses a file given twice among `inputs` (the same path, a hard link, or a symbolic
+// link to it), saying `why` that is wrong.
+void refuse_repeated_inputs(const std::vector<std::filesystem::path> & inputs, const std::string & why);
+
 // Reads a whole regular file; FIFOs, devices and directories are refused by name
 // before they are opened, so an endless or blocking input cannot hang or exhaust memory.
 std::string read_text_file(const std::filesystem::path & path);

@@ -523,7 +523,7 @@ TEST_F(Hostile, MergeRefusesWhatSelectRejectsWrappedCountsAndTheSameFileTwice) {
     expect_refused(fmt::format("merge {} {} -o {}", s(path("s.json")), s(local("neg.json")), s(local("o.json"))),
                    {"neg.json: fails the sign check"}, {}, {local("o.json")});
     expect_refused(fmt::format("merge {} {} -o {}", s(path("s.json")), s(path("s.json")), s(local("o.json"))),
-                   {"is given for two outputs"}, {}, {local("o.json")});
+                   {"s.json: is given twice (also as", "its tokens would count twice"}, {}, {local("o.json")});
     fs::copy_file(path("s.json"), local("again.json"));
     expect_refused(fmt::format("merge {} {} -o {}", s(path("s.json")), s(local("again.json")), s(local("o.json"))),
                    {"again.json: has the same bytes as"}, {}, {local("o.json")});
