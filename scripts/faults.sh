@@ -56,12 +56,13 @@ keep=$(ls maps/*.json | head -1)
 canon() {
   python3 - "$1" <<'PY'
 import json, sys
-# A run's stage manifests hold digests of JSON outputs, which hold timings themselves.
+# Timings are measurements (a resumed collect times only what it evaluated), and a
+# run's stage manifests hold digests of JSON outputs, which hold timings themselves.
 manifest = sys.argv[1].endswith("stage.json")
 def strip(x):
     if isinstance(x, dict):
         return {k: ("json digest" if manifest and k.endswith(".json") else strip(v))
-                for k, v in x.items() if k not in ("seconds", "tok_per_s")}
+                for k, v in x.items() if k not in ("seconds", "tok_per_s", "timing")}
     if isinstance(x, list):
         return [strip(v) for v in x]
     return x
@@ -183,7 +184,7 @@ full collect-imatrix 8 full.imatrix.gguf -- "$M" collect -m m.gguf -f data/calib
 full merge 1 full-merged.json -- "$M" merge stats.json out-collect/stats.json -o full-merged.json
 "$M" replay --trace t.mptrace --policy lru --cache 4,8 --model m.gguf --json plan-replay.json >/dev/null
 "$M" eval -m m.gguf -f data/eval.jsonl -c 64 -t 2 --keep "$keep" --json plan-eval.json >/dev/null
-full plan 1 full-plan.json -- "$M" plan -m m.gguf --replay plan-replay.json --eval plan-eval.json --ram 1G --json full-plan.json
+full plan 1 full-plan.json -- "$M" plan -m m.gguf --replay plan-replay.json --eval plan-eval.json --ram 1G --reserve 0 --json full-plan.json
 [ "$(inputs_sum)" = "$before" ] || loss "disk full: an input changed"
 echo "disk full: $n_full writers under a file-size limit"
 
