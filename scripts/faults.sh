@@ -180,7 +180,6 @@ full trace-export 2 full-npy -- "$M" trace export t.mptrace --npy full-npy
 full replay-csv 1 full.csv -- "$M" replay --trace t.mptrace --policy lru,lfu,ema,sieve --cache 4,6,8,10 --csv full.csv
 full eval-per-token 2 full-tokens.jsonl -- "$M" eval -m m.gguf -f data/eval.jsonl -c 64 -t 2 --keep "$keep" --per-token full-tokens.jsonl
 full collect-imatrix 8 full.imatrix.gguf -- "$M" collect -m m.gguf -f data/calib.jsonl -c 64 -t 2 -o full3-stats.json --imatrix full.imatrix.gguf
-[ -e full3-stats.json ] && loss "disk full collect-imatrix: statistics without their imatrix"
 full merge 1 full-merged.json -- "$M" merge stats.json out-collect/stats.json -o full-merged.json
 "$M" replay --trace t.mptrace --policy lru --cache 4,8 --model m.gguf --json plan-replay.json >/dev/null
 "$M" eval -m m.gguf -f data/eval.jsonl -c 64 -t 2 --keep "$keep" --json plan-eval.json >/dev/null

@@ -52,8 +52,9 @@ void add_eval(CLI::App & app, Action & action) {
     sub->add_option("--lambda", opt->lambdas, "Closed loop: MoCE bias strengths (0: unbiased routing)")
         ->delimiter(',')
         ->capture_default_str();
-    sub->add_option("--j", opt->j, "Closed loop: the top J candidates get the bonus whether cached or not")
-        ->capture_default_str();
+    sub->add_option("--j", opt->j,
+                    "Closed loop: the top J candidates get the bonus whether cached or not (default: 2, or k - 1 when "
+                    "k <= 2)");
     sub->add_option("--moce", opt->moce, "Closed loop: MoCE bias, prior or topk-gap")
         ->check(CLI::IsMember({"prior", "topk-gap"}))
         ->capture_default_str();

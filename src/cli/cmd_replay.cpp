@@ -56,8 +56,8 @@ void add_replay(CLI::App & app, Action & action) {
     sub->add_flag("--global", opt->global, "One cache shared by all layers");
     sub->add_option("--lambda", opt->lambdas, "MoCE bias strengths (0: unbiased routing)")->delimiter(',')
         ->capture_default_str();
-    sub->add_option("--j", opt->j, "MoCE: the top J candidates get the bonus whether cached or not")
-        ->capture_default_str();
+    sub->add_option("--j", opt->j,
+                    "MoCE: the top J candidates get the bonus whether cached or not (default: 2, or k - 1 when k <= 2)");
     sub->add_option("--moce", opt->moce, "MoCE bias: prior or topk-gap")->capture_default_str();
     sub->add_option("--k", opt->k, "Experts per token (default: the trace's meta.n_expert_used)");
     sub->add_option("--warmup", opt->warmup, "Tokens replayed before counting starts")

@@ -896,14 +896,20 @@ CollectResult collect(const CollectOptions & opt) {
         throw Error(fmt::format("{} invariant(s) broken, statistics kept in {} for inspection: {}", inv.size(),
                                 bad.string(), inv.front().detail));
     }
-    // Every output is whole before the trace takes its name: a failed write (of the
-    // imatrix or the statistics) must not leave a finished trace beside no statistics.
+    // Every output is written whole under a temporary name before any takes its final
+    // one, the statistics last: a failed write (disk full) leaves no finished trace or
+    // imatrix beside no statistics. Only a failed rename between the renames could.
+    std::optional<AtomicOutput> imatrix_out;
     if (imatrix) {
-        imatrix->write(opt.imatrix, {opt.corpus.string()}, uint32_t(opt.ctx));
+        imatrix_out.emplace(opt.imatrix);
+        imatrix->write(*imatrix_out, {opt.corpus.string()}, uint32_t(opt.ctx));
         stats.settings["imatrix"] = opt.imatrix.string();
     }
     AtomicOutput stats_out(opt.output);
     write_stats(stats_out, stats);
+    if (imatrix_out) {
+        imatrix_out->commit();
+    }
     if (trace) {
         std::error_code ec;
         fs::rename(trace_partial, opt.trace, ec);

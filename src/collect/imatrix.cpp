@@ -139,7 +139,7 @@ void ImatrixAccumulator::observe(const ggml_tensor * t) {
     }
 }
 
-void ImatrixAccumulator::write(const std::filesystem::path & path, const std::vector<std::string> & datasets,
+void ImatrixAccumulator::write(const AtomicOutput & file, const std::vector<std::string> & datasets,
                                uint32_t chunk_size) const {
     size_t bytes = 0;
     int64_t most = 0;
@@ -151,7 +151,7 @@ void ImatrixAccumulator::write(const std::filesystem::path & path, const std::ve
     std::unique_ptr<ggml_context, decltype(&ggml_free)> ctx(ggml_init({bytes, nullptr, false}), ggml_free);
     std::unique_ptr<gguf_context, decltype(&gguf_free)> out(gguf_init_empty(), gguf_free);
     if (!ctx || !out) {
-        throw Error("imatrix: out of memory for " + path.string());
+        throw Error("imatrix: out of memory for " + file.final_path().string());
     }
     std::vector<const char *> names;
     for (const std::string & d : datasets) {
@@ -175,11 +175,9 @@ void ImatrixAccumulator::write(const std::filesystem::path & path, const std::ve
         gguf_add_tensor(out.get(), sums);
         gguf_add_tensor(out.get(), counts);
     }
-    AtomicOutput file(path);
     if (!gguf_write_to_file(out.get(), file.temp_path().c_str(), false)) {
-        fail_file(path.string(), "cannot be written (imatrix)");
+        fail_file(file.final_path().string(), "cannot be written (imatrix)");
     }
-    file.commit();
 }
 
 } // namespace moeprune

@@ -3,6 +3,8 @@
 // same float accumulation in the same order and the same GGUF file as llama-imatrix
 // (tools/imatrix in the pinned release), so quantizing the pruned model needs no second
 // pass over the corpus and the result can be compared with llama-imatrix bit for bit.
+#include "core/atomic_file.h"
+
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -25,8 +27,9 @@ public:
 
     // The GGUF imatrix: NAME.in_sum2 [columns, matrices] and NAME.counts [1, matrices]
     // per weight in name order, with general.type, imatrix.datasets,
-    // imatrix.chunk_count and imatrix.chunk_size; written atomically.
-    void write(const std::filesystem::path & path, const std::vector<std::string> & datasets, uint32_t chunk_size) const;
+    // imatrix.chunk_count and imatrix.chunk_size; written under `file`'s temporary name,
+    // for the caller to commit with its other outputs.
+    void write(const AtomicOutput & file, const std::vector<std::string> & datasets, uint32_t chunk_size) const;
 
     bool empty() const { return entries_.empty(); }
 

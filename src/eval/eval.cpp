@@ -423,7 +423,8 @@ EvalStats eval_stats(const std::vector<const TokenScore *> & toks) {
     return s;
 }
 
-EvalReport run_eval(const EvalOptions & opt) {
+EvalReport run_eval(const EvalOptions & given) {
+    EvalOptions opt = given;  // with J resolved once the model's k is known
     if (opt.score != "all" && opt.score != "second-half") {
         throw Error(fmt::format("--score must be all or second-half, got \"{}\"", opt.score));
     }
@@ -469,8 +470,8 @@ EvalReport run_eval(const EvalOptions & opt) {
         if (opt.moce != "prior" && opt.moce != "topk-gap") {
             throw Error(fmt::format("--moce must be prior or topk-gap, got \"{}\"", opt.moce));
         }
-        if (opt.j < 0) {
-            throw Error(fmt::format("--j must be >= 0, got {}", opt.j));
+        if (opt.j && *opt.j < 0) {
+            throw Error(fmt::format("--j must be >= 0, got {}", *opt.j));
         }
         for (const std::string & p : opt.cache_policies) {
             if (std::find(policy_names().begin(), policy_names().end(), p) == policy_names().end()) {
@@ -508,8 +509,9 @@ EvalReport run_eval(const EvalOptions & opt) {
     facts.arch = info.arch;
     facts.n_expert = info.n_expert;
     facts.n_expert_used = info.n_expert_used;
+    opt.j = moce_j(given.j, int(info.n_expert_used));
     if (closed_loop) {
-        refuse_inert_moce(opt.j, int(info.n_expert_used), opt.lambdas);
+        refuse_inert_moce(*opt.j, int(info.n_expert_used), opt.lambdas);
     }
     facts.n_groups = info.expert_group_count;
     facts.n_group_used = info.expert_group_used_count;
@@ -713,7 +715,7 @@ EvalReport run_eval(const EvalOptions & opt) {
                 for (int cache : opt.caches) {
                     for (double lambda : opt.lambdas) {
                         ClosedLoopRun run;
-                        run.config = {policy, cache, lambda, opt.j, opt.moce == "prior", opt.policy_params,
+                        run.config = {policy, cache, lambda, *opt.j, opt.moce == "prior", opt.policy_params,
                                       opt.throughput.queue_depth};
                         run.map = m;
                         runs.push_back(std::move(run));
@@ -1108,7 +1110,7 @@ EvalReport run_eval(const EvalOptions & opt) {
             {"policies", opt.cache_policies},
             {"caches", opt.caches},
             {"lambdas", opt.lambdas},
-            {"j", opt.j},
+            {"j", *opt.j},
             {"moce", opt.moce},
             {"trace_top", trace_top},
             {"trace_out", opt.trace_out.empty() ? json() : json(opt.trace_out.string())},

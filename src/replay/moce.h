@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace moeprune {
@@ -57,6 +58,9 @@ MocePick moce_pick(const float * z, uint32_t n, int k, double bonus, int j, Favo
     p.moved_mass = (all_mass - kept_mass) / all_mass;
     return p;
 }
+
+// J when none is given: 2, or k - 1 where 2 would give every chosen expert the bonus.
+inline int moce_j(const std::optional<int> & j, int k) { return j ? *j : std::min(2, k - 1); }
 
 // With j >= k every expert of the unbiased top-k gets the bonus, and a candidate
 // beyond it, bonus or not, can then never overtake one: any λ > 0 would change nothing

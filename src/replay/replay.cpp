@@ -102,6 +102,7 @@ struct Setup {
     const TraceReader * reader = nullptr;
     std::string origin;
     int k = 0, n_expert = 0;            // n_expert: per layer, after the keep map
+    int j = 0;                          // MoCE's J
     uint32_t n_layer = 0;
     std::vector<std::vector<int32_t>> old_to_new;   // per layer; empty without a keep map
     bool keep_candidates = false;
@@ -375,7 +376,7 @@ private:
         const float * z = d.logit.data() + t * d.width;
         const int32_t * cand = d.cand.data() + t * d.width;
         const double delta = s_.moce_prior ? d.prior_delta[t] : double(z[0]) - double(z[k - 1]);
-        const MocePick pick = moce_pick(z, d.n_cand[t], k, lambda_ * delta, opt_.j,
+        const MocePick pick = moce_pick(z, d.n_cand[t], k, lambda_ * delta, s_.j,
                                         [&](uint32_t i) { return policy_->resident(id_base + cand[i]); }, moce_);
         chosen_.clear();
         for (int i = 0; i < k; ++i) {
@@ -659,16 +660,17 @@ ReplayReport run_replay(const ReplayOptions & opt, const std::vector<std::filesy
         fail_file(s.origin, fmt::format("k = {} but the trace holds the top {} candidates per token", s.k, h.top_m));
     }
     rep.k = s.k;
-    refuse_inert_moce(opt.j, s.k, opt.lambdas);
+    s.j = moce_j(opt.j, s.k);
+    if (s.j < 0) {
+        throw Error(fmt::format("--j must be >= 0, got {}", s.j));
+    }
+    refuse_inert_moce(s.j, s.k, opt.lambdas);
     if (opt.warmup >= reader.n_tokens()) {
         fail_file(s.origin, fmt::format("has {} tokens, not more than the warm-up of {}: nothing would be counted",
                                         reader.n_tokens(), opt.warmup));
     }
     if (opt.moce != "prior" && opt.moce != "topk-gap") {
         throw Error(fmt::format("--moce must be prior or topk-gap, got \"{}\"", opt.moce));
-    }
-    if (opt.j < 0) {
-        throw Error(fmt::format("--j must be >= 0, got {}", opt.j));
     }
     if (opt.prefill_union < 0) {
         throw Error(fmt::format("--prefill-union must be >= 0, got {}", opt.prefill_union));
@@ -942,7 +944,7 @@ ReplayReport run_replay(const ReplayOptions & opt, const std::vector<std::filesy
                   {"prefill_union", opt.prefill_union},
                   {"cache_scope", opt.global ? "global" : "per-layer"},
                   {"policy_params", to_json(opt.params)},
-                  {"moce", {{"mode", opt.moce}, {"j", opt.j}, {"lambdas", opt.lambdas}}},
+                  {"moce", {{"mode", opt.moce}, {"j", s.j}, {"lambdas", opt.lambdas}}},
                   {"prefetch", opt.prefetch ? json{{"mode", "next-layer"}, {"n", n_predict}, {"train", opt.prefetch_train}}
                                             : json()},
                   {"skipped", skipped}};

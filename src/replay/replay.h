@@ -34,7 +34,7 @@ struct ReplayOptions {
     double expert_mb = 0;                 // or this (10^6 bytes) for every layer
     bool global = false;
     std::vector<double> lambdas{0.0};
-    int j = 2;
+    std::optional<int> j;                 // MoCE's J; unset: 2, or k - 1 when k <= 2 (moce_j)
     std::string moce = "prior";           // "prior" or "topk-gap"
     int k = 0;                            // experts per token; 0: the trace's meta.n_expert_used
     uint64_t warmup = 0;                  // tokens replayed but not counted

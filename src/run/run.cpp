@@ -12,6 +12,7 @@
 #include "gguf/model_file.h"
 #include "inspect/inspect.h"
 #include "plan/plan.h"
+#include "replay/moce.h"
 #include "replay/replay.h"
 #include "report/report.h"
 #include "select/select.h"
@@ -515,7 +516,9 @@ std::string run_pipeline(const RunOptions & opt) {
     for (const fs::path & m : maps) {
         replays.push_back(replay_out(m));
     }
-    run.stage("replay", {{"policies", c.policies}, {"cache_shares", c.cache_shares}, {"lambdas", c.lambdas}, {"throughput", tp_json}},
+    // MoCE's J is replay's default; a stage replayed before it was k - 1 for k <= 2 is stale.
+    run.stage("replay", {{"policies", c.policies}, {"cache_shares", c.cache_shares}, {"lambdas", c.lambdas},
+                         {"moce_j", moce_j({}, int(model.n_expert_used))}, {"throughput", tp_json}},
               replay_inputs, [&] {
                   std::error_code ec;
                   for (const fs::path & old : json_files(dir / "replay")) {
@@ -537,8 +540,6 @@ std::string run_pipeline(const RunOptions & opt) {
                       o.caches.assign(caches.begin(), caches.end());
                       o.model = c.model;
                       o.lambdas = c.lambdas;
-                      // replay's default J, below k: at J >= k the bonus would change nothing.
-                      o.j = std::min(o.j, int(model.n_expert_used) - 1);
                       o.threads = c.threads;
                       o.throughput = tp;
                       const fs::path out = replay_out(m);

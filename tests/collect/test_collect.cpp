@@ -423,7 +423,8 @@ TEST(Collect, AFailedStatisticsWriteLeavesNoTrace) {
     const auto full = test::run_command(fmt::format("bash -c 'ulimit -f 2; exec \"$0\" \"$@\"' {} -o {} --trace {}", collect,
                                                     out.string(), trace.string()));
     EXPECT_NE(full.exit_code, 0) << full.output;
-    EXPECT_NE(full.output.find("s.json"), std::string::npos) << full.output;
+    EXPECT_NE(full.output.find(out.string() + ".partial"), std::string::npos) << full.output;
+    EXPECT_NE(full.output.find("File too large"), std::string::npos) << full.output;
     EXPECT_FALSE(fs::exists(out));
     EXPECT_FALSE(fs::exists(trace));
     for (const auto & e : fs::directory_iterator(dir.path())) {

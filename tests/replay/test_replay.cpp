@@ -1,6 +1,7 @@
 #include "core/errors.h"
 #include "formats/keep_map.h"
 #include "formats/trace.h"
+#include "replay/moce.h"
 #include "replay/reference_replay.h"
 #include "replay/replay.h"
 #include "support/test_support.h"
@@ -151,7 +152,7 @@ int expect_equals_reference(const ReplayReport & r, const ReplayOptions & o, con
         c.capacity = rec.slots;
         c.global = o.global;
         c.lambda = rec.lambda;
-        c.j = o.j;
+        c.j = moce_j(o.j, ref.k);
         c.moce = o.moce;
         c.warmup = o.warmup;
         c.reset_on_session = o.reset_on_session;
@@ -559,14 +560,16 @@ TEST(Replay, GuardsAgainstMeaninglessConfigurations) {
     EXPECT_THROW(run_replay(o), Error);
     o.policies = {"lru", "belady"};
     o.lambdas = {0.0, 0.2};
+    o.j = 2;
     try {
         run_replay(o);
         ADD_FAILURE() << "--j 2 with k = 2 was accepted: every chosen expert gets the bonus, MoCE changes nothing";
     } catch (const Error & e) {
         EXPECT_NE(std::string(e.what()).find("give --j below 2"), std::string::npos) << e.what();
     }
-    o.j = 1;
+    o.j.reset();  // the default J is below k: 2, or k - 1 for k <= 2
     const ReplayReport skipped = run_replay(o);
+    EXPECT_EQ(to_json(skipped)["inputs"]["moce"]["j"], 1);
     EXPECT_EQ(skipped.records.size(), 3u);  // no belady at lambda 0.2
     EXPECT_EQ(skipped.inputs["skipped"].size(), 1u);
     o.lambdas = {0.0};
@@ -645,7 +648,7 @@ TEST(Replay, CommandWritesJsonRecords) {
     EXPECT_EQ(j["inputs"]["throughput"]["ssd_gbps"], 3.9);
     const std::string csv = test::read_bytes(dir / "out.csv");
     EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + 4 * 3);  // header, then all/prefill/decode per record
-    EXPECT_NE(csv.find(fmt::format("belady,6,,0,2,all,120,{},{}", 120 * 2 * 2, lib.records[3].total().misses)),
+    EXPECT_NE(csv.find(fmt::format("belady,6,,0,1,all,120,{},{}", 120 * 2 * 2, lib.records[3].total().misses)),
               std::string::npos)
         << csv;
 }

@@ -244,7 +244,15 @@ KeySchedule build_key_schedule(const std::string & name, int n_expert, const Pol
 }
 
 int64_t ema_key(double log_score, uint64_t t, double log_decay) {
-    return int64_t(std::floor((log_score - double(t) * log_decay) * double(1 << 20) + 0.5));
+    const double key = std::floor((log_score - double(t) * log_decay) * double(1 << 20) + 0.5);
+    // Keys grow by -ln(decay) * 2^20 per request; the caches pack them with an expert id
+    // into an int64 (keyed_cache.h). 2^46 is over 10^8 tokens at the default decay.
+    if (!(std::fabs(key) < double(int64_t(1) << 46))) {
+        throw Error(fmt::format("the ema family's key of an expert passed 2^46 after {} requests: the decay {} is too "
+                                "strong for a trace this long",
+                                t, std::exp(log_decay)));
+    }
+    return int64_t(key);
 }
 
 double effective_decay(const std::string & name, const PolicyParams & p) {

@@ -139,7 +139,8 @@ private:
             self().on_chosen(r.chosen[j], j);
         }
     }
-    // Above every key * 65536 + id that does not overflow.
+    // Above every key * 65536 + id, keys being below 2^46 in magnitude (ema_key refuses
+    // more; counts and request numbers stay far below).
     static constexpr int64_t kChosenRank = std::numeric_limits<int64_t>::max() - 65535;
     int32_t bring_to_top(int32_t x) {
         if (stack_.empty()) {
