@@ -13,7 +13,14 @@
 #include "run/run.h"
 #include "slice/slice.h"
 
+#include "core/atomic_file.h"
+
+#include <xxhash.h>
+
 #include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <functional>
 
 namespace moeprune::fuzz {
 
@@ -59,6 +66,59 @@ void base_logits(const fs::path & p) {
 }
 
 void run_config(const fs::path & p) { (void)read_run_config(p); }
+
+// The checksums stop almost every mutated input at the first check; the resealed targets
+// write them anew over the mutated bytes (as a careless tool that rewrites a file would),
+// so the parsing and the range checks behind them are fuzzed too.
+void put_checksum(std::string & b, size_t from, size_t n) {
+    const uint64_t h = XXH3_64bits(b.data() + from, n);
+    std::memcpy(b.data() + from + n, &h, 8);
+}
+
+void resealed(const fs::path & p, const std::function<void(std::string &)> & reseal, void (*read)(const fs::path &)) {
+    std::string b = read_text_file(p);
+    reseal(b);
+    std::ofstream(p, std::ios::binary | std::ios::trunc).write(b.data(), std::streamsize(b.size()));
+    read(p);
+}
+
+void base_logits_resealed(const fs::path & p) {
+    resealed(p, [](std::string & b) {
+        if (b.size() < 16) {
+            return;
+        }
+        uint32_t top = 0, hlen = 0;
+        std::memcpy(&top, b.data() + 8, 4);
+        std::memcpy(&hlen, b.data() + 12, 4);
+        if (top == 0 || top > 65536 || 16 + uint64_t(hlen) + 8 > b.size()) {
+            return;
+        }
+        put_checksum(b, 0, 16 + hlen);
+        const uint64_t rec = base_record_bytes(top), section = kBaseSectionRecords * rec;
+        for (uint64_t at = 16 + hlen + 8; at + 8 < b.size();) {
+            const uint64_t n = std::min<uint64_t>(section, (b.size() - at - 8) / rec * rec);
+            if (n == 0) {
+                break;
+            }
+            put_checksum(b, size_t(at), size_t(n));
+            at += n + 8;
+        }
+    }, base_logits);
+}
+
+void trace_resealed(const fs::path & p) {
+    resealed(p, [](std::string & b) {
+        uint32_t version = 0, meta_len = 0;
+        if (b.size() < 24 || b.compare(0, 4, "MPTR") != 0) {
+            return;
+        }
+        std::memcpy(&version, b.data() + 4, 4);
+        std::memcpy(&meta_len, b.data() + 20, 4);
+        if (version == 3 && 24 + uint64_t(meta_len) + 8 <= b.size()) {
+            put_checksum(b, 0, 24 + meta_len);
+        }
+    }, trace);
+}
 
 // inspect's and slice's path: open (ggml's gguf reader, behind moeprune's guards),
 // inspect, and plan a slice of the first k experts of every MoE layer.
@@ -109,6 +169,8 @@ const std::vector<Reader> & readers() {
         {"corpus_manifest", ".toml", corpus_manifest},
         {"corpus_source", ".jsonl", corpus_source},
         {"base_logits", ".mpkl", base_logits},
+        {"base_logits_resealed", ".mpkl", base_logits_resealed},
+        {"trace_resealed", ".mptrace", trace_resealed},
         {"run_config", ".toml", run_config},
         {"gguf", ".gguf", gguf},
     };

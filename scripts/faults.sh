@@ -78,6 +78,18 @@ same_file() {  # same_file FILE REF
 checkpoint() {  # a collect checkpoint says so inside
   python3 -c "import json,sys; p=json.load(open(sys.argv[1])).get('settings',{}).get('progress'); sys.exit(0 if isinstance(p,dict) and not p.get('complete',False) else 1)" "$1" 2>/dev/null
 }
+corpus_set_whole() {  # corpus_set_whole DIR: corpus.json describes the calib and eval beside it
+  python3 - "$1" <<'PY' 2>/dev/null
+import json, os, sys
+d = sys.argv[1]
+r = json.load(open(os.path.join(d, "corpus.json")))
+for side in ("calib", "eval"):
+    o = r["outputs"][side]
+    b = open(os.path.join(d, side + ".jsonl"), "rb").read()
+    if len(b) != o["bytes"] or b.count(b"\n") != o["documents"]:
+        sys.exit(1)
+PY
+}
 finals() { find "$1" -type f ! -name '*.partial.*' | sed "s|^$1/||" | sort; }
 now() { date +%s.%N; }
 
@@ -113,9 +125,15 @@ kill_loop() {  # kill_loop NAME OUTDIR -- COMMAND... (writes under OUTDIR)
         case "$f" in
           *.json)
             python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$p" 2>/dev/null || loss "$name kill $i at ${at}s: $f is not whole JSON"
-            if ! checkpoint "$p" && [ -f "$r" ] && ! same_file "$p" "$r"; then
+            checkpoint "$p" && loss "$name kill $i at ${at}s: $f is a checkpoint under the statistics' own name"
+            if [ -f "$r" ] && ! same_file "$p" "$r"; then
               loss "$name kill $i at ${at}s: $f differs from the uninterrupted run's"
+            fi
+            if [ "$(basename "$f")" = corpus.json ] && ! corpus_set_whole "$(dirname "$p")"; then
+              loss "$name kill $i at ${at}s: $f does not describe the calib.jsonl and eval.jsonl beside it"
             fi ;;
+          *.checkpoint)
+            checkpoint "$p" || loss "$name kill $i at ${at}s: $f is not a collect checkpoint" ;;
           *.mptrace|*.trace)
             "$M" trace verify "$p" >/dev/null 2>&1 || loss "$name kill $i at ${at}s: $f does not verify" ;;
           *)
@@ -125,7 +143,7 @@ kill_loop() {  # kill_loop NAME OUTDIR -- COMMAND... (writes under OUTDIR)
     fi
     # Run again: collect resumes from its checkpoint when it left one.
     local again=("$@")
-    if [ "$name" = collect ] && [ -f "$out/stats.json" ] && checkpoint "$out/stats.json"; then
+    if [ "$name" = collect ] && [ -f "$out/stats.json.checkpoint" ]; then
       again+=(--resume)
     fi
     if ! "${again[@]}" >"$name-rerun-$i.log" 2>&1; then
@@ -176,6 +194,21 @@ full eval 4 full-eval.json -- "$M" eval -m m.gguf -f data/eval.jsonl -c 64 -t 2 
 full eval-base 16 full.mpkl -- "$M" eval -m m.gguf -f data/eval.jsonl -c 64 -t 2 --base-out full.mpkl
 full replay 1 full-replay.json -- "$M" replay --trace t.mptrace --policy lru,lfu,ema,sieve --cache 4,6,8,10 --json full-replay.json
 full corpus 16 full-corpus -- "$M" corpus -m m.gguf --manifest corpus.toml -o full-corpus
+# corpus's outputs take their names together: under every limit, either a new whole set
+# or the old set byte for byte (another seed, so the two differ).
+"$M" corpus -m m.gguf --manifest corpus.toml --seed 7 -o corpus-old >/dev/null 2>&1
+old_set=$(cat corpus-old/calib.jsonl corpus-old/eval.jsonl corpus-old/corpus.json | md5sum)
+for kib in 1 4 8 12 16 19 24 32 48 64; do
+  rm -rf corpus-limit && cp -r corpus-old corpus-limit
+  if sh -c 'ulimit -f "$0"; exec "$@"' "$kib" "$M" corpus -m m.gguf --manifest corpus.toml -o corpus-limit >/dev/null 2>&1; then
+    corpus_set_whole corpus-limit || loss "disk full corpus ${kib} KiB: a finished set that does not describe itself"
+  else
+    [ "$(cat corpus-limit/calib.jsonl corpus-limit/eval.jsonl corpus-limit/corpus.json | md5sum)" = "$old_set" ] ||
+      loss "disk full corpus ${kib} KiB: the failed run changed the old set"
+    [ -z "$(find corpus-limit -name '*.partial.*')" ] || loss "disk full corpus ${kib} KiB: temporary files left behind"
+  fi
+  n_full=$((n_full + 1))
+done
 full trace-export 2 full-npy -- "$M" trace export t.mptrace --npy full-npy
 full replay-csv 1 full.csv -- "$M" replay --trace t.mptrace --policy lru,lfu,ema,sieve --cache 4,6,8,10 --csv full.csv
 full eval-per-token 2 full-tokens.jsonl -- "$M" eval -m m.gguf -f data/eval.jsonl -c 64 -t 2 --keep "$keep" --per-token full-tokens.jsonl

@@ -63,7 +63,9 @@ void add_trace(CLI::App & app, Action & action) {
             }
             std::printf("%s: %s, %llu tokens x %u layers, %s%s\n", verify_file->c_str(), r.format().c_str(),
                         (unsigned long long) r.n_tokens(), r.header().n_layer,
-                        r.has_checksums() ? "every checksum matches and every section decodes"
+                        r.has_header_checksum() ? "every checksum matches and every section decodes"
+                        : r.has_checksums() ? "every section's checksum matches and every section decodes (a version 2 "
+                                              "trace: its file header has no checksum)"
                                           : "no checksums in this format: every section decodes and every id is in range",
                         r.truncated_tail() ? " (an incomplete last block was ignored)" : "");
             return 0;

@@ -11,7 +11,7 @@ namespace moeprune::cli {
 
 void add_plan(CLI::App & app, Action & action) {
     auto opt = std::make_shared<PlanOptions>();
-    auto ram = std::make_shared<std::string>();
+    auto ram = std::make_shared<std::optional<std::string>>();
     auto reserve = std::make_shared<std::string>();
     auto other_gb = std::make_shared<std::optional<double>>();
     auto max_kld = std::make_shared<std::optional<double>>();
@@ -60,8 +60,13 @@ void add_plan(CLI::App & app, Action & action) {
     sub->add_option("--json", *json_out, "Write the plan (moeprune-plan JSON, docs/formats.md)");
     sub->callback([=, &action] {
         action = [=] {
-            if (!ram->empty()) {
-                opt->ram_bytes = parse_size(*ram, "--ram");
+            // Given, --ram is a budget: "" or 0 are refused, not taken for "no budget".
+            if (*ram) {
+                opt->ram_bytes = parse_size(**ram, "--ram");
+                if (!(opt->ram_bytes > 0)) {
+                    throw Error("--ram " + **ram + " leaves no RAM for the model: give a size, or leave --ram out to plan "
+                                "without a budget");
+                }
             }
             if (!reserve->empty()) {
                 opt->reserve_bytes = parse_size(*reserve, "--reserve");

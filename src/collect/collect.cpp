@@ -2,6 +2,7 @@
 #include "collect/corpus.h"
 #include "collect/imatrix.h"
 #include "core/atomic_file.h"
+#include "core/digest.h"
 #include "core/errors.h"
 #include "core/progress.h"
 #include "formats/trace.h"
@@ -538,6 +539,12 @@ struct Invariant {
 
 } // namespace
 
+fs::path collect_checkpoint_path(const fs::path & output) {
+    fs::path p = output;
+    p += ".checkpoint";
+    return p;
+}
+
 CollectResult collect(const CollectOptions & opt) {
     if (opt.ctx < 8 || opt.batch < 1 || opt.ubatch < 1 || opt.trace_top < 1) {
         throw Error("-c must be at least 8, -b, -ub and --trace-top at least 1");
@@ -557,7 +564,7 @@ CollectResult collect(const CollectOptions & opt) {
     const GgufModel gguf = GgufModel::open(opt.model);
     std::vector<std::filesystem::path> inputs = gguf.shard_paths();
     inputs.push_back(opt.corpus);
-    refuse_output_clashes({opt.output, opt.trace, opt.imatrix}, inputs);
+    refuse_output_clashes({opt.output, opt.trace, opt.imatrix, collect_checkpoint_path(opt.output)}, inputs);
     const Corpus corpus = read_corpus(opt.corpus);
     if (!opt.trace.empty() && corpus.domains.size() + 1 > kMaxTraceDomains) {
         fail_file(opt.corpus.string(), fmt::format("has {} domains; a trace stores domain ids in 16 bits and holds at most "
@@ -609,7 +616,8 @@ CollectResult collect(const CollectOptions & opt) {
     CollectResult res;
     SaliencyStats & stats = res.stats;
     stats = SaliencyStats::empty(int64_t(moe_layers.size()), info.n_expert, info.n_expert_used);
-    stats.model = {{"arch", info.arch},         {"name", info.name},           {"file_bytes", info.file_bytes},
+    stats.model = {{"digest", model_digest(gguf.shard_paths())},
+                   {"arch", info.arch},         {"name", info.name},           {"file_bytes", info.file_bytes},
                    {"n_expert", info.n_expert}, {"n_expert_used", info.n_expert_used}, {"moe_layers", moe_layers},
                    {"expert_group_count", std::max<int64_t>(1, info.expert_group_count)}};
     for (const std::string & d : corpus.domains) {
@@ -628,15 +636,23 @@ CollectResult collect(const CollectOptions & opt) {
     std::optional<TraceResumePoint> trace_from;
     std::vector<std::vector<uint64_t>> resumed_trace_count;
     std::vector<uint64_t> resumed_prob_drops;
+    // Checkpoints live under their own name: a reader that never looks at "complete"
+    // cannot take one for finished statistics.
+    const fs::path checkpoint_path = collect_checkpoint_path(opt.output);
     if (opt.resume) {
-        const SaliencyStats saved = read_stats(opt.output);
-        const json & prog = saved.settings.value("progress", json());
-        const std::string origin = opt.output.string();
-        if (!prog.is_object()) {
-            fail_file(origin, "has no checkpoint to resume from (settings.progress)");
+        std::error_code ec;
+        if (!fs::exists(checkpoint_path, ec)) {
+            if (fs::exists(opt.output, ec)) {
+                fail_file(opt.output.string(), "is a finished run: nothing to resume (no checkpoint " +
+                                                   checkpoint_path.string() + ")");
+            }
+            fail_file(checkpoint_path.string(), "no such checkpoint to resume from (written by --save-every)");
         }
-        if (prog.value("complete", false)) {
-            fail_file(origin, "is a finished run: nothing to resume");
+        const SaliencyStats saved = read_stats(checkpoint_path);
+        const json & prog = saved.settings.value("progress", json());
+        const std::string origin = checkpoint_path.string();
+        if (!prog.is_object() || prog.value("complete", true)) {
+            fail_file(origin, "is not a collect checkpoint (settings.progress with \"complete\": false)");
         }
         if (saved.model != stats.model) {
             fail_file(origin, "was collected on another model: " + saved.model.dump());
@@ -793,7 +809,7 @@ CollectResult collect(const CollectOptions & opt) {
     };
     const auto checkpoint = [&](size_t windows_done) {
         describe(windows_done, false);
-        write_stats(opt.output, stats);
+        write_stats(checkpoint_path, stats);
     };
 
     std::unique_ptr<llama_sampler, decltype(&llama_sampler_free)> sampler(nullptr, llama_sampler_free);
@@ -919,6 +935,8 @@ CollectResult collect(const CollectOptions & opt) {
     }
     stats_out.commit();
     trace_guard.committed = true;
+    std::error_code ec;
+    fs::remove(checkpoint_path, ec);  // a leftover checkpoint only makes a later --resume refuse
     return res;
 }
 

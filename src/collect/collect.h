@@ -45,4 +45,8 @@ struct CollectResult {
 
 CollectResult collect(const CollectOptions & opt);
 
+// Where --save-every keeps the unfinished statistics of `output` (OUT.checkpoint), and
+// where --resume reads them; removed once the statistics are whole under OUT.
+std::filesystem::path collect_checkpoint_path(const std::filesystem::path & output);
+
 } // namespace moeprune

@@ -179,6 +179,17 @@ void refuse_output_clashes(const std::vector<fs::path> & outputs, const std::vec
     }
 }
 
+void create_output_dir(const fs::path & dir) {
+    std::error_code ec;
+    if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
+        fail_file(dir.string(), "exists and is not a folder: outputs are written into a folder of this name");
+    }
+    fs::create_directories(dir, ec);
+    if (ec) {
+        fail_file(dir.string(), "cannot create the output folder: " + ec.message());
+    }
+}
+
 std::string read_text_file(const fs::path & path) {
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0) {

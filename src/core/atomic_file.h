@@ -41,6 +41,10 @@ void refuse_output_clashes(const std::vector<std::filesystem::path> & outputs,
 // link to it), saying `why` that is wrong.
 void refuse_repeated_inputs(const std::vector<std::filesystem::path> & inputs, const std::string & why);
 
+// Creates the folder a command writes its outputs into (and its parents); a path that
+// exists as something else than a folder is refused by name, as is one that cannot be made.
+void create_output_dir(const std::filesystem::path & dir);
+
 // Reads a whole regular file; FIFOs, devices and directories are refused by name
 // before they are opened, so an endless or blocking input cannot hang or exhaust memory.
 std::string read_text_file(const std::filesystem::path & path);

@@ -1,7 +1,9 @@
 #pragma once
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace moeprune {
 
@@ -18,6 +20,38 @@ nlohmann::json parse_json(const std::string & text, const std::string & origin);
 // errors ("type must be string", "cannot use value() with number") into an Error
 // naming `origin`; readers check the fields they know with messages of their own.
 template <typename F> auto with_json_errors(const std::string & origin, F && read) -> decltype(read());
+
+// One object of a result another command wrote, read field by field: every refusal names
+// the file, the path to the field ("records[3].misses_per_token") and what a possible
+// value is, never the JSON library's words. A reader of another command's numbers
+// checks each one is possible before it trusts it.
+class JsonFields {
+public:
+    // `path`: where the object sits in the file ("records[3]"); empty for the whole file.
+    JsonFields(const nlohmann::json & object, std::string file, std::string path = "");
+    std::string where() const { return path_.empty() ? file_ : file_ + ": " + path_; }
+    bool has(const std::string & key) const;
+    const nlohmann::json & any(const std::string & key) const;
+    JsonFields object(const std::string & key) const;
+    // The elements of an array field, each with its place ("records[3]").
+    std::vector<JsonFields> objects(const std::string & key) const;
+    const nlohmann::json & array(const std::string & key) const;
+    std::string string(const std::string & key) const;
+    bool boolean(const std::string & key) const;
+    // A finite number in [lo, hi].
+    double number(const std::string & key, double lo, double hi) const;
+    // An integer in [lo, hi].
+    int64_t integer(const std::string & key, int64_t lo, int64_t hi) const;
+    // Numbers of an array field, each finite and in [lo, hi].
+    std::vector<double> numbers(const std::string & key, double lo, double hi) const;
+    std::vector<int64_t> integers(const std::string & key, int64_t lo, int64_t hi) const;
+    [[noreturn]] void fail(const std::string & key, const std::string & why) const;
+
+private:
+    std::string child(const std::string & key) const { return path_.empty() ? key : path_ + "." + key; }
+    const nlohmann::json & object_;
+    std::string file_, path_;
+};
 
 } // namespace moeprune
 

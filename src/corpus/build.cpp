@@ -1,6 +1,8 @@
 #include "corpus/build.h"
 #include "core/atomic_file.h"
+#include "core/digest.h"
 #include "core/errors.h"
+#include "gguf/model_file.h"
 #include "core/parallel.h"
 #include "core/progress.h"
 #include "corpus/dedupe.h"
@@ -8,12 +10,14 @@
 #include "llama/session.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <xxhash.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <random>
@@ -233,6 +237,94 @@ double group_draw(uint64_t seed, const std::string & group) {
     return double(XXH64(group.data(), group.size(), seed) >> 11) * 0x1.0p-53;
 }
 
+// The side of every group of the sources split by group, stratified per source: its
+// groups in a seeded random order, the first round(eval_share x groups) to eval, at least
+// one when it has two groups or more and an eval share, never all of them. A group an
+// earlier source already placed (sources may share group keys) keeps its side and counts.
+std::unordered_map<std::string, int> split_groups(const std::vector<SourceSpec> & specs, const std::vector<Doc> & docs,
+                                                  const CorpusSpec & spec) {
+    std::unordered_map<std::string, int> side;
+    for (size_t s = 0; s < specs.size(); ++s) {
+        if (specs[s].split != SplitSide::Both) {
+            continue;
+        }
+        std::vector<std::string> mine;
+        std::unordered_set<std::string> seen;
+        for (const Doc & d : docs) {
+            if (!d.dropped && d.d.source == s && seen.insert(d.d.group).second) {
+                mine.push_back(d.d.group);
+            }
+        }
+        const size_t n = mine.size();
+        const bool wants_eval = spec.eval_share > 0 || specs[s].eval_tokens.value_or(0) > 0;
+        size_t want = size_t(std::llround(spec.eval_share * double(n)));
+        if (wants_eval && n >= 2) {
+            want = std::clamp<size_t>(want, 1, n - 1);
+        }
+        std::vector<std::string> open;
+        for (const std::string & g : mine) {
+            if (auto it = side.find(g); it != side.end()) {
+                want -= want > 0 && it->second == kEval ? 1 : 0;
+            } else {
+                open.push_back(g);
+            }
+        }
+        std::sort(open.begin(), open.end(), [&](const std::string & a, const std::string & b) {
+            const double da = group_draw(spec.seed, a), db = group_draw(spec.seed, b);
+            return da != db ? da < db : a < b;
+        });
+        for (size_t i = 0; i < open.size(); ++i) {
+            side[open[i]] = i < want ? kEval : kCalib;
+        }
+    }
+    return side;
+}
+
+// A side nothing was written to is an error unless the sources ask for it to be empty
+// (no source can give eval documents when the eval share is 0 and none is split "eval";
+// every source split "eval" leaves calib empty): collect or eval would read an empty file.
+void refuse_empty_sides(const std::vector<SourceSpec> & specs, const CorpusSpec & spec,
+                        const std::vector<std::array<uint64_t, 2>> & taken_tokens, const std::vector<uint64_t> & read_docs,
+                        const std::vector<uint64_t> & exact_dropped, const std::vector<uint64_t> & near_dropped,
+                        const std::vector<uint64_t> & boiler_only,
+                        const std::vector<std::array<std::set<std::string>, 2>> & groups,
+                        const std::vector<std::array<uint64_t, 2>> & budget) {
+    for (int side : {kCalib, kEval}) {
+        bool asked = false;
+        uint64_t tokens = 0;
+        for (size_t s = 0; s < specs.size(); ++s) {
+            const SourceSpec & src = specs[s];
+            asked = asked || (side == kCalib ? src.split != SplitSide::Eval
+                                             : src.split == SplitSide::Eval ||
+                                                   (src.split == SplitSide::Both && (spec.eval_share > 0 || src.eval_tokens.value_or(0) > 0)));
+            tokens += taken_tokens[s][size_t(side)];
+        }
+        if (!asked || tokens > 0) {
+            continue;
+        }
+        std::string msg = fmt::format("the {} side would be empty:", kSideName[side]);
+        for (size_t s = 0; s < specs.size(); ++s) {
+            const SourceSpec & src = specs[s];
+            if (side == kCalib ? src.split == SplitSide::Eval : src.split == SplitSide::Calib) {
+                continue;
+            }
+            const uint64_t kept = read_docs[s] - exact_dropped[s] - near_dropped[s] - boiler_only[s];
+            msg += fmt::format("\n  source \"{}\": {} documents read, {} exact and {} near duplicates dropped, {} only "
+                               "boilerplate; {} groups on this side, a budget of {} tokens",
+                               src.name, read_docs[s], exact_dropped[s], near_dropped[s], boiler_only[s],
+                               groups[s][size_t(side)].size(),
+                               budget[s][size_t(side)] == std::numeric_limits<uint64_t>::max() ? std::string("all")
+                                                                                              : std::to_string(budget[s][size_t(side)]));
+            if (kept == 0 && read_docs[s] > 0) {
+                msg += " (every document is a duplicate of another source's or only boilerplate)";
+            } else if (side == kEval && groups[s][kCalib].size() + groups[s][kEval].size() == 1) {
+                msg += " (one group: it cannot be on both sides)";
+            }
+        }
+        throw Error(msg + (side == kEval ? "\n(--eval-share 0 asks for no eval side)" : ""));
+    }
+}
+
 json doc_ref(const std::vector<SourceFile> & files, const std::vector<SourceSpec> & specs, const SourceDocument & d) {
     return {{"source", specs[d.source].name}, {"at", label(files, d)}};
 }
@@ -344,7 +436,10 @@ json leak_check(const std::vector<LeakDocument> & calib, const std::vector<LeakD
 json build_corpus(const CorpusOptions & opt) {
     namespace fs = std::filesystem;
     const CorpusSpec & spec = opt.spec;
-    const std::vector<SourceSpec> & specs = spec.sources;
+    std::vector<SourceSpec> specs = spec.sources;
+    for (SourceSpec & s : specs) {
+        s.key_root = source_key_root(s, spec.base_dir);
+    }
     if (specs.empty()) {
         throw Error("no sources: give --manifest or --source DOMAIN=PATH");
     }
@@ -382,6 +477,9 @@ json build_corpus(const CorpusOptions & opt) {
         outputs.push_back(opt.report);
     }
     refuse_output_clashes(outputs, inputs);
+    create_output_dir(opt.out_dir);
+    // A FIFO or device is refused by name here: llama.cpp would block reading it.
+    const std::string model_identity = model_digest(GgufModel::open(opt.model).shard_paths());
 
     // The tokenizer first: a model that cannot load should fail before minutes of reading.
     llama_model_params mp = llama_model_default_params();
@@ -439,6 +537,16 @@ json build_corpus(const CorpusOptions & opt) {
             docs.push_back({std::move(d), false, 0, kCalib});
         }
         read[i] = {};
+    }
+
+    for (size_t s = 0; s < specs.size(); ++s) {
+        const std::vector<std::string> & skipped = binary_skipped[s];
+        if (!skipped.empty()) {
+            std::fprintf(stderr, "moeprune corpus: source \"%s\": skipped %zu file(s) that are not UTF-8 text: %s%s\n",
+                         specs[s].name.c_str(), skipped.size(),
+                         fmt::format("{}", fmt::join(skipped.begin(), skipped.begin() + long(std::min<size_t>(skipped.size(), 5)), ", ")).c_str(),
+                         skipped.size() > 5 ? fmt::format(" and {} more (corpus.json lists them)", skipped.size() - 5).c_str() : "");
+        }
     }
 
     lap("read");
@@ -554,6 +662,7 @@ json build_corpus(const CorpusOptions & opt) {
     lap("dedupe");
 
     // Sides by group; each source's documents of a side in a seeded random order.
+    const std::unordered_map<std::string, int> group_side = split_groups(specs, docs, spec);
     std::vector<std::array<std::vector<size_t>, 2>> order(specs.size());
     std::vector<std::array<std::set<std::string>, 2>> groups(specs.size());
     for (size_t i = 0; i < docs.size(); ++i) {
@@ -562,10 +671,7 @@ json build_corpus(const CorpusOptions & opt) {
             continue;
         }
         const SourceSpec & s = specs[d.d.source];
-        d.side = s.split == SplitSide::Calib  ? kCalib
-                 : s.split == SplitSide::Eval ? kEval
-                 : group_draw(spec.seed, d.d.group) < spec.eval_share ? kEval
-                                                                       : kCalib;
+        d.side = s.split == SplitSide::Calib ? kCalib : s.split == SplitSide::Eval ? kEval : group_side.at(d.d.group);
         order[d.d.source][size_t(d.side)].push_back(i);
         groups[d.d.source][size_t(d.side)].insert(d.d.group);
     }
@@ -723,6 +829,10 @@ json build_corpus(const CorpusOptions & opt) {
         }
         throw Error(msg);
     }
+    for (const std::string & m : shortfalls) {
+        std::fprintf(stderr, "moeprune corpus: shortfall: %s\n", m.c_str());
+    }
+    refuse_empty_sides(specs, spec, taken_tokens, read_docs, exact_dropped, near_dropped, boiler_only, groups, budget);
 
     // Interleave: the source furthest behind its share of the side's tokens goes next, so
     // every prefix holds each source (and so each domain) at its share.
@@ -829,8 +939,10 @@ json build_corpus(const CorpusOptions & opt) {
     const json leaks = leak_check(leak_docs[kCalib], leak_docs[kEval], spec.near_dup, opt.threads);
     lap("leak_check");
 
-    // The JSONL collect and eval read.
+    // The JSONL collect and eval read, written whole under temporary names: every output
+    // takes its final name only once all are written, so a failed write leaves the old set.
     std::array<json, 2> output_report;
+    std::vector<std::unique_ptr<AtomicOutput>> staged;
     for (int side : {kCalib, kEval}) {
         std::string bytes;
         for (const Unit * u : sequence[size_t(side)]) {
@@ -857,8 +969,8 @@ json build_corpus(const CorpusOptions & opt) {
                                        {"tokens", side_tokens[size_t(side)]},
                                        {"bytes", bytes.size()},
                                        {"digest", fmt::format("{:016x}", XXH64(bytes.data(), bytes.size(), 0))}};
-        fs::create_directories(opt.out_dir);
-        write_file_atomic(path, bytes);
+        staged.push_back(std::make_unique<AtomicOutput>(path));
+        write_temp_file(*staged.back(), bytes);
     }
 
     lap("write");
@@ -921,7 +1033,8 @@ json build_corpus(const CorpusOptions & opt) {
         {"format", "moeprune-corpus"},
         {"version", 1},
         {"inputs",
-         {{"model", {{"path", opt.model.string()}, {"bytes", fs::file_size(opt.model, ec)}, {"vocab", vocab_digest(llama_model_get_vocab(model.get()))}}},
+         {{"model", {{"path", opt.model.string()}, {"bytes", fs::file_size(opt.model, ec)}, {"digest", model_identity},
+                     {"vocab", vocab_digest(llama_model_get_vocab(model.get()))}}},
           {"manifest", spec.manifest.empty() ? json(nullptr) : json(spec.manifest.string())},
           {"bytes", total_bytes}}},
         {"settings",
@@ -946,9 +1059,14 @@ json build_corpus(const CorpusOptions & opt) {
         {"seconds", seconds},
         {"outputs", {{"calib", output_report[kCalib]}, {"eval", output_report[kEval]}}}};
     const std::string text = report.dump(2) + "\n";
-    write_file_atomic(report_path, text);
+    staged.push_back(std::make_unique<AtomicOutput>(report_path));
+    write_temp_file(*staged.back(), text);
     if (!opt.report.empty()) {
-        write_file_atomic(opt.report, text);
+        staged.push_back(std::make_unique<AtomicOutput>(opt.report));
+        write_temp_file(*staged.back(), text);
+    }
+    for (const auto & out : staged) {
+        out->commit();
     }
     return report;
 }

@@ -35,6 +35,9 @@ struct SourceSpec {
     SourceFormat format = SourceFormat::Auto;
     SplitSide split = SplitSide::Both;
     Truncate truncate = Truncate::Auto;
+    // Where group keys of files (`file`, `path:N`, a regex over the path) are taken
+    // relative to, so a corpus moved elsewhere splits the same; set by source_key_root.
+    std::filesystem::path key_root;
 };
 
 struct CorpusSpec {

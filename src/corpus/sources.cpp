@@ -52,8 +52,15 @@ std::string scalar_field(const json & j, const std::string & name, const std::st
     fail_file(where, fmt::format("field \"{}\" must be a non-empty string or an integer to be a group key", name));
 }
 
-std::string group_key(const SourceSpec & s, const std::filesystem::path & path, const json * j, const std::string & where) {
+std::string group_key(const SourceSpec & s, const std::filesystem::path & file, const json * j, const std::string & where) {
     const GroupRule & g = s.group;
+    std::filesystem::path path = file;
+    if (!s.key_root.empty()) {
+        const std::filesystem::path rel = file.lexically_relative(s.key_root);
+        if (!rel.empty() && *rel.begin() != "..") {
+            path = rel;
+        }
+    }
     switch (g.kind) {
     case GroupRule::Kind::File:
         return "file:" + path.string();
@@ -182,6 +189,23 @@ size_t invalid_utf8_at(std::string_view text) {
         i += len;
     }
     return std::string_view::npos;
+}
+
+std::filesystem::path source_key_root(const SourceSpec & s, const std::filesystem::path & base_dir) {
+    namespace fs = std::filesystem;
+    const fs::path given(s.path);
+    if (given.is_relative()) {
+        return base_dir;
+    }
+    fs::path root;
+    for (const fs::path & part : given) {
+        if (is_glob(part.string())) {
+            return root;
+        }
+        root /= part;
+    }
+    std::error_code ec;
+    return fs::is_directory(root, ec) ? root : root.parent_path();
 }
 
 std::vector<std::filesystem::path> expand_source_path(const SourceSpec & s, const std::filesystem::path & base_dir) {

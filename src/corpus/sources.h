@@ -38,6 +38,11 @@ struct SourceFiles {
 // relative paths starting at `base_dir`. No match is an error naming the source.
 std::vector<std::filesystem::path> expand_source_path(const SourceSpec & s, const std::filesystem::path & base_dir);
 
+// The folder a source's group keys are relative to: `base_dir` (the manifest's folder)
+// for a relative source path, so keys are the paths as written; for an absolute one the
+// folder before its first glob character (the directory itself, or a file's folder).
+std::filesystem::path source_key_root(const SourceSpec & s, const std::filesystem::path & base_dir);
+
 // Reads one file of source `index`. Every malformed document (invalid UTF-8, a JSONL
 // line of the wrong shape, a group key that cannot be found) is an error naming the
 // file and line. With `skip_binary` (files found in a directory or by a glob), a file

@@ -1,6 +1,7 @@
 #include "eval/eval.h"
 #include "collect/corpus.h"
 #include "core/atomic_file.h"
+#include "core/digest.h"
 #include "core/errors.h"
 #include "core/parallel.h"
 #include "core/progress.h"
@@ -316,9 +317,10 @@ struct Model {
     ContextPtr ctx{nullptr, llama_free};
 };
 
-json model_identity(const InspectReport & info, const fs::path & path, const std::string & vocab) {
-    return {{"file", path.string()},     {"file_bytes", info.file_bytes}, {"arch", info.arch},
-            {"name", info.name},         {"n_expert", info.n_expert},     {"vocab", vocab}};
+// What a base file compares: the model's content, never its file name.
+json model_identity(const InspectReport & info, const GgufModel & gguf, const std::string & vocab) {
+    return {{"digest", model_digest(gguf.shard_paths())}, {"file_bytes", info.file_bytes}, {"arch", info.arch},
+            {"name", info.name},                          {"n_expert", info.n_expert},     {"vocab", vocab}};
 }
 
 // The closed-loop candidates' cache figures, beside the open-loop replay of the base
@@ -429,8 +431,11 @@ EvalReport run_eval(const EvalOptions & given) {
         throw Error(fmt::format("--score must be all or second-half, got \"{}\"", opt.score));
     }
     if (opt.ctx < 8 || opt.batch < 1 || opt.ubatch < 1 || opt.threads < 0 || opt.gpu_layers < 0 || opt.chunks == 0 ||
-        opt.chunks < -1 || opt.top_tokens < 0) {
+        opt.chunks < -1) {
         throw Error("-c must be at least 8, -b and -ub at least 1, -t and -ngl >= 0, --chunks >= 1 (or -1 for all)");
+    }
+    if (opt.top_tokens < 0) {
+        throw Error(fmt::format("--worst {}: the number of worst tokens to list must be >= 0", opt.top_tokens));
     }
     if (!opt.base_out.empty() + !opt.base_in.empty() + !opt.against.empty() > 1) {
         throw Error("--base-out records the base, --base reads a recorded one, --against compares with a candidate "
@@ -629,7 +634,7 @@ EvalReport run_eval(const EvalOptions & given) {
 
     const json settings = {{"ctx", opt.ctx}, {"score", opt.score}, {"parse_special", opt.parse_special},
                            {"chunks", opt.chunks}};
-    const json base_identity = model_identity(info, opt.model, base_vocab);
+    const json base_identity = model_identity(info, gguf, base_vocab);
     // The compact base: T such that a record is at most 1% of llama-perplexity's 2 bytes per vocabulary entry.
     const uint32_t top_max = uint32_t(std::max<int64_t>(1, (int64_t(n_vocab) * 2 / 100 - 12) / 8));
     uint32_t top = opt.top > 0 ? opt.top : std::min<uint32_t>(256, top_max);
@@ -646,6 +651,10 @@ EvalReport run_eval(const EvalOptions & given) {
         if (h.value("settings", json()) != settings) {
             fail_file(origin, "was recorded with other settings: " + h.value("settings", json()).dump() + ", not " +
                                   settings.dump());
+        }
+        if (base_file->n_vocab() != n_vocab) {
+            fail_file(origin, fmt::format("was recorded on a vocabulary of {} tokens, the model has {}", base_file->n_vocab(),
+                                          n_vocab));
         }
         if (base_file->n_scored() != n_scored) {
             fail_file(origin, fmt::format("holds {} scored tokens, this text and settings score {}", base_file->n_scored(),
@@ -710,7 +719,7 @@ EvalReport run_eval(const EvalOptions & given) {
     if (closed_loop) {
         observer.emplace(facts, trace_top, nullptr, nullptr, nullptr, expert_bytes);
         observer_slot.tap = &*observer;
-        for (int m = -1; m < int(maps.size()); ++m) {
+        for (int m = opt.closed_loop_full_model || maps.empty() ? -1 : 0; m < int(maps.size()); ++m) {
             for (const std::string & policy : opt.cache_policies) {
                 for (int cache : opt.caches) {
                     for (double lambda : opt.lambdas) {
@@ -797,9 +806,11 @@ EvalReport run_eval(const EvalOptions & given) {
     std::optional<BaseLogitsWriter> base_writer;
     const json base_header = {{"format", "moeprune-eval-base"},
                               {"model", base_identity},
+                              {"model_file", opt.model.string()},
                               {"corpus", {{"file", opt.corpus.string()}, {"digest", corpus.digest}}},
                               {"settings", settings},
                               {"top", top},
+                              {"n_vocab", n_vocab},
                               {"n_scored", n_scored}};
     if (!opt.base_out.empty()) {
         base_out.emplace(opt.base_out);
@@ -849,12 +860,6 @@ EvalReport run_eval(const EvalOptions & given) {
                                                                 w.tokens[size_t(w.first + i + 1)]));
                 }
                 base_tail_mass += std::exp(double(r.ln_tail));
-                for (int32_t id : r.ids) {
-                    if (id < 0 || id >= n_vocab) {
-                        fail_file(opt.base_in.string(), fmt::format("record {} names token {} of a {}-token vocabulary",
-                                                                    w.first_record + uint64_t(i), id, n_vocab));
-                    }
-                }
             }
         } else {
             // File candidates decode first: each keeps its logits in its own context, so one
@@ -1026,6 +1031,7 @@ EvalReport run_eval(const EvalOptions & given) {
         closed_loop_figures(opt, *trace, *trace_file, maps, runs, int(facts.moe_layers.size()), threads, rep, first_closed);
     }
     if (base_writer) {
+        base_writer->finish();
         base_out_file->sync();
         base_out->commit();
     }
@@ -1066,6 +1072,7 @@ EvalReport run_eval(const EvalOptions & given) {
     }
 
     rep.base = base_identity;
+    rep.base["file"] = opt.model.string();
     rep.base["scored_tokens"] = n_scored;
     rep.base["windows"] = windows.size();
     if (base_file) {

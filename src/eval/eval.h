@@ -45,6 +45,7 @@ struct EvalOptions {
     std::vector<std::string> cache_policies;
     std::vector<int> caches;                        // slots per layer
     std::vector<double> lambdas{0.0};
+    bool closed_loop_full_model = true;             // false: only on the keep maps (one per map, their own caches)
     std::optional<int> j;                           // MoCE's J; unset: 2, or k - 1 when k <= 2
     std::string moce = "prior";                     // "prior" or "topk-gap"
     int trace_top = 64;                             // candidates per token and layer, as collect's trace

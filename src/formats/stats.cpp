@@ -244,6 +244,12 @@ void merge_stats(SaliencyStats & a, const SaliencyStats & b, const std::string &
         throw Error(fmt::format("{} and {} describe different models: {}x{} experts (top-{}) vs {}x{} (top-{})", a_origin,
                                 b_origin, a.n_layer, a.n_expert, a.n_expert_used, b.n_layer, b.n_expert, b.n_expert_used));
     }
+    for (const auto & [s, origin] : {std::pair<const SaliencyStats &, const std::string &>{a, a_origin}, {b, b_origin}}) {
+        if (!s.model.contains("digest") || !s.model["digest"].is_string()) {
+            fail_file(origin, "model.digest: missing, so which model the statistics come from cannot be checked (collect "
+                              "them again with this moeprune)");
+        }
+    }
     if (a.model != b.model) {
         throw Error(fmt::format("{} and {} come from different models: {} vs {}", a_origin, b_origin, a.model.dump(),
                                 b.model.dump()));

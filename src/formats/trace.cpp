@@ -25,9 +25,9 @@ namespace {
 
 constexpr char kFileMagic[4] = {'M', 'P', 'T', 'R'};
 constexpr char kBlockMagic[4] = {'M', 'P', 'B', 'K'};
-// Version 2 added a checksum of every section and of the block header; version 1 files
-// (no checksums) are still read.
-constexpr uint32_t kVersion = 2;
+// Version 2 added a checksum of every section and of the block header, version 3 one of
+// the file header and its JSON; versions 1 (no checksums) and 2 are still read.
+constexpr uint32_t kVersion = 3;
 constexpr uint32_t kCodecRaw = 0;
 constexpr uint32_t kCodecZstd = 1;
 constexpr size_t kMetaBytes = 16;            // per token: token, pos, seq (i32), domain (u16), phase (u8), pad
@@ -79,6 +79,7 @@ TraceWriter::TraceWriter(const fs::path & path, TraceHeader header, uint32_t blo
     put_bytes<uint32_t>(buf, header_.top_m);
     put_bytes<uint32_t>(buf, uint32_t(meta.size()));
     buf.insert(buf.end(), meta.begin(), meta.end());
+    put_bytes<uint64_t>(buf, checksum(buf.data(), buf.size()));
     fwrite_exact(file_, buf.data(), buf.size(), path_);
     std::fflush(file_);
     bytes_written_ = buf.size();
@@ -100,8 +101,8 @@ TraceWriter::TraceWriter(const fs::path & path, TraceHeader header, const TraceR
     {
         const TraceReader existing = TraceReader::open(path);
         const TraceHeader & h = existing.header();
-        if (!existing.has_checksums()) {
-            fail_file(path.string(), "cannot resume: it is a version 1 trace (no checksums); start it again");
+        if (!existing.has_header_checksum()) {
+            fail_file(path.string(), "cannot resume: it is a version 1 or 2 trace (its header has no checksum); start it again");
         }
         if (h.n_layer != header_.n_layer || h.n_expert != header_.n_expert || h.top_m != header_.top_m ||
             existing.n_tokens() != from.tokens || existing.truncated_tail()) {
@@ -272,20 +273,31 @@ TraceReader TraceReader::open(const fs::path & path) {
         fail_file(path.string(), fmt::format("trace version {} is not supported (1 and {})", version, kVersion));
     }
     r.checksums_ = version >= 2;
+    r.header_checksum_ = version >= 3;
     r.header_.n_layer = get_bytes<uint32_t>(head + 8);
     r.header_.n_expert = get_bytes<uint32_t>(head + 12);
     r.header_.top_m = get_bytes<uint32_t>(head + 16);
     const uint32_t meta_len = get_bytes<uint32_t>(head + 20);
+    const uint64_t head_end = 24 + uint64_t(meta_len) + (r.header_checksum_ ? 8 : 0);
+    if (head_end > file_size) {
+        fail_file(path.string(), "trace header is truncated");
+    }
+    std::string meta(meta_len, '\0');
+    r.file_.pread_exact(meta.data(), meta_len, 24);
+    if (r.header_checksum_) {
+        std::vector<uint8_t> whole(head, head + 24);
+        whole.insert(whole.end(), meta.begin(), meta.end());
+        uint8_t stored[8];
+        r.file_.pread_exact(stored, 8, 24 + uint64_t(meta_len));
+        if (get_bytes<uint64_t>(stored) != checksum(whole.data(), whole.size())) {
+            fail_file(path.string(), "trace header checksum mismatch (its counts or metadata JSON changed after writing)");
+        }
+    }
     if (r.header_.n_layer == 0 || r.header_.n_layer > 100000 || r.header_.top_m == 0 ||
         r.header_.top_m > r.header_.n_expert || r.header_.n_expert > 65536) {
         fail_file(path.string(), fmt::format("trace header is inconsistent: {} layers, {} experts, top-{}",
                                              r.header_.n_layer, r.header_.n_expert, r.header_.top_m));
     }
-    if (24 + uint64_t(meta_len) > file_size) {
-        fail_file(path.string(), "trace header is truncated");
-    }
-    std::string meta(meta_len, '\0');
-    r.file_.pread_exact(meta.data(), meta_len, 24);
     with_json_errors(path.string() + ": trace header metadata", [&] {
         const json j = parse_json(meta, path.string() + ": trace header metadata");
         if (!j.is_object() || !j.contains("domains") || !j["domains"].is_array()) {
@@ -305,7 +317,7 @@ TraceReader TraceReader::open(const fs::path & path) {
     const size_t header_bytes = kBlockHeaderFixed + (r.checksums_ ? 16 : 8) * size_t(n_sections) + (r.checksums_ ? 8 : 0);
     const uint64_t rec = record_bytes(r.header_.top_m);
     std::vector<uint8_t> bh(header_bytes);
-    uint64_t offset = 24 + meta_len;
+    uint64_t offset = head_end;
     while (offset < file_size) {
         if (offset + header_bytes > file_size) {
             r.truncated_tail_ = true;
@@ -629,7 +641,7 @@ json trace_info_json(const TraceReader & reader) {
     return {{"format", reader.format()}, {"n_tokens", reader.n_tokens()}, {"n_layer", reader.header().n_layer},
             {"n_expert", reader.header().n_expert}, {"top_m", reader.header().top_m},
             {"phases", {{"prefill", prefill}, {"decode", decode}}}, {"n_sequences", n_seq}, {"domains", domains},
-            {"truncated_tail", reader.truncated_tail()}, {"checksums", reader.has_checksums()},
+            {"truncated_tail", reader.truncated_tail()}, {"checksums", reader.has_checksums()}, {"header_checksum", reader.has_header_checksum()},
             {"meta", reader.header().meta}};
 }
 

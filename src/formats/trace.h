@@ -82,8 +82,10 @@ public:
     const std::filesystem::path & path() const { return file_.path(); }
     const TraceHeader & header() const { return header_; }
     uint64_t n_tokens() const { return n_tokens_; }
-    const std::string & format() const { return format_; }   // "moeprune-trace v2", "moeprune-trace v1" or "Q4RT v1"
+    const std::string & format() const { return format_; }   // "moeprune-trace v3" (v2, v1) or "Q4RT v1"
     bool has_checksums() const { return checksums_; }
+    // Version 3: the file header and its metadata JSON are checksummed too.
+    bool has_header_checksum() const { return header_checksum_; }
     // Reads and checks everything: every block's sections against their checksums, every
     // section decoded, every expert id and token record in range. Returns one line per
     // problem found (block, offset, section), empty when the trace is whole.
@@ -122,6 +124,7 @@ private:
     bool truncated_tail_ = false;
     bool q4rt_ = false;
     bool checksums_ = false;
+    bool header_checksum_ = false;
     std::vector<Block> blocks_;
 };
 

@@ -1,19 +1,25 @@
 #include "plan/plan.h"
 #include "core/atomic_file.h"
+#include "core/digest.h"
 #include "core/errors.h"
 #include "core/json.h"
 #include "formats/keep_map.h"
 #include "gguf/model_file.h"
 #include "inspect/inspect.h"
+#include "replay/policy.h"
 
 #include <fmt/format.h>
 #include <xxhash.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <limits>
+#include <stdexcept>
 #include <map>
 #include <regex>
 #include <set>
+#include <tuple>
 
 namespace moeprune {
 
@@ -23,6 +29,7 @@ namespace {
 
 struct Geometry {
     std::string source;
+    std::string digest;  // the model's content (model_digest); empty when planned by hand
     int64_t n_expert = 0, used = 0;
     std::vector<double> bytes;  // one routed expert, per MoE layer
     double other = 0;
@@ -44,7 +51,9 @@ Geometry geometry(const PlanOptions & opt) {
         throw Error("give --model or --expert-mb/--layers/--experts, not both");
     }
     if (!opt.model.empty()) {
-        const InspectReport r = inspect_model(GgufModel::open(opt.model), {});
+        const GgufModel model = GgufModel::open(opt.model);
+        g.digest = model_digest(model.shard_paths());
+        const InspectReport r = inspect_model(model, {});
         if (!r.problems.empty()) {
             fail_file(opt.model.string(), "inspect finds problems: " + r.problems.front());
         }
@@ -66,8 +75,15 @@ Geometry geometry(const PlanOptions & opt) {
         }
         return g;
     }
-    if (!(opt.expert_mb > 0) || opt.layers < 1 || opt.experts < 1 || opt.used < 1 || opt.used > opt.experts) {
+    if (!(opt.expert_mb > 0) || !std::isfinite(opt.expert_mb) || opt.layers < 1 || opt.experts < 1 || opt.used < 1 ||
+        opt.used > opt.experts) {
         throw Error("without --model, give --expert-mb (> 0), --layers, --experts and --used (1..experts)");
+    }
+    // As many as a router trace can hold: a geometry past them is a typing error, and
+    // would be allocated per layer.
+    if (opt.layers > 100000 || opt.experts > 65536 || opt.expert_mb > 1e9) {
+        throw Error(fmt::format("--layers {} --experts {} --expert-mb {}: at most 100000 layers of 65536 experts of 10^9 MB",
+                                opt.layers, opt.experts, opt.expert_mb));
     }
     g.bytes.assign(size_t(opt.layers), opt.expert_mb * 1e6);
     g.n_expert = opt.experts;
@@ -110,6 +126,33 @@ json tok_per_s(double seconds) {
 
 double gb(double bytes) { return bytes / 1e9; }
 
+// The settings a plan is made with, each possible before anything is read.
+void check_plan_options(const PlanOptions & opt) {
+    if (!std::isfinite(opt.ram_bytes) || opt.ram_bytes < 0 || opt.ram_bytes >= 0x1p64) {
+        throw Error(fmt::format("--ram {} bytes is not a RAM size (0 < size < 2^64 bytes)", opt.ram_bytes));
+    }
+    if (!std::isfinite(opt.reserve_bytes) || opt.reserve_bytes < 0 || opt.reserve_bytes >= 0x1p64) {
+        throw Error(fmt::format("--reserve {} bytes is not a size (0 <= size < 2^64 bytes)", opt.reserve_bytes));
+    }
+    if (!(opt.speed_share > 0 && opt.speed_share <= 1)) {
+        throw Error(fmt::format("--speed-share {} must be a share in (0, 1]", opt.speed_share));
+    }
+    if (opt.max_kld && !(std::isfinite(*opt.max_kld) && *opt.max_kld >= 0)) {
+        throw Error(fmt::format("--max-kld {} must be a finite KLD >= 0", *opt.max_kld));
+    }
+    for (const double m : opt.misses_per_token) {
+        if (!(std::isfinite(m) && m >= 0)) {
+            throw Error(fmt::format("--misses-per-token {} must be a finite count >= 0", m));
+        }
+    }
+    const ThroughputParams & t = opt.throughput;
+    if (!(std::isfinite(t.ssd_gbps) && t.ssd_gbps > 0) || !(std::isfinite(t.read_latency_us) && t.read_latency_us >= 0) ||
+        !(std::isfinite(t.compute_ms) && t.compute_ms >= 0) || !(std::isfinite(t.sync_us) && t.sync_us >= 0) ||
+        t.queue_depth < 1) {
+        throw Error("--ssd must be > 0, --read-latency-us, --compute-ms and --sync-us finite and >= 0, --queue-depth >= 1");
+    }
+}
+
 } // namespace
 
 double parse_size(const std::string & text, const std::string & what) {
@@ -118,16 +161,31 @@ double parse_size(const std::string & text, const std::string & what) {
     if (!std::regex_match(text, m, form)) {
         throw Error(fmt::format("{} \"{}\" is not a size (24G, 24GiB, 24GB, 512M, or bytes)", what, text));
     }
-    const double v = std::stod(m[1].str());
+    double v = 0;
+    try {
+        v = std::stod(m[1].str());
+    } catch (const std::out_of_range &) {
+        v = std::numeric_limits<double>::infinity();
+    }
     const char unit = m[3].str().empty() ? ' ' : char(std::toupper(m[3].str()[0]));
     const std::string suffix = m[4].str();
     const bool decimal = suffix.size() == 1 && (suffix[0] == 'B' || suffix[0] == 'b');  // "GB": 10^9
     const int power = unit == 'K' ? 1 : unit == 'M' ? 2 : unit == 'G' ? 3 : unit == 'T' ? 4 : 0;
-    return v * std::pow(decimal ? 1000.0 : 1024.0, power);
+    const double bytes = v * std::pow(decimal ? 1000.0 : 1024.0, power);
+    if (!std::isfinite(bytes) || bytes >= 0x1p64) {
+        throw Error(fmt::format("{} \"{}\" is 2^64 bytes or more: not a size of memory", what, text));
+    }
+    return bytes;
 }
 
 json make_plan(const PlanOptions & opt) {
+    check_plan_options(opt);
     const Geometry g = geometry(opt);
+    for (const int64_t c : opt.cache_experts) {
+        if (c < 1 || c > g.n_expert) {
+            throw Error(fmt::format("--cache-experts {}: a per-layer cache holds 1 to {} experts ({})", c, g.n_expert, g.source));
+        }
+    }
     const ThroughputParams & tp = opt.throughput;
     const size_t L = g.bytes.size();
     const double budget = opt.ram_bytes > 0 ? opt.ram_bytes - opt.reserve_bytes : 0;
@@ -140,25 +198,66 @@ json make_plan(const PlanOptions & opt) {
         throw Error("--cache-experts needs one size per --misses-per-token value");
     }
 
-    // Quality measured per (criterion, K).
+    // Which model every input was measured on: the plan's model by content, or, planned
+    // by hand, the first input that names one.
+    std::string model_digest_seen = g.digest;
+    std::string model_digest_from = g.source;
+    const auto check_model = [&](const JsonFields & identity, const char * what) {
+        if (!identity.has("digest")) {
+            identity.fail("digest", std::string("is missing: which model ") + what +
+                                        " was measured on cannot be checked (made by an older moeprune? measure it again)");
+        }
+        const std::string d = identity.string("digest");
+        if (model_digest_seen.empty()) {
+            model_digest_seen = d;
+            model_digest_from = identity.where();
+        } else if (d != model_digest_seen) {
+            identity.fail("digest", fmt::format("is {}: {} was measured on another model than {} ({})", d, what,
+                                                model_digest_from, model_digest_seen));
+        }
+        if (identity.has("n_expert") && identity.integer("n_expert", 1, 65536) != g.n_expert) {
+            identity.fail("n_expert", fmt::format("is {}: {} was measured on a model of another shape than {} ({} experts)",
+                                                  identity.integer("n_expert", 1, 65536), what, g.source, g.n_expert));
+        }
+    };
+
+    // Quality measured per (criterion, K), and per (criterion, K, policy, cache, λ) in the
+    // closed loop: an option that reroutes (λ > 0) has only the closed loop's KLD.
     std::map<std::pair<std::string, int64_t>, double> kld;
+    using ClosedKey = std::tuple<std::string, int64_t, std::string, int64_t, double>;
+    std::map<ClosedKey, double> closed_kld;
     json eval_inputs = json::array();
     for (const auto & path : opt.evals) {
         const json r = parse_json(read_text_file(path), path.string());
-        with_json_errors(path.string(), [&] {
-            if (r.value("format", "") != "moeprune-eval") {
-                fail_file(path.string(), "is not a moeprune-eval report (\"format\")");
-            }
-            for (const json & c : r.at("candidates")) {
-                if (c.at("kind") != "keep") {
-                    continue;
+        const JsonFields report(r, path.string());
+        if (!r.is_object() || r.value("format", json()) != "moeprune-eval") {
+            fail_file(path.string(), "is not a moeprune-eval report (\"format\")");
+        }
+        check_model(report.object("base"), "this eval report");
+        for (const JsonFields & c : report.objects("candidates")) {
+            if (c.string("kind") == "closed-loop") {
+                auto [criterion, k] = c.has("keep") ? map_identity(c.string("keep"), c.string("keep"))
+                                                    : std::pair<std::string, int64_t>{"none", g.n_expert};
+                if (k <= 0 || k > g.n_expert) {
+                    c.fail("keep", fmt::format("names K {}, but the model has {} experts", k, g.n_expert));
                 }
-                const auto [criterion, k] = map_identity(c.value("source", ""), c.at("name").get<std::string>());
-                if (k > 0) {
-                    kld[{criterion, k}] = c.at("all").at("kld_mean").get<double>();
-                }
+                closed_kld[{criterion, k, c.string("policy"), c.integer("cache", 1, g.n_expert),
+                            c.number("lambda", 0, std::numeric_limits<double>::infinity())}] =
+                    c.object("all").number("kld_mean", 0, std::numeric_limits<double>::infinity());
+                continue;
             }
-        });
+            if (c.string("kind") != "keep") {
+                continue;
+            }
+            const auto [criterion, k] = map_identity(c.has("source") ? c.string("source") : "", c.string("name"));
+            if (k > 0) {
+                if (k < g.used || k > g.n_expert) {
+                    c.fail("name", fmt::format("names K {}, but the model has {} experts and uses {} per token", k,
+                                               g.n_expert, g.used));
+                }
+                kld[{criterion, k}] = c.object("all").number("kld_mean", 0, std::numeric_limits<double>::infinity());
+            }
+        }
         eval_inputs.push_back({{"file", path.string()}, {"digest", file_digest(path)}});
     }
     const auto kld_of = [&](const std::string & criterion, int64_t k) -> std::pair<json, bool> {
@@ -202,9 +301,24 @@ json make_plan(const PlanOptions & opt) {
         }
         // Belady needs the future: a bound to compare with, never a choice.
         o["bound"] = o["policy"] == "belady";
-        const auto [k_mean, measured] = kld_of(o["criterion"].get<std::string>(), o["k"].get<int64_t>());
-        o["kld_mean"] = k_mean;
-        o["kld_measured"] = k_mean.is_null() ? json(nullptr) : json(measured);
+        const double lambda = o["lambda"].get<double>();
+        if (lambda > 0) {
+            const ClosedKey key{o["criterion"].get<std::string>(), o["k"].get<int64_t>(), o["policy"].get<std::string>(),
+                                o["cache_experts"].is_null() ? -1 : o["cache_experts"].get<int64_t>(), lambda};
+            const auto it = o["cache_scope"] == "per-layer" ? closed_kld.find(key) : closed_kld.end();
+            o["kld_mean"] = it == closed_kld.end() ? json(nullptr) : json(it->second);
+            o["kld_measured"] = it == closed_kld.end() ? json(nullptr) : json(true);
+            o["kld_loop"] = "closed";
+            if (it == closed_kld.end()) {
+                o["kld_note"] = "unmeasured: cache-aware routing (λ > 0) changes the output; only the closed loop "
+                                "(eval --cache-policy --cache --lambda) measures its KLD";
+            }
+        } else {
+            const auto [k_mean, measured] = kld_of(o["criterion"].get<std::string>(), o["k"].get<int64_t>());
+            o["kld_mean"] = k_mean;
+            o["kld_measured"] = k_mean.is_null() ? json(nullptr) : json(measured);
+            o["kld_loop"] = "open";
+        }
         options.push_back(std::move(o));
     };
 
@@ -213,63 +327,90 @@ json make_plan(const PlanOptions & opt) {
     json replay_inputs = json::array();
     for (const auto & path : opt.replays) {
         const json r = parse_json(read_text_file(path), path.string());
-        with_json_errors(path.string(), [&] {
-            if (r.value("format", "") != "moeprune-replay") {
-                fail_file(path.string(), "is not a moeprune-replay result (\"format\")");
+        const JsonFields report(r, path.string());
+        if (!r.is_object() || r.value("format", json()) != "moeprune-replay") {
+            fail_file(path.string(), "is not a moeprune-replay result (\"format\")");
+        }
+        const JsonFields in = report.object("inputs");
+        const JsonFields meta = in.object("trace_meta");
+        if (meta.has("model")) {
+            check_model(meta.object("model"), "the trace this replay ran on");
+        } else {
+            std::fprintf(stderr, "moeprune plan: %s: the trace it replayed names no model (not made by moeprune collect "
+                                 "or eval): it is taken to be of %s\n", path.c_str(), g.source.c_str());
+        }
+        if (size_t(in.integer("n_layer", 1, 100000)) != L) {
+            in.fail("n_layer", fmt::format("is {}: it replays {} MoE layers, the plan's model has {}", in.integer("n_layer", 1, 100000),
+                                           in.integer("n_layer", 1, 100000), L));
+        }
+        if (in.integer("n_expert", 1, 65536) != g.n_expert) {
+            in.fail("n_expert", fmt::format("is {}: the plan's model has {} experts", in.integer("n_expert", 1, 65536), g.n_expert));
+        }
+        const std::string keep = in.has("keep") ? in.string("keep") : "";
+        auto [criterion, k] = keep.empty() ? std::pair<std::string, int64_t>{"none", g.n_expert} : map_identity(keep, keep);
+        if (in.has("n_expert_after_keep")) {
+            k = in.integer("n_expert_after_keep", g.used, g.n_expert);
+        }
+        if (k < g.used || k > g.n_expert) {
+            in.fail("keep", fmt::format("keeps {} experts, but the model has {} and uses {} per token", k, g.n_expert, g.used));
+        }
+        const bool global = in.has("cache_scope") && in.string("cache_scope") == "global";
+        planned.insert({criterion, k});
+        const double max_count = std::numeric_limits<double>::infinity();
+        for (const JsonFields & rec : report.objects("records")) {
+            const std::string policy = rec.string("policy");
+            const auto & known = policy_names();
+            if (std::find(known.begin(), known.end(), policy) == known.end()) {
+                rec.fail("policy", fmt::format("is \"{}\", not a cache policy of this moeprune", policy));
             }
-            const json & in = r.at("inputs");
-            if (in.at("n_layer").get<size_t>() != L) {
-                fail_file(path.string(), fmt::format("replays {} MoE layers, the plan's model has {}", in.at("n_layer").get<size_t>(), L));
+            const int64_t slot_max = global ? k * int64_t(L) : k;
+            const std::vector<int64_t> slots = rec.integers("slots", 1, slot_max);
+            if (slots.empty() || (!global && slots.size() != 1 && slots.size() != L) || (global && slots.size() != 1)) {
+                rec.fail("slots", fmt::format("holds {} sizes: one, or one per MoE layer ({}) of a per-layer cache", slots.size(), L));
             }
-            const std::string keep = in.value("keep", json(nullptr)).is_string() ? in["keep"].get<std::string>() : "";
-            auto [criterion, k] = keep.empty() ? std::pair<std::string, int64_t>{"none", g.n_expert} : map_identity(keep, keep);
-            if (in.contains("n_expert_after_keep") && in["n_expert_after_keep"].is_number_integer()) {
-                k = in["n_expert_after_keep"].get<int64_t>();
+            double resident = g.other;
+            if (global) {
+                resident += double(slots[0]) * g.mean();
+            } else {
+                for (size_t l = 0; l < L; ++l) {
+                    resident += double(slots.size() == 1 ? slots[0] : slots[l]) * g.bytes[l];
+                }
             }
-            const bool global = in.value("cache_scope", "per-layer") == "global";
-            planned.insert({criterion, k});
-            for (const json & rec : r.at("records")) {
-                const std::vector<int64_t> slots = rec.at("slots").get<std::vector<int64_t>>();
-                double resident = g.other;
-                if (global) {
-                    resident += double(slots.at(0)) * g.mean();
-                } else {
+            const double misses = rec.number("misses_per_token", 0, max_count);
+            double bytes = misses * g.mean();
+            double rounds = double(L) * std::ceil(misses / double(L) / tp.queue_depth);
+            if (rec.has("misses_per_token_per_layer") && rec.any("misses_per_token_per_layer").is_array()) {
+                const std::vector<double> per_layer = rec.numbers("misses_per_token_per_layer", 0, max_count);
+                if (per_layer.size() == L) {
+                    bytes = rounds = 0;
                     for (size_t l = 0; l < L; ++l) {
-                        resident += double(slots.size() == 1 ? slots[0] : slots.at(l)) * g.bytes[l];
+                        bytes += per_layer[l] * g.bytes[l];
+                        rounds += std::ceil(per_layer[l] / tp.queue_depth);
                     }
                 }
-                double bytes = 0, rounds = 0;
-                const json per_layer = rec.value("misses_per_token_per_layer", json(nullptr));
-                if (per_layer.is_array() && per_layer.size() == L) {
-                    for (size_t l = 0; l < L; ++l) {
-                        bytes += per_layer[l].get<double>() * g.bytes[l];
-                        rounds += std::ceil(per_layer[l].get<double>() / tp.queue_depth);
-                    }
-                } else {
-                    bytes = rec.at("misses_per_token").get<double>() * g.mean();
-                    rounds = double(L) * std::ceil(rec.at("misses_per_token").get<double>() / double(L) / tp.queue_depth);
-                }
-                if (rec.contains("read_rounds_per_token") && rec["read_rounds_per_token"].is_number()) {
-                    rounds = rec["read_rounds_per_token"].get<double>();
-                }
-                json o = {{"k", k},
-                          {"criterion", criterion},
-                          {"cache_experts", rec.value("cache", json(nullptr)).is_number_integer() ? rec["cache"].get<int64_t>() : slots.at(0)},
-                          {"cache_scope", global ? "global" : "per-layer"},
-                          {"policy", rec.at("policy")},
-                          {"lambda", rec.value("lambda", 0.0)},
-                          {"routed_bytes", double(k) * g.sum()},
-                          {"resident_bytes", resident},
-                          {"misses_per_token", rec.at("misses_per_token")},
-                          {"read_bytes_per_token", bytes},
-                          {"tok_per_s", tok_per_s(token_seconds(bytes, rounds, L, tp))},
-                          {"source", "replay " + path.string()}};
-                if (rec.value("cliff", false)) {
-                    o["note"] = "global cache smaller than one token's experts";
-                }
-                add(std::move(o));
             }
-        });
+            if (rec.has("read_rounds_per_token")) {
+                rounds = rec.number("read_rounds_per_token", 0, max_count);
+            }
+            const double lambda = rec.has("lambda") ? rec.number("lambda", 0, max_count) : 0.0;
+            const int64_t cache = rec.has("cache") ? rec.integer("cache", 1, slot_max) : slots[0];
+            json o = {{"k", k},
+                      {"criterion", criterion},
+                      {"cache_experts", cache},
+                      {"cache_scope", global ? "global" : "per-layer"},
+                      {"policy", policy},
+                      {"lambda", lambda},
+                      {"routed_bytes", double(k) * g.sum()},
+                      {"resident_bytes", resident},
+                      {"misses_per_token", misses},
+                      {"read_bytes_per_token", bytes},
+                      {"tok_per_s", tok_per_s(token_seconds(bytes, rounds, L, tp))},
+                      {"source", "replay " + path.string()}};
+            if (rec.has("cliff") && rec.boolean("cliff")) {
+                o["note"] = "global cache smaller than one token's experts";
+            }
+            add(std::move(o));
+        }
         replay_inputs.push_back({{"file", path.string()}, {"digest", file_digest(path)}});
     }
 
@@ -434,7 +575,7 @@ json make_plan(const PlanOptions & opt) {
     return {{"format", "moeprune-plan"},
             {"version", 1},
             {"inputs",
-             {{"geometry", {{"source", g.source}, {"moe_layers", L}, {"experts", g.n_expert}, {"used", g.used},
+             {{"geometry", {{"source", g.source}, {"model_digest", g.digest.empty() ? json(nullptr) : json(g.digest)}, {"moe_layers", L}, {"experts", g.n_expert}, {"used", g.used},
                             {"expert_bytes", layer_bytes}, {"routed_bytes_all", g.sum() * double(g.n_expert)},
                             {"other_bytes", g.other_known ? json(g.other) : json(nullptr)}}},
               {"ram_bytes", opt.ram_bytes > 0 ? json(opt.ram_bytes) : json(nullptr)},

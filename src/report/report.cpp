@@ -169,6 +169,27 @@ std::vector<fs::path> write_report(const ReportInputs & in) {
         }
     }
 
+    // Cache-aware routing (λ > 0) in the closed loop, beside the open-loop replay of the
+    // same tokens: the difference is the open-loop error.
+    json closed_rows = json::array();
+    for (const fs::path & p : in.closed_loop_evals) {
+        const json r = load(p);
+        for (const json & c : r["candidates"]) {
+            if (c["kind"] != "closed-loop") {
+                continue;
+            }
+            const auto [criterion, k] = map_name(c.value("keep", json(nullptr)).is_string() ? c["keep"].get<std::string>() : "",
+                                                 n_expert);
+            const json & all = c["all"];
+            closed_rows.push_back({{"map", criterion == "none" ? std::string("unpruned") : fmt::format("{}-k{}", criterion, k)},
+                                   {"criterion", criterion}, {"k", k}, {"policy", c["policy"]}, {"cache", c["cache"]},
+                                   {"lambda", c["lambda"]}, {"kld_mean", all["kld_mean"]}, {"same_top1", all["same_top1"]},
+                                   {"misses_per_token", all["misses_per_token"]},
+                                   {"open_loop_misses_per_token", all["open_loop_misses_per_token"]},
+                                   {"tok_per_s", all["tok_per_s"]}, {"open_loop_tok_per_s", all["open_loop_tok_per_s"]}});
+        }
+    }
+
     // The plan's options, with the front and the recommendation marked.
     json plan_rows = json::array();
     std::set<size_t> front;
@@ -263,6 +284,12 @@ std::vector<fs::path> write_report(const ReportInputs & in) {
     csv("plan.csv", plan_rows, {"option", "k", "criterion", "policy", "cache_experts", "cache_scope", "lambda", "routed_bytes",
                                 "resident_bytes", "misses_per_token", "tok_per_s", "kld_mean", "kld_measured", "pareto", "recommended"});
     csv("corpus.csv", corpus_rows, {"domain", "side", "tokens", "target_share", "share"});
+    const std::vector<std::string> closed_columns = {"map", "policy", "cache", "lambda", "kld_mean", "same_top1",
+                                                     "misses_per_token", "open_loop_misses_per_token", "tok_per_s",
+                                                     "open_loop_tok_per_s"};
+    if (!closed_rows.empty()) {
+        csv("closed_loop.csv", closed_rows, closed_columns);
+    }
 
     const json leak = corpus["leak_check"];
     const json report = {{"format", "moeprune-report"},
@@ -276,7 +303,7 @@ std::vector<fs::path> write_report(const ReportInputs & in) {
                          {"replay", replay_rows},
                          {"plan", plan},
                          {"throughput", throughput_inputs},
-                         {"closed_loop", nullptr},
+                         {"closed_loop", closed_rows.empty() ? json(nullptr) : closed_rows},
                          {"charts", charts}};
     write_file_atomic(in.run_dir / "report.json", report.dump(1) + "\n");
     written.push_back(in.run_dir / "report.json");
@@ -311,8 +338,29 @@ std::vector<fs::path> write_report(const ReportInputs & in) {
     section("substitution_per_layer", "Substitution per layer", "");
     section("misses_vs_cache", "Expert cache", "Replayed on the held-out router trace (report/replay.csv).");
     section("speed_vs_ram", "Speed, RAM and quality", "From the plan (plan/plan.json, report/plan.csv).");
-    body += "<h2>Open- vs closed-loop cache routing</h2>\n<p>Not measured in this run: every cache figure here is "
-            "open-loop (the trace was recorded with the unbiased router).</p>\n";
+    body += "<h2>Open- vs closed-loop cache routing</h2>\n";
+    if (closed_rows.empty()) {
+        body += "<p>Not measured in this run (no λ > 0 asked for): every cache figure here is open-loop (the trace was "
+                "recorded with the unbiased router).</p>\n";
+    } else {
+        body += "<p>Cache-aware routing (λ > 0) measured in the closed loop: the model routed with its cache, KLD against "
+                "the unbiased base, misses beside the open-loop replay of the base pass's trace (report/closed_loop.csv). "
+                "The plan gives these options only their closed-loop KLD.</p>\n<table><tr>";
+        for (const std::string & col : closed_columns) {
+            body += "<th>" + html_escape(col) + "</th>";
+        }
+        body += "</tr>";
+        for (const json & row : closed_rows) {
+            body += "<tr>";
+            for (const std::string & col : closed_columns) {
+                const json & v = row[col];
+                body += "<td>" + html_escape(v.is_string() ? v.get<std::string>()
+                                             : v.is_number_float() ? fmt::format("{:.4g}", v.get<double>()) : v.dump()) + "</td>";
+            }
+            body += "</tr>";
+        }
+        body += "</table>\n";
+    }
     section("corpus_composition", "Corpus", "");
     body += "<h3>Leak check (eval against calib)</h3>\n" +
             table({{"exact duplicates", leak["exact"].dump()}, {"near duplicates", leak["near"].dump()},

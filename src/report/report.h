@@ -13,6 +13,7 @@ struct ReportInputs {
     std::string config;                     // run.toml's text
     std::filesystem::path corpus, select, eval, plan;
     std::vector<std::filesystem::path> replays;
+    std::vector<std::filesystem::path> closed_loop_evals;  // eval reports of closed-loop candidates (λ > 0)
 };
 
 // Writes run_dir/report.html, run_dir/report.json and run_dir/report/*.csv; returns them.

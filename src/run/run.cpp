@@ -1,6 +1,7 @@
 #include "run/run.h"
 #include "collect/collect.h"
 #include "core/atomic_file.h"
+#include "core/digest.h"
 #include "core/errors.h"
 #include "core/file_io.h"
 #include "core/json.h"
@@ -13,6 +14,7 @@
 #include "inspect/inspect.h"
 #include "plan/plan.h"
 #include "replay/moce.h"
+#include "replay/policy.h"
 #include "replay/replay.h"
 #include "report/report.h"
 #include "select/select.h"
@@ -24,10 +26,12 @@
 #include <toml++/toml.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <set>
 
@@ -124,13 +128,15 @@ public:
         if (!forcing_ && fs::exists(manifest, ec)) {
             const json m = parse_json(read_text_file(manifest), manifest.string());
             if (m.value("settings", json()) == settings && m.value("inputs", json()) == in) {
+                const JsonFields manifest_fields(m, manifest.string());
+                const JsonFields outputs = manifest_fields.object("outputs");
                 for (const auto & [rel, d] : m.at("outputs").items()) {
                     const fs::path p = dir_ / rel;
                     if (!fs::exists(p, ec)) {
                         fail_file(p.string(), fmt::format("is gone, but stage {} wrote it: run again with --from {} to redo it",
                                                           name, name));
                     }
-                    if (digest(p) != d.get<std::string>()) {
+                    if (digest(p) != outputs.string(rel)) {
                         fail_file(p.string(), fmt::format("changed since stage {} wrote it (edited by hand?): run again with "
                                                           "--from {} to redo it, or restore it", name, name));
                     }
@@ -141,7 +147,7 @@ public:
             }
         }
         fs::remove(manifest, ec);
-        fs::create_directories(sdir);
+        create_output_dir(sdir);
         std::printf("[%zu/%zu] %-8s running\n", index_, n_, name.c_str());
         std::fflush(stdout);
         const auto t0 = std::chrono::steady_clock::now();
@@ -193,39 +199,6 @@ std::vector<fs::path> json_files(const fs::path & dir) {
 const std::vector<std::string> & run_stages() {
     static const std::vector<std::string> s = {"corpus", "collect", "heldout", "select", "eval", "replay", "plan", "report", "slice"};
     return s;
-}
-
-std::string identity_digest(const fs::path & p) {
-    struct stat st {};
-    if (::stat(p.c_str(), &st) != 0) {
-        fail_file(p.string(), "cannot be read");
-    }
-    File f = File::open_read(p);
-    const uint64_t size = uint64_t(st.st_size);
-    constexpr uint64_t whole = 256ull << 20, part = 16ull << 20;
-    XXH3_state_t * h = XXH3_createState();
-    XXH3_64bits_reset(h);
-    std::vector<char> buf(1 << 20);
-    const auto hash_range = [&](uint64_t from, uint64_t n) {
-        while (n > 0) {
-            const size_t chunk = size_t(std::min<uint64_t>(n, buf.size()));
-            f.pread_exact(buf.data(), chunk, from);
-            XXH3_64bits_update(h, buf.data(), chunk);
-            from += chunk;
-            n -= chunk;
-        }
-    };
-    std::string kind = "xxh3";
-    if (size <= whole) {
-        hash_range(0, size);
-    } else {
-        hash_range(0, part);
-        hash_range(size - part, part);
-        kind = fmt::format("xxh3-ends:{}:{}", size, int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec);
-    }
-    const uint64_t d = XXH3_64bits_digest(h);
-    XXH3_freeState(h);
-    return fmt::format("{}:{:016x}", kind, d);
 }
 
 RunConfig read_run_config(const fs::path & path) {
@@ -366,7 +339,7 @@ std::string run_pipeline(const RunOptions & opt) {
                                     double(model.other_bytes) / 1e9, c.model.string()));
         }
     }
-    fs::create_directories(dir);
+    create_output_dir(dir);
     refuse_output_clashes({dir / "run.toml"}, {c.model});
     write_file_atomic(dir / "run.toml", run_config_toml(c));
 
@@ -431,22 +404,15 @@ std::string run_pipeline(const RunOptions & opt) {
             o.threads = c.threads;
             o.save_every = c.save_every;
             o.progress = opt.progress;
-            // A checkpoint left by a killed run continues; anything else starts over.
+            // A checkpoint left by a killed run continues (collect refuses one of other
+            // inputs or settings by name); anything else starts over.
             std::error_code ec;
-            if (fs::exists(out, ec)) {
-                bool checkpoint = false;
-                try {
-                    const SaliencyStats s = read_stats(out);
-                    const json & prog = s.settings.value("progress", json());
-                    checkpoint = prog.is_object() && !prog.value("complete", false);
-                } catch (const std::exception &) {
-                }
-                o.resume = checkpoint;
-                if (!checkpoint) {
-                    fs::remove(out, ec);
-                    if (!trace.empty()) {
-                        fs::remove(trace, ec);
-                    }
+            o.resume = o.save_every > 0 && fs::exists(collect_checkpoint_path(out), ec);
+            if (!o.resume) {
+                fs::remove(collect_checkpoint_path(out), ec);
+                fs::remove(out, ec);
+                if (!trace.empty()) {
+                    fs::remove(trace, ec);
                 }
             }
             collect(o);
@@ -483,11 +449,41 @@ std::string run_pipeline(const RunOptions & opt) {
     });
     const std::vector<fs::path> maps = json_files(maps_dir);
 
-    // Quality of every map, masked in the original model, on the held-out text.
+    // Every map and the unpruned model, each with its per-layer cache sizes (shares of K).
+    std::vector<fs::path> all_maps{fs::path()};
+    all_maps.insert(all_maps.end(), maps.begin(), maps.end());
+    const auto map_caches = [&](const fs::path & m) {
+        const int64_t k = m.empty() ? model.n_expert : read_keep_map(m).k;
+        std::set<int> caches;
+        for (const double s : c.cache_shares) {
+            caches.insert(int(std::max<int64_t>(model.n_expert_used, std::llround(s * double(k)))));
+        }
+        return std::vector<int>(caches.begin(), caches.end());
+    };
+
+    // Quality of every map, masked in the original model, on the held-out text. Cache-aware
+    // routing (λ > 0) changes the output too: its KLD is measured in the closed loop, per
+    // map with the caches replay uses, for every online policy.
+    std::vector<double> rerouting;
+    std::copy_if(c.lambdas.begin(), c.lambdas.end(), std::back_inserter(rerouting), [](double l) { return l > 0; });
+    std::vector<std::string> online;
+    std::copy_if(c.policies.begin(), c.policies.end(), std::back_inserter(online),
+                 [](const std::string & p) { return !policy_reads_future(p); });
+    std::vector<fs::path> closed_evals;
+    if (!rerouting.empty() && !online.empty()) {
+        for (const fs::path & m : all_maps) {
+            closed_evals.push_back(dir / "eval" / ("closed-" + (m.empty() ? std::string("none.json") : m.filename().string())));
+        }
+    }
     const fs::path eval_json = dir / "eval" / "eval.json";
     std::vector<fs::path> eval_inputs{c.model, eval_text};
     eval_inputs.insert(eval_inputs.end(), maps.begin(), maps.end());
-    run.stage("eval", {{"ctx", c.ctx}}, eval_inputs, [&] {
+    json eval_settings = {{"ctx", c.ctx}};
+    if (!closed_evals.empty()) {
+        eval_settings["closed_loop"] = {{"policies", online}, {"cache_shares", c.cache_shares}, {"lambdas", rerouting},
+                                        {"moce_j", moce_j({}, int(model.n_expert_used))}};
+    }
+    run.stage("eval", eval_settings, eval_inputs, [&] {
         EvalOptions o;
         o.model = c.model;
         o.corpus = eval_text;
@@ -497,7 +493,19 @@ std::string run_pipeline(const RunOptions & opt) {
         o.json_out = eval_json;
         o.progress = opt.progress;
         run_eval(o);
-        return std::vector<fs::path>{eval_json};
+        std::vector<fs::path> written{eval_json};
+        for (size_t i = 0; i < closed_evals.size(); ++i) {
+            EvalOptions k = o;
+            k.keeps = all_maps[i].empty() ? std::vector<fs::path>{} : std::vector<fs::path>{all_maps[i]};
+            k.closed_loop_full_model = all_maps[i].empty();
+            k.cache_policies = online;
+            k.caches = map_caches(all_maps[i]);
+            k.lambdas = rerouting;
+            k.json_out = closed_evals[i];
+            run_eval(k);
+            written.push_back(closed_evals[i]);
+        }
+        return written;
     });
 
     // Caches for every map (and the unpruned model) on the held-out trace.
@@ -525,19 +533,12 @@ std::string run_pipeline(const RunOptions & opt) {
                       fs::remove(old, ec);
                   }
                   std::vector<fs::path> written;
-                  std::vector<fs::path> all_maps{fs::path()};
-                  all_maps.insert(all_maps.end(), maps.begin(), maps.end());
                   for (const fs::path & m : all_maps) {
-                      const int64_t k = m.empty() ? model.n_expert : read_keep_map(m).k;
-                      std::set<int> caches;
-                      for (const double s : c.cache_shares) {
-                          caches.insert(int(std::max<int64_t>(model.n_expert_used, std::llround(s * double(k)))));
-                      }
                       ReplayOptions o;
                       o.trace = trace;
                       o.keep = m;
                       o.policies = c.policies;
-                      o.caches.assign(caches.begin(), caches.end());
+                      o.caches = map_caches(m);
                       o.model = c.model;
                       o.lambdas = c.lambdas;
                       o.threads = c.threads;
@@ -553,6 +554,7 @@ std::string run_pipeline(const RunOptions & opt) {
     // The plan.
     const fs::path plan_json = dir / "plan" / "plan.json";
     std::vector<fs::path> plan_inputs{c.model, eval_json};
+    plan_inputs.insert(plan_inputs.end(), closed_evals.begin(), closed_evals.end());
     plan_inputs.insert(plan_inputs.end(), replays.begin(), replays.end());
     json recommendation;
     run.stage("plan", {{"k", c.ks}, {"ram", c.ram}, {"reserve", c.reserve}, {"throughput", tp_json},
@@ -566,6 +568,7 @@ std::string run_pipeline(const RunOptions & opt) {
                   o.throughput = tp;
                   o.replays = replays;
                   o.evals = {eval_json};
+                  o.evals.insert(o.evals.end(), closed_evals.begin(), closed_evals.end());
                   o.max_kld = c.max_kld;
                   const json plan = make_plan(o);
                   write_file_atomic(plan_json, plan.dump(1) + "\n");
@@ -581,10 +584,12 @@ std::string run_pipeline(const RunOptions & opt) {
     ri.select = dir / "select" / "select.json";
     ri.eval = eval_json;
     ri.replays = replays;
+    ri.closed_loop_evals = closed_evals;
     ri.plan = plan_json;
     std::vector<fs::path> report_inputs{corpus_report, ri.select, eval_json, plan_json};
     report_inputs.insert(report_inputs.end(), replays.begin(), replays.end());
-    run.stage("report", {{"report_version", 1}}, report_inputs, [&] { return write_report(ri); });
+    report_inputs.insert(report_inputs.end(), closed_evals.begin(), closed_evals.end());
+    run.stage("report", {{"report_version", 2}}, report_inputs, [&] { return write_report(ri); });
 
     const json plan = parse_json(read_text_file(plan_json), plan_json.string());
     std::string summary = "recommended: " + plan.value("why", std::string("-"));

@@ -58,8 +58,4 @@ const std::vector<std::string> & run_stages();
 // Runs or skips every stage; returns the plan's recommendation sentence.
 std::string run_pipeline(const RunOptions & opt);
 
-// A file's identity for stage manifests: xxh3 of its bytes (files over 256 MiB: size,
-// modification time and xxh3 of their first and last 16 MiB).
-std::string identity_digest(const std::filesystem::path & p);
-
 } // namespace moeprune

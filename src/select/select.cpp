@@ -495,7 +495,7 @@ SelectReport run_select(const SelectOptions & opt, const std::vector<std::filesy
                             "min hits", "<100", fmt::format("<{}", opt.rare_hits), held ? fmt::format(" {:>9} {:>9}", "ho reap%", "ho prob%") : "",
                             opt.trace.empty() ? "" : fmt::format(" {:>9} {:>7} {:>8} {:>8}", "replaced%", "moved", "sub rank", "ran out"));
     if (!opt.out_dir.empty()) {
-        std::filesystem::create_directories(opt.out_dir);
+        create_output_dir(opt.out_dir);
     }
     std::string rare_notes;
     for (const std::string & metric : opt.metrics) {

@@ -1,4 +1,5 @@
 #include "slice/slice.h"
+#include "core/digest.h"
 #include "core/atomic_file.h"
 #include "core/errors.h"
 #include "inspect/inspect.h"
@@ -437,6 +438,7 @@ SliceResult slice_model(const SliceOptions & opt) {
     r.provenance = {{"source", model.get_string("general.name").value_or(opt.model.filename().string())},
                     {"source_file", opt.model.filename().string()},
                     {"source_bytes", model.file_bytes()},
+                    {"source_digest", model_digest(model.shard_paths())},
                     {"source_n_expert", f.n_expert},
                     {"k", km.k},
                     {"metric", km.metric},
@@ -458,6 +460,7 @@ SliceResult slice_model(const SliceOptions & opt) {
     gguf_set_val_str(kv.get(), "moeprune.slice.source", r.provenance["source"].get<std::string>().c_str());
     gguf_set_val_str(kv.get(), "moeprune.slice.source_file", r.provenance["source_file"].get<std::string>().c_str());
     gguf_set_val_u64(kv.get(), "moeprune.slice.source_bytes", model.file_bytes());
+    gguf_set_val_str(kv.get(), "moeprune.slice.source_digest", r.provenance["source_digest"].get<std::string>().c_str());
     gguf_set_val_u32(kv.get(), "moeprune.slice.source_n_expert", uint32_t(f.n_expert));
     gguf_set_val_u32(kv.get(), "moeprune.slice.k", uint32_t(km.k));
     gguf_set_val_str(kv.get(), "moeprune.slice.metric", km.metric.c_str());

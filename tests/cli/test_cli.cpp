@@ -76,6 +76,7 @@ TEST(Cli, MergeWritesTheSumAndRefusesMismatches) {
     a.layers[0].count = {1, 2, 3, 0};
     a.layers[1].count = {3, 3, 0, 0};
     a.layers[0].prob_sum = a.layers[1].prob_sum = {1, 1, 1, 0};
+    a.model = {{"digest", "xxh3:0000000000000001"}};
     SaliencyStats b = a;
     b.layers[0].count = {0, 1, 0, 5};
     write_stats(dir / "a.json", a);
@@ -89,7 +90,7 @@ TEST(Cli, MergeWritesTheSumAndRefusesMismatches) {
     EXPECT_EQ(c.settings["merged_from"].size(), 2u);
 
     SaliencyStats other = a;
-    other.model = {{"name", "other"}};
+    other.model = {{"digest", "xxh3:0000000000000002"}, {"name", "other"}};
     write_stats(dir / "other.json", other);
     r = test::run_command(moeprune_cmd(fmt::format("merge {} {} -o {}", (dir / "a.json").string(),
                                                    (dir / "other.json").string(), (dir / "d.json").string())));

@@ -9,11 +9,14 @@
 #include "gguf.h"
 
 #include <gtest/gtest.h>
+#include <xxhash.h>
 #include <nlohmann/json.hpp>
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <sys/stat.h>
 
@@ -137,7 +140,7 @@ void rewrite_as_version1(const fs::path & p) {
     std::memcpy(b.data() + 4, &one, 4);
     const size_t sections = n_layer + 1, fixed = 16 + 8 * sections;
     std::string out = b.substr(0, 24 + meta_len);
-    for (size_t pos = 24 + meta_len; pos < b.size();) {
+    for (size_t pos = 24 + meta_len + 8; pos < b.size();) {  // past version 3's header checksum
         uint64_t stored = 0;
         for (size_t i = 0; i < sections; ++i) {
             uint64_t size = 0;
@@ -616,4 +619,442 @@ TEST(SetUp, FetchFailureShowsNpmsOwnErrorAndWhatToCheck) {
     EXPECT_NE(r.output.find("proxy"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("-DMOEPRUNE_LLAMA_DIR"), std::string::npos) << r.output;
     EXPECT_FALSE(fs::exists(dir / "llama"));
+}
+
+// ---------------------------------------------------------------- round 2 (issue 33)
+
+namespace {
+
+// Runs `args` under a file-size limit of `kib` KiB (a disk that fills up).
+test::CommandResult run_limited(const std::string & args, int kib) {
+    return test::run_command(fmt::format("sh -c 'ulimit -f {}; exec {}'", kib, moeprune_cmd(args)));
+}
+
+std::string set_bytes(const fs::path & dir) {
+    return test::read_bytes(dir / "calib.jsonl") + "|" + test::read_bytes(dir / "eval.jsonl") + "|" +
+           test::read_bytes(dir / "corpus.json");
+}
+
+// A folder of `n` text files, each its own group, distinct enough not to be near duplicates.
+void write_text_files(const fs::path & dir, int n, const std::string & tag = "file") {
+    fs::create_directories(dir);
+    for (int i = 0; i < n; ++i) {
+        std::string text;
+        for (int w = 0; w < 40; ++w) {
+            text += fmt::format("{}{} {}{} value{} ", tag, i, tag, w, (i * 7919 + w * 104729 + tag.size() * 31) % 100003);
+        }
+        test::write_text(dir / fmt::format("doc{:02}.txt", i), text + "\n");
+    }
+}
+
+// The compact base file's parts: fixed header, JSON header and the sections of records.
+struct Mpkl {
+    uint32_t top = 0;
+    json header;
+    std::string records;  // every record, checksums left out
+};
+
+Mpkl read_mpkl(const fs::path & p) {
+    const std::string b = test::read_bytes(p);
+    Mpkl m;
+    uint32_t hlen = 0;
+    std::memcpy(&m.top, b.data() + 8, 4);
+    std::memcpy(&hlen, b.data() + 12, 4);
+    m.header = json::parse(b.substr(16, hlen));
+    const size_t rec = 12 + 8 * size_t(m.top), section = 1024 * rec;
+    for (size_t at = 16 + hlen + 8; at < b.size();) {
+        const size_t n = std::min(section, b.size() - at - 8);
+        m.records += b.substr(at, n);
+        at += n + 8;
+    }
+    return m;
+}
+
+// Writes `m` with every checksum made anew, as a forger (or a careless tool) would.
+void write_mpkl(const fs::path & p, const Mpkl & m, uint32_t version = 2) {
+    const std::string h = m.header.dump();
+    std::string out = "MPKL";
+    const auto u32 = [&](uint32_t v) { out.append(reinterpret_cast<const char *>(&v), 4); };
+    const auto u64 = [&](std::string & to, uint64_t v) { to.append(reinterpret_cast<const char *>(&v), 8); };
+    u32(version);
+    u32(m.top);
+    u32(uint32_t(h.size()));
+    out += h;
+    u64(out, XXH3_64bits(out.data(), out.size()));
+    const size_t section = 1024 * (12 + 8 * size_t(m.top));
+    for (size_t at = 0; at < m.records.size(); at += section) {
+        const std::string s = m.records.substr(at, section);
+        out += s;
+        u64(out, XXH3_64bits(s.data(), s.size()));
+    }
+    test::write_text(p, out);
+}
+
+void put_f32(std::string & b, size_t at, float v) { std::memcpy(b.data() + at, &v, 4); }
+
+} // namespace
+
+TEST_F(Hostile, CorpusOutputsTakeTheirNamesTogetherOrTheOldSetStays) {
+    write_text_files(local("src"), 12);
+    const std::string base = fmt::format("corpus -m {} --source en={} -o {}", s(path("m.gguf")), s(local("src")), s(local("out")));
+    const auto first = test::run_command(moeprune_cmd(base + " --seed 1"));
+    ASSERT_EQ(first.exit_code, 0) << first.output;
+    const std::string old_set = set_bytes(local("out"));
+    int failed = 0;
+    for (int kib = 1; kib <= 40; ++kib) {
+        const auto r = run_limited(base + " --seed 2", kib);
+        if (r.exit_code == 0) {
+            break;  // the limit no longer bites
+        }
+        ++failed;
+        EXPECT_EQ(set_bytes(local("out")), old_set) << "a failed write at " << kib << " KiB changed the old set:\n" << r.output;
+        for (const auto & e : fs::directory_iterator(local("out"))) {
+            EXPECT_EQ(e.path().filename().string().find(".partial."), std::string::npos) << e.path();
+        }
+    }
+    EXPECT_GT(failed, 1) << "no limit made corpus fail: the test tests nothing";
+    EXPECT_NE(set_bytes(local("out")), old_set) << "the unlimited run with another seed wrote the same set";
+}
+
+TEST_F(Hostile, CorpusRefusesAFifoAsItsModel) {
+    ASSERT_EQ(::mkfifo(s(local("m.fifo")).c_str(), 0600), 0);
+    write_text_files(local("src"), 3);
+    expect_refused(fmt::format("corpus -m {} --source en={} -o {}", s(local("m.fifo")), s(local("src")), s(local("out"))),
+                   {"m.fifo: not a regular file"}, {}, {local("out") / "corpus.json"});
+}
+
+TEST_F(Hostile, EvalBaseFilesAreChecksummedAndEveryRecordChecked) {
+    const fs::path base = local("base.mpkl");
+    const std::string eval = fmt::format("eval -m {} -f {} -c 32 --top 4 ", s(path("m.gguf")), s(path("c.jsonl")));
+    const auto r = test::run_command(moeprune_cmd(eval + "--base-out " + s(base)));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::string good = test::read_bytes(base);
+    uint32_t version = 0;
+    std::memcpy(&version, good.data() + 4, 4);
+    EXPECT_EQ(version, 2u) << "docs/formats.md says version 2";
+    const auto ok = test::run_command(moeprune_cmd(eval + "--keep " + s(path("k.json")) + " --base " + s(base)));
+    ASSERT_EQ(ok.exit_code, 0) << ok.output;
+
+    const Mpkl m = read_mpkl(base);
+    const size_t rec = 12 + 8 * size_t(m.top);
+    ASSERT_GE(m.records.size(), 2 * rec);
+    const fs::path bad = local("bad.mpkl");
+    const auto refused = [&](const std::string & says) {
+        expect_refused(eval + "--keep " + s(path("k.json")) + " --base " + s(bad), {"bad.mpkl", says}, {bad});
+    };
+    // One flipped bit is a checksum mismatch.
+    std::string flipped = good;
+    flipped[flipped.size() - 20] = char(flipped[flipped.size() - 20] ^ 0x10);
+    test::write_text(bad, flipped);
+    refused("checksum mismatch in records");
+    // Forged records with valid checksums are still impossible distributions.
+    const auto forged = [&](const std::function<void(std::string &)> & edit, const std::string & says) {
+        Mpkl f = m;
+        edit(f.records);
+        write_mpkl(bad, f);
+        refused(says);
+    };
+    forged([&](std::string & b) { put_f32(b, rec + 4, std::nanf("")); }, "record 1: ln p(target) is nan");
+    forged([&](std::string & b) { put_f32(b, 4, 5.0f); }, "record 0: ln p(target) is 5");
+    forged([&](std::string & b) { put_f32(b, 12 + 4 * m.top, 0.0f); }, "record 0: ");  // top mass above 1
+    forged([&](std::string & b) { put_f32(b, 8, std::nanf("")); }, "record 0: ln tail mass is nan");
+    forged([&](std::string & b) { std::memcpy(b.data() + 16, b.data() + 12, 4); }, "record 0: names one id twice");
+    forged([&](std::string & b) { const int32_t id = 1 << 30; std::memcpy(b.data() + 12, &id, 4); }, "outside the");
+    // Headers: a field missing, or disagreeing with the body.
+    const auto header = [&](const std::function<void(json &)> & edit, const std::string & says) {
+        Mpkl f = m;
+        edit(f.header);
+        write_mpkl(bad, f);
+        refused(says);
+    };
+    header([](json & h) { h.erase("corpus"); }, "header: \"corpus\" is missing");
+    header([](json & h) { h["top"] = 5; }, "header: \"top\" is 5");
+    header([](json & h) { h["format"] = "x"; }, "header: \"format\"");
+    header([](json & h) { h["n_scored"] = h["n_scored"].get<uint64_t>() + 1; }, "truncated?");
+    Mpkl v1 = m;
+    write_mpkl(bad, v1, 1);
+    refused("eval base version 1 is not supported");
+}
+
+TEST_F(Hostile, EvalBaseAndMergeIdentifyModelsByContent) {
+    const fs::path base = local("base.mpkl");
+    const auto r = test::run_command(moeprune_cmd(fmt::format("eval -m {} -f {} -c 32 --top 4 --base-out {}", s(path("m.gguf")),
+                                                              s(path("c.jsonl")), s(base))));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    // The same model under another name is the same model.
+    fs::copy_file(path("m.gguf"), local("renamed.gguf"));
+    const auto same = test::run_command(moeprune_cmd(fmt::format("eval -m {} -f {} -c 32 --keep {} --base {}",
+                                                                 s(local("renamed.gguf")), s(path("c.jsonl")),
+                                                                 s(path("k.json")), s(base))));
+    EXPECT_EQ(same.exit_code, 0) << same.output;
+    // Another model of the same shape under the same name is not.
+    fs::create_directories(local("other"));
+    const fs::path other = local("other") / "m.gguf";
+    const auto o = test::run_command(moeprune_cmd(
+        fmt::format("synth --arch qwen3moe --layers 2 --experts 8 --used 2 --seed 99 -o {}", s(other))));
+    ASSERT_EQ(o.exit_code, 0) << o.output;
+    ASSERT_EQ(fs::file_size(other), fs::file_size(path("m.gguf")));
+    expect_refused(fmt::format("eval -m {} -f {} -c 32 --keep {} --base {}", s(other), s(path("c.jsonl")), s(path("k.json")), s(base)),
+                   {"base.mpkl: was recorded on another model"}, {base});
+    // merge: statistics of two models of one shape are not one model's.
+    const auto c = test::run_command(moeprune_cmd(fmt::format("collect -m {} -f {} -o {} -t 2", s(other), s(path("c.jsonl")),
+                                                              s(local("so.json")))));
+    ASSERT_EQ(c.exit_code, 0) << c.output;
+    expect_refused(fmt::format("merge {} {} -o {}", s(path("s.json")), s(local("so.json")), s(local("merged.json"))),
+                   {"come from different models"}, {path("s.json"), local("so.json")}, {local("merged.json")});
+    json old = json::parse(test::read_bytes(path("s.json")));
+    old["model"].erase("digest");
+    test::write_text(local("old.json"), old.dump());
+    expect_refused(fmt::format("merge {} {} -o {}", s(local("old.json")), s(path("s.json")), s(local("merged.json"))),
+                   {"old.json: model.digest: missing"}, {local("old.json")}, {local("merged.json")});
+}
+
+TEST_F(Hostile, TraceHeaderAndMetadataAreChecksummed) {
+    const fs::path t = local("t.trace");
+    write_small_trace(t, 10);
+    const std::string good = test::read_bytes(t);
+    std::string b = good;
+    const uint32_t n_expert = 200;
+    std::memcpy(b.data() + 12, &n_expert, 4);
+    test::write_text(t, b);
+    for (const std::string & args : {fmt::format("trace verify {}", s(t)), fmt::format("replay --trace {} --policy lru --cache 100", s(t))}) {
+        expect_refused(args, {"t.trace: trace header checksum mismatch"}, {t});
+    }
+    b = good;
+    b[after(b, "n_expert_used\":") ] = '3';
+    test::write_text(t, b);
+    expect_refused(fmt::format("trace info {}", s(t)), {"t.trace: trace header checksum mismatch"}, {t});
+}
+
+TEST_F(Hostile, CorpusRefusesEmptySidesAndReportsWhatItSkipped) {
+    write_text_files(local("a"), 6);
+    const std::string m = s(path("m.gguf"));
+    const auto manifest = [&](const std::string & name, const std::string & body) {
+        test::write_text(local(name), body);
+        return local(name);
+    };
+    // A source listed twice: deduplication empties the second, whose weight then leaves nothing.
+    const fs::path twice = manifest("twice.toml", "[[source]]\nname = \"one\"\npath = \"a\"\ndomain = \"en\"\n"
+                                                  "[[source]]\nname = \"two\"\npath = \"a\"\ndomain = \"en\"\n");
+    expect_refused(fmt::format("corpus -m {} --manifest {} -o {}", m, s(twice), s(local("o1"))),
+                   {"side would be empty", "source \"two\"", "duplicate"}, {twice}, {local("o1") / "corpus.json"});
+    // One group: it cannot be on both sides.
+    test::write_text(local("single.txt"), "one file, one group, nothing to hold out for eval\n");
+    expect_refused(fmt::format("corpus -m {} --source en={} -o {}", m, s(local("single.txt")), s(local("o2"))),
+                   {"eval side would be empty", "one group"}, {}, {local("o2") / "corpus.json"});
+    // A budget of one token leaves the eval side nothing.
+    const fs::path tiny = manifest("tiny.toml", "[corpus]\ntokens = 1\n[[source]]\nname = \"a\"\npath = \"a\"\ndomain = \"en\"\n");
+    expect_refused(fmt::format("corpus -m {} --manifest {} -o {}", m, s(tiny), s(local("o3"))),
+                   {"eval side would be empty"}, {tiny}, {local("o3") / "corpus.json"});
+    // Only empty files.
+    fs::create_directories(local("empty"));
+    test::write_text(local("empty") / "x.txt", "  \n");
+    test::write_text(local("empty") / "y.txt", "\n");
+    expect_refused(fmt::format("corpus -m {} --source en={} -o {}", m, s(local("empty")), s(local("o4"))),
+                   {"side would be empty"}, {}, {local("o4") / "corpus.json"});
+    // An eval-only source that repeats a calib-only one.
+    const fs::path split = manifest("split.toml", "[[source]]\nname = \"c\"\npath = \"a\"\ndomain = \"en\"\nsplit = \"calib\"\n"
+                                                  "[[source]]\nname = \"e\"\npath = \"a\"\ndomain = \"en\"\nsplit = \"eval\"\n");
+    expect_refused(fmt::format("corpus -m {} --manifest {} -o {}", m, s(split), s(local("o5"))),
+                   {"eval side would be empty", "source \"e\""}, {split}, {local("o5") / "corpus.json"});
+    // --eval-share 0 asks for no eval side: that one is written.
+    const auto none = test::run_command(moeprune_cmd(fmt::format("corpus -m {} --source en={} -o {} --eval-share 0", m,
+                                                                 s(local("a")), s(local("o6")))));
+    EXPECT_EQ(none.exit_code, 0) << none.output;
+    // A file of a directory source that is not text is named, not only counted.
+    test::write_text(local("a") / "image.bin", std::string("\x89PNG\r\n\x1a\n\0\0\0", 11));
+    const auto skipped = test::run_command(moeprune_cmd(fmt::format("corpus -m {} --source en={} -o {}", m, s(local("a")),
+                                                                    s(local("o7")))));
+    ASSERT_EQ(skipped.exit_code, 0) << skipped.output;
+    EXPECT_NE(skipped.output.find("skipped 1 file(s) that are not UTF-8 text: " + s(local("a") / "image.bin")), std::string::npos)
+        << skipped.output;
+    // -o naming a file is refused by name.
+    test::write_text(local("afile"), "x");
+    expect_refused(fmt::format("corpus -m {} --source en={} -o {}", m, s(local("a")), s(local("afile"))),
+                   {"afile: exists and is not a folder"}, {local("afile")});
+    expect_refused(fmt::format("select --stats {} -k 4 --metric freq -o {}", s(path("s.json")), s(local("afile"))),
+                   {"afile: exists and is not a folder"}, {local("afile")});
+}
+
+TEST_F(Hostile, CorpusStratifiesGroupsPerSourceAndKeysThemRelativeToTheSource) {
+    write_text_files(local("here") / "code", 24);
+    write_text_files(local("here") / "chat", 24, "talk");
+    test::write_text(local("here") / "corpus.toml",
+                     "[corpus]\neval_share = 0.1\n[[source]]\nname = \"code\"\npath = \"code\"\ndomain = \"code\"\n"
+                     "[[source]]\nname = \"chat\"\npath = \"chat\"\ndomain = \"chat\"\n");
+    for (int seed = 0; seed < 8; ++seed) {
+        const fs::path out = local(fmt::format("o{}", seed));
+        const auto r = test::run_command(moeprune_cmd(fmt::format("corpus -m {} --manifest {} -o {} --seed {} --allow-shortfall",
+                                                                  s(path("m.gguf")), s(local("here") / "corpus.toml"),
+                                                                  s(out), seed)));
+        ASSERT_EQ(r.exit_code, 0) << r.output;
+        const json report = json::parse(test::read_bytes(out / "corpus.json"));
+        for (const json & src : report["sources"]) {
+            // round(0.1 x 24) = 2 groups held out, whatever the seed.
+            EXPECT_EQ(src["eval"]["groups_available"].get<int>(), 2) << src["name"] << " seed " << seed;
+            EXPECT_EQ(src["calib"]["groups_available"].get<int>(), 22) << src["name"] << " seed " << seed;
+        }
+    }
+    // The same corpus moved elsewhere splits the same.
+    fs::copy(local("here"), local("there"), fs::copy_options::recursive);
+    for (const char * where : {"here", "there"}) {
+        const auto r = test::run_command(moeprune_cmd(fmt::format("corpus -m {} --manifest {} -o {} --seed 3 --allow-shortfall",
+                                                                  s(path("m.gguf")), s(local(where) / "corpus.toml"),
+                                                                  s(local(where) / "out"))));
+        ASSERT_EQ(r.exit_code, 0) << r.output;
+    }
+    EXPECT_EQ(test::read_bytes(local("here") / "out" / "eval.jsonl"), test::read_bytes(local("there") / "out" / "eval.jsonl"));
+    EXPECT_EQ(test::read_bytes(local("here") / "out" / "calib.jsonl"), test::read_bytes(local("there") / "out" / "calib.jsonl"));
+}
+
+// Measurements plan reads, made on the fixture's model: a keep map, its eval, a replay
+// of the collect trace with and without cache-aware routing.
+class HostilePlan : public Hostile {
+protected:
+    void SetUp() override {
+        const auto run = [&](const std::string & args) {
+            const auto r = test::run_command(moeprune_cmd(args));
+            ASSERT_EQ(r.exit_code, 0) << args << "\n" << r.output;
+        };
+        run(fmt::format("select --stats {} -k 4 --metric freq -o {}", s(path("s.json")), s(local("maps"))));
+        run(fmt::format("eval -m {} -f {} -c 32 --keep {} --json {}", s(path("m.gguf")), s(path("c.jsonl")),
+                        s(local("maps") / "freq-k4.json"), s(local("e.json"))));
+        run(fmt::format("replay --trace {} --model {} --policy lru --cache 4 --lambda 0,0.5 --json {}", s(path("t.trace")),
+                        s(path("m.gguf")), s(local("r.json"))));
+        replay_ = json::parse(test::read_bytes(local("r.json")));
+        eval_ = json::parse(test::read_bytes(local("e.json")));
+    }
+    std::string plan(const std::string & more) {
+        return fmt::format("plan -m {} --replay {} --eval {} {}", s(path("m.gguf")), s(local("r.json")), s(local("e.json")), more);
+    }
+    // plan refuses `json` (a changed replay or eval) naming `says`.
+    void refuses_replay(const std::function<void(json &)> & edit, const std::string & says) {
+        json r = replay_;
+        edit(r);
+        test::write_text(local("bad-r.json"), r.dump());
+        expect_refused(fmt::format("plan -m {} --replay {} --eval {} --json {}", s(path("m.gguf")), s(local("bad-r.json")),
+                                   s(local("e.json")), s(local("p.json"))),
+                       {"bad-r.json: " + says}, {local("bad-r.json")}, {local("p.json")});
+    }
+    void refuses_eval(const std::function<void(json &)> & edit, const std::string & says) {
+        json e = eval_;
+        edit(e);
+        test::write_text(local("bad-e.json"), e.dump());
+        expect_refused(fmt::format("plan -m {} --replay {} --eval {} --json {}", s(path("m.gguf")), s(local("r.json")),
+                                   s(local("bad-e.json")), s(local("p.json"))),
+                       {"bad-e.json: " + says}, {local("bad-e.json")}, {local("p.json")});
+    }
+    json replay_, eval_;
+};
+
+TEST_F(HostilePlan, RefusesAnotherModelsMeasurements) {
+    const fs::path other = local("other.gguf");
+    const auto o = test::run_command(moeprune_cmd(
+        fmt::format("synth --arch qwen3moe --layers 2 --experts 8 --used 2 --seed 99 -o {}", s(other))));
+    ASSERT_EQ(o.exit_code, 0) << o.output;
+    expect_refused(fmt::format("plan -m {} --replay {}", s(other), s(local("r.json"))),
+                   {"r.json: inputs.trace_meta.model.digest", "another model"}, {local("r.json")});
+    expect_refused(fmt::format("plan -m {} --eval {}", s(other), s(local("e.json"))),
+                   {"e.json: base.digest", "another model"}, {local("e.json")});
+    // Planned by hand, the inputs must still agree with each other.
+    const auto e2 = test::run_command(moeprune_cmd(fmt::format("eval -m {} -f {} -c 32 --keep {} --json {}", s(other),
+                                                               s(path("c.jsonl")), s(local("maps") / "freq-k4.json"),
+                                                               s(local("e-other.json")))));
+    ASSERT_EQ(e2.exit_code, 0) << e2.output;
+    expect_refused(fmt::format("plan --expert-mb 1 --layers 2 --experts 8 --used 2 --replay {} --eval {}", s(local("r.json")),
+                               s(local("e-other.json"))),
+                   {"r.json: inputs.trace_meta.model.digest", "another model than", "e-other.json: base"});
+    // A 16-expert model's eval for an 8-expert plan.
+    json e16 = eval_;
+    e16["base"]["n_expert"] = 16;
+    test::write_text(local("e16.json"), e16.dump());
+    expect_refused(fmt::format("plan -m {} --eval {}", s(path("m.gguf")), s(local("e16.json"))),
+                   {"e16.json: base.n_expert: is 16"});
+}
+
+TEST_F(HostilePlan, RefusesImpossibleRecordsByFileRecordAndField) {
+    refuses_replay([](json & r) { r["records"][0]["misses_per_token"] = -1; }, "records[0].misses_per_token: is -1");
+    refuses_replay([](json & r) { r["records"][0]["cache"] = -4; }, "records[0].cache: is -4");
+    refuses_replay([](json & r) { r["records"][0]["cache"] = uint64_t(1) << 40; }, "records[0].cache: is 1099511627776");
+    refuses_replay([](json & r) { r["records"][0]["slots"] = {-1}; }, "records[0].slots[0]: is -1");
+    refuses_replay([](json & r) { r["records"][0]["policy"] = "nonsense"; }, "records[0].policy: is \"nonsense\"");
+    refuses_replay([](json & r) { r["records"][0]["lambda"] = -2; }, "records[0].lambda: is -2");
+    refuses_replay([](json & r) { r["records"][0]["read_rounds_per_token"] = nullptr, r["records"][0]["misses_per_token"] = "x"; },
+                   "records[0].misses_per_token: is \"x\"");
+    refuses_replay([](json & r) { r.erase("records"); }, "records: is missing");
+    refuses_replay([](json & r) { r["inputs"]["n_expert"] = 200; }, "inputs.n_expert: is 200");
+    refuses_replay([](json & r) { r["inputs"]["n_expert_after_keep"] = 99; }, "inputs.n_expert_after_keep: is 99");
+    const auto keep_candidate = [](json & e) -> json & {
+        for (json & c : e["candidates"]) {
+            if (c["kind"] == "keep") {
+                return c;
+            }
+        }
+        throw std::runtime_error("no keep candidate");
+    };
+    refuses_eval([&](json & e) { keep_candidate(e)["all"]["kld_mean"] = -1; }, "candidates[0].all.kld_mean: is -1");
+    refuses_eval([&](json & e) { keep_candidate(e)["source"] = "", keep_candidate(e)["name"] = "freq-k99"; }, "candidates[0].name: names K 99");
+    refuses_eval([](json & e) { e.erase("candidates"); }, "candidates: is missing");
+    refuses_eval([](json & e) { e["base"].erase("digest"); }, "base.digest: is missing");
+}
+
+TEST_F(HostilePlan, RefusesImpossibleSettings) {
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {plan("--misses-per-token nan"), "--misses-per-token nan must be a finite count"},
+        {plan("--max-kld nan"), "--max-kld nan must be a finite KLD"},
+        {plan("--speed-share nan"), "--speed-share nan must be a share in (0, 1]"},
+        {plan("--misses-per-token 1 --cache-experts 0"), "--cache-experts 0: a per-layer cache holds 1 to 8 experts"},
+        {plan("--misses-per-token 1 --cache-experts 9"), "--cache-experts 9: a per-layer cache holds 1 to 8 experts"},
+        {plan("--ram 20000000000T"), "--ram \"20000000000T\" is 2^64 bytes or more"},
+        {plan("--ram 0"), "--ram 0 leaves no RAM for the model"},
+        {plan("--ram ''"), "--ram \"\" is not a size"},
+        {"plan --expert-mb 1 --layers 2147483647 --experts 2147483647 --used 2", "at most 100000 layers of 65536 experts"},
+        {fmt::format("eval -m {} -f {} --worst -1", s(path("m.gguf")), s(path("c.jsonl"))), "--worst -1: the number of worst"},
+    };
+    for (const auto & [args, says] : cases) {
+        expect_refused(args, {says}, {local("r.json"), local("e.json")});
+    }
+}
+
+TEST_F(HostilePlan, ReroutedOptionsGetOnlyTheClosedLoopsKld) {
+    const auto open = test::run_command(moeprune_cmd(plan("--json " + s(local("p.json")))));
+    ASSERT_EQ(open.exit_code, 0) << open.output;
+    int rerouted = 0;
+    const json p = json::parse(test::read_bytes(local("p.json")));
+    for (const json & o : p["options"]) {
+        if (o["lambda"].get<double>() > 0) {
+            ++rerouted;
+            EXPECT_TRUE(o["kld_mean"].is_null()) << o.dump() << ": λ > 0 given the open-loop KLD of its keep map";
+            EXPECT_EQ(o["kld_loop"], "closed");
+            EXPECT_NE(o.value("kld_note", "").find("unmeasured"), std::string::npos) << o.dump();
+        }
+    }
+    EXPECT_GT(rerouted, 0);
+    // With the closed loop of the same (model, policy, cache, λ) measured, that is its KLD.
+    const auto closed = test::run_command(moeprune_cmd(fmt::format("eval -m {} -f {} -c 32 --cache-policy lru --cache 4 "
+                                                                   "--lambda 0.5 --json {}", s(path("m.gguf")),
+                                                                   s(path("c.jsonl")), s(local("ec.json")))));
+    ASSERT_EQ(closed.exit_code, 0) << closed.output;
+    double closed_kld = -1;
+    const json ec = json::parse(test::read_bytes(local("ec.json")));
+    for (const json & c : ec["candidates"]) {
+        if (c["kind"] == "closed-loop") {
+            closed_kld = c["all"]["kld_mean"].get<double>();
+        }
+    }
+    ASSERT_GE(closed_kld, 0);
+    const auto both = test::run_command(moeprune_cmd(fmt::format("plan -m {} --replay {} --eval {},{} --json {}", s(path("m.gguf")),
+                                                                 s(local("r.json")), s(local("e.json")), s(local("ec.json")),
+                                                                 s(local("p2.json")))));
+    ASSERT_EQ(both.exit_code, 0) << both.output;
+    int measured = 0;
+    const json p2 = json::parse(test::read_bytes(local("p2.json")));
+    for (const json & o : p2["options"]) {
+        if (o["lambda"].get<double>() == 0.5 && o["criterion"] == "none" && o["policy"] == "lru" && o["cache_experts"] == 4) {
+            ++measured;
+            EXPECT_DOUBLE_EQ(o["kld_mean"].get<double>(), closed_kld) << o.dump();
+            EXPECT_EQ(o["kld_measured"], true);
+        }
+    }
+    EXPECT_EQ(measured, 1);
 }

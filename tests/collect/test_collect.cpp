@@ -484,22 +484,26 @@ TEST(Collect, KilledRunResumesToTheSameResult) {
         _exit(127);
     }
     // Kill as soon as the first checkpoint is on disk.
+    const fs::path checkpoint = dir / "killed.json.checkpoint";
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (!fs::exists(out) && std::chrono::steady_clock::now() < deadline) {
+    while (!fs::exists(checkpoint) && std::chrono::steady_clock::now() < deadline) {
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     kill(pid, SIGKILL);
     int status = 0;
     waitpid(pid, &status, 0);
-    ASSERT_TRUE(fs::exists(out));
-    const SaliencyStats partial = read_stats(out);
+    ASSERT_TRUE(fs::exists(checkpoint));
+    // The checkpoint has its own name: nothing under the statistics' name for a reader
+    // that never looks at "complete" to take for finished statistics.
+    EXPECT_FALSE(fs::exists(out));
+    const SaliencyStats partial = read_stats(checkpoint);
     ASSERT_FALSE(partial.settings["progress"]["complete"].get<bool>()) << "the run finished before it could be killed";
     EXPECT_LT(partial.n_tokens, read_stats(dir / "full.json").n_tokens);
     // The unfinished trace is not under the trace's name, and nothing takes the checkpoint for statistics.
     EXPECT_FALSE(fs::exists(dir / "killed.trace"));
     EXPECT_TRUE(fs::exists(dir / "killed.trace.partial"));
     const auto merged = test::run_command(fmt::format("{} merge {} {} -o {}", test::bin("moeprune").string(),
-                                                      (dir / "full.json").string(), out.string(),
+                                                      (dir / "full.json").string(), checkpoint.string(),
                                                       (dir / "merged.json").string()));
     EXPECT_NE(merged.exit_code, 0);
     EXPECT_NE(merged.output.find("checkpoint"), std::string::npos) << merged.output;
@@ -517,6 +521,7 @@ TEST(Collect, KilledRunResumesToTheSameResult) {
         }
     }
     EXPECT_FALSE(fs::exists(dir / "killed.trace.partial"));
+    EXPECT_FALSE(fs::exists(checkpoint)) << "the finished run left its checkpoint";
     const TraceReader ta = TraceReader::open(dir / "full.trace"), tb = TraceReader::open(dir / "killed.trace");
     ASSERT_EQ(tb.n_tokens(), ta.n_tokens());
     for (uint32_t l = 0; l < 3; ++l) {

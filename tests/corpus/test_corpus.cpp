@@ -560,7 +560,7 @@ TEST_F(CorpusTest, BadInputIsRefusedByNameWithNothingWritten) {
     test::write_text(tmp_ / "bad.txt", std::string("fine line\nbroken \xC3\x28 byte\n"));
     test::write_text(tmp_ / "shape.jsonl", "{\"text\": \"a\"}\n{\"txt\": \"b\"}\n");
     test::write_text(tmp_ / "unknown.toml", "[[source]]\npath = \"ok.txt\"\ndomain = \"d\"\nwieght = 2\n");
-    test::write_text(tmp_ / "budget.toml", "[[source]]\npath = \"ok.txt\"\ndomain = \"d\"\ntokens = 1000000\n");
+    test::write_text(tmp_ / "budget.toml", "[corpus]\neval_share = 0\n[[source]]\npath = \"ok.txt\"\ndomain = \"d\"\ntokens = 1000000\n");
     const std::vector<std::pair<std::string, std::string>> cases = {
         {"--source d=" + (tmp_ / "missing-*.txt").string(), "matches no file"},
         {"--source d=" + (tmp_ / "bad.txt").string(), "bad.txt:2: is not UTF-8"},

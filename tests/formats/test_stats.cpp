@@ -13,7 +13,7 @@ namespace {
 // Statistics of a token stream where every token contributes known values.
 SaliencyStats collect(uint64_t first_token, uint64_t n_tokens, int n_layer, int n_expert) {
     SaliencyStats s = SaliencyStats::empty(n_layer, n_expert, 2);
-    s.model = {{"name", "synthetic"}, {"n_expert", n_expert}};
+    s.model = {{"digest", "xxh3:0123456789abcdef"}, {"name", "synthetic"}, {"n_expert", n_expert}};
     s.n_tokens = n_tokens;
     for (uint64_t t = first_token; t < first_token + n_tokens; ++t) {
         std::mt19937 rng{uint32_t(t)};
@@ -91,6 +91,10 @@ TEST(Stats, MergeRefusesOtherModels) {
     } catch (const Error & e) {
         EXPECT_NE(std::string(e.what()).find("different models"), std::string::npos);
     }
+    // Another model of the same shape and name: only the content digest tells.
+    SaliencyStats twin = collect(0, 10, 2, 4);
+    twin.model["digest"] = "xxh3:fedcba9876543210";
+    EXPECT_THROW(merge_stats(a, twin, "a.json", "b.json"), Error);
 }
 
 TEST(Stats, MalformedInputsNameTheProblem) {

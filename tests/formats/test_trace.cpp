@@ -99,7 +99,7 @@ TEST(Trace, RoundTripsUncompressed) {
     test::TempDir dir;
     write_trace(dir / "t.trace", 100, 0);
     const auto r = TraceReader::open(dir / "t.trace");
-    EXPECT_EQ(r.format(), "moeprune-trace v2");
+    EXPECT_EQ(r.format(), "moeprune-trace v3");
     EXPECT_TRUE(r.has_checksums());
     EXPECT_EQ(r.header().domains, (std::vector<std::string>{"chat", "code"}));
     EXPECT_EQ(r.header().meta["model"], "synthetic");
@@ -241,7 +241,7 @@ RawLayout raw_layout(const fs::path & path) {
     uint32_t meta_len;
     std::memcpy(&meta_len, bytes.data() + 20, 4);
     RawLayout l;
-    l.header = 24 + meta_len;
+    l.header = 24 + meta_len + 8;  // version 3: the header checksum follows the JSON
     l.block_header = 16 + 16 * (kLayers + 1) + 8;
     l.meta = 16 * 16;
     l.layer = 16 * kTopM * 4;

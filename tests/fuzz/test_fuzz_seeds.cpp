@@ -14,7 +14,9 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 
 using namespace moeprune;
 namespace fs = std::filesystem;
@@ -87,6 +89,8 @@ TEST(FuzzSeeds, DISABLED_Write) {
     put("stats", "valid.json", dir / "stats.json");
     put("trace", "valid.mptrace", dir / "t.mptrace");
     put("base_logits", "valid.mpkl", dir / "base.mpkl");
+    put("base_logits_resealed", "valid.mpkl", dir / "base.mpkl");
+    put("trace_resealed", "valid.mptrace", dir / "t.mptrace");
     put("corpus_jsonl", "valid.jsonl", dir / "text.jsonl");
     {
         std::string s = test::read_bytes(dir / "stats.json");
@@ -96,6 +100,15 @@ TEST(FuzzSeeds, DISABLED_Write) {
         put_text("trace", "invalid-flipped.mptrace", t);
         std::string b = test::read_bytes(dir / "base.mpkl");
         put_text("base_logits", "invalid-truncated.mpkl", b.substr(0, b.size() - 3));
+        put_text("trace_resealed", "invalid-flipped.mptrace", t);
+        // Resealed, a record's NaN passes the checksums and meets the record checks.
+        std::string nan_record = b;
+        const float nan = std::nanf("");
+        uint32_t hlen = 0;
+        std::memcpy(&hlen, b.data() + 12, 4);
+        std::memcpy(nan_record.data() + 16 + hlen + 8 + 4, &nan, 4);
+        put_text("base_logits", "invalid-nan.mpkl", nan_record);
+        put_text("base_logits_resealed", "invalid-nan.mpkl", nan_record);
     }
     test::write_q4rt(dir / "q.bin", 2, 8, 3, 5, 5, [](uint64_t t, std::vector<uint16_t> & ids, std::vector<float> & z) {
         ids.resize(2 * 3);

@@ -15,6 +15,9 @@ using nlohmann::json;
 
 namespace {
 
+// The model every measurement below was made on (planned by hand, they must agree).
+constexpr const char * kModelDigest = "xxh3:00000000000000aa";
+
 PlanOptions seed_geometry() {
     PlanOptions o;
     o.expert_mb = 1.3824;
@@ -32,7 +35,8 @@ json replay_result(const std::string & keep, int64_t k, const std::vector<std::t
     }
     return {{"format", "moeprune-replay"},
             {"version", 2},
-            {"inputs", {{"n_layer", 48}, {"keep", keep}, {"n_expert_after_keep", k}, {"cache_scope", "per-layer"}}},
+            {"inputs", {{"n_layer", 48}, {"n_expert", 512}, {"keep", keep}, {"n_expert_after_keep", k}, {"cache_scope", "per-layer"},
+                        {"trace_meta", {{"model", {{"digest", kModelDigest}}}}}}},
             {"records", recs}};
 }
 
@@ -41,7 +45,7 @@ json eval_report(const std::vector<std::tuple<std::string, double>> & maps) {
     for (const auto & [name, kld] : maps) {
         c.push_back({{"name", name}, {"kind", "keep"}, {"source", "maps/" + name + ".json"}, {"all", {{"kld_mean", kld}}}});
     }
-    return {{"format", "moeprune-eval"}, {"version", 1}, {"candidates", c}};
+    return {{"format", "moeprune-eval"}, {"version", 1}, {"base", {{"digest", kModelDigest}, {"n_expert", 512}}}, {"candidates", c}};
 }
 
 } // namespace

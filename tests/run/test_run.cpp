@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -177,6 +178,63 @@ TEST_F(RunTest, RunsEveryStageSkipsWhatIsUnchangedAndRendersTheReport) {
     EXPECT_GT(fs::file_size(shots / "report.png"), 10000u);
 }
 
+// λ > 0 asked for: every map's rerouted options are measured in the closed loop, the plan
+// gives them that KLD (never the open-loop one of their map), the report shows both loops.
+TEST_F(RunTest, ReroutingIsMeasuredInTheClosedLoop) {
+    const fs::path run = tmp_ / "run";
+    auto r = test::run_command(moeprune_cmd(base_args() + " -k 6 --policies lru,belady --cache-shares 0.5 "
+                                            "--lambda 0,0.5 -o " + run.string()));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    for (const char * f : {"eval/closed-none.json", "eval/closed-reap-k6.json", "eval/closed-freq-k6.json", "report/closed_loop.csv"}) {
+        EXPECT_TRUE(fs::exists(run / f)) << f;
+    }
+    std::map<std::pair<std::string, int>, double> closed;  // (criterion, cache) -> closed-loop KLD at λ 0.5
+    for (const char * f : {"eval/closed-none.json", "eval/closed-reap-k6.json", "eval/closed-freq-k6.json"}) {
+        const json e = read_json(run / f);
+        for (const json & c : e["candidates"]) {
+            if (c["kind"] == "closed-loop") {
+                EXPECT_EQ(c["policy"], "lru") << "belady reads the future: no closed loop";
+                EXPECT_EQ(c["lambda"].get<double>(), 0.5);
+                const std::string map = c["keep"].is_null() ? "none" : fs::path(c["keep"].get<std::string>()).stem().string();
+                closed[{map.substr(0, map.rfind("-k")), c["cache"].get<int>()}] = c["all"]["kld_mean"].get<double>();
+            }
+        }
+    }
+    EXPECT_EQ(closed.size(), 3u);
+    int rerouted = 0;
+    const json plan = read_json(run / "plan" / "plan.json");
+    for (const json & o : plan["options"]) {
+        if (o["lambda"].get<double>() > 0 && o["policy"] == "lru") {
+            ++rerouted;
+            const auto it = closed.find({o["criterion"].get<std::string>(), o["cache_experts"].get<int>()});
+            ASSERT_NE(it, closed.end()) << o.dump();
+            EXPECT_DOUBLE_EQ(o["kld_mean"].get<double>(), it->second) << o.dump();
+            EXPECT_EQ(o["kld_loop"], "closed");
+        }
+    }
+    EXPECT_EQ(rerouted, 3);
+    const json report = read_json(run / "report.json");
+    ASSERT_TRUE(report["closed_loop"].is_array());
+    EXPECT_EQ(report["closed_loop"].size(), 3u);
+    EXPECT_EQ(test::read_bytes(run / "report.html").find("Not measured in this run"), std::string::npos);
+
+    // A stage manifest whose digest is not a string is named by file and field.
+    json manifest = read_json(run / "eval" / "stage.json");
+    const std::string first = manifest["outputs"].begin().key();
+    manifest["outputs"][first] = 5;
+    test::write_text(run / "eval" / "stage.json", manifest.dump());
+    r = test::run_command(moeprune_cmd(base_args() + " -k 6 --policies lru,belady --cache-shares 0.5 "
+                                       "--lambda 0,0.5 -o " + run.string()));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find("eval/stage.json: outputs." + first + ": is 5, not a string"), std::string::npos) << r.output;
+    // -o naming a file.
+    test::write_text(tmp_ / "afile", "x");
+    r = test::run_command(moeprune_cmd(base_args() + " -k 6 -o " + (tmp_ / "afile").string()));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find("afile: exists and is not a folder"), std::string::npos) << r.output;
+    EXPECT_EQ(test::read_bytes(tmp_ / "afile"), "x");
+}
+
 TEST_F(RunTest, KilledCollectResumesToTheSameStatistics) {
     const std::string args = base_args() + " -k 6 --config " + (tmp_ / "run.toml").string();
     test::write_text(tmp_ / "run.toml", "save_every = 1\n");
@@ -195,7 +253,7 @@ TEST_F(RunTest, KilledCollectResumesToTheSameStatistics) {
     for (int i = 0; i < 2000 && !killed; ++i) {
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
         std::error_code ec;
-        if (fs::exists(b / "collect" / "stats.json", ec)) {
+        if (fs::exists(b / "collect" / "stats.json.checkpoint", ec)) {
             kill(pid, SIGKILL);
             killed = true;
         }
@@ -205,11 +263,13 @@ TEST_F(RunTest, KilledCollectResumesToTheSameStatistics) {
     ASSERT_TRUE(killed) << "collect wrote no checkpoint to kill after";
     ASSERT_TRUE(WIFSIGNALED(status)) << "the run finished before the kill";
     EXPECT_FALSE(fs::exists(b / "collect" / "stage.json")) << "a killed stage has no manifest";
+    EXPECT_FALSE(fs::exists(b / "collect" / "stats.json")) << "a checkpoint is never under the statistics' name";
     r = test::run_command(moeprune_cmd(args + " -o " + b.string()));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const json sa = read_json(tmp_ / "a" / "collect" / "stats.json"), sb = read_json(b / "collect" / "stats.json");
     EXPECT_TRUE(sa["layers"] == sb["layers"]) << "statistics differ from the uninterrupted run's";
     EXPECT_EQ(sa["n_tokens"], sb["n_tokens"]);
+    EXPECT_FALSE(fs::exists(b / "collect" / "stats.json.checkpoint")) << "the resumed run left its checkpoint";
     const json ha = read_json(tmp_ / "a" / "heldout" / "stats.json"), hb = read_json(b / "heldout" / "stats.json");
     EXPECT_TRUE(ha["layers"] == hb["layers"]) << "held-out statistics differ";
     EXPECT_EQ(fs::file_size(tmp_ / "a" / "heldout" / "router.trace"), fs::file_size(b / "heldout" / "router.trace"));
