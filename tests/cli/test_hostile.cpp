@@ -927,23 +927,18 @@ protected:
     std::string plan(const std::string & more) {
         return fmt::format("plan -m {} --replay {} --eval {} {}", s(path("m.gguf")), s(local("r.json")), s(local("e.json")), more);
     }
-    // plan refuses `json` (a changed replay or eval) naming `says`.
-    void refuses_replay(const std::function<void(json &)> & edit, const std::string & says) {
-        json r = replay_;
-        edit(r);
-        test::write_text(local("bad-r.json"), r.dump());
-        expect_refused(fmt::format("plan -m {} --replay {} --eval {} --json {}", s(path("m.gguf")), s(local("bad-r.json")),
-                                   s(local("e.json")), s(local("p.json"))),
-                       {"bad-r.json: " + says}, {local("bad-r.json")}, {local("p.json")});
+    // plan refuses a changed copy of the replay (or the eval) result, naming `says`.
+    void refuses(bool replay, const std::function<void(json &)> & edit, const std::string & says) {
+        json changed = replay ? replay_ : eval_;
+        edit(changed);
+        const fs::path bad = local(replay ? "bad-r.json" : "bad-e.json");
+        test::write_text(bad, changed.dump());
+        expect_refused(fmt::format("plan -m {} --replay {} --eval {} --json {}", s(path("m.gguf")),
+                                   s(replay ? bad : local("r.json")), s(replay ? local("e.json") : bad), s(local("p.json"))),
+                       {bad.filename().string() + ": " + says}, {bad}, {local("p.json")});
     }
-    void refuses_eval(const std::function<void(json &)> & edit, const std::string & says) {
-        json e = eval_;
-        edit(e);
-        test::write_text(local("bad-e.json"), e.dump());
-        expect_refused(fmt::format("plan -m {} --replay {} --eval {} --json {}", s(path("m.gguf")), s(local("r.json")),
-                                   s(local("bad-e.json")), s(local("p.json"))),
-                       {"bad-e.json: " + says}, {local("bad-e.json")}, {local("p.json")});
-    }
+    void refuses_replay(const std::function<void(json &)> & edit, const std::string & says) { refuses(true, edit, says); }
+    void refuses_eval(const std::function<void(json &)> & edit, const std::string & says) { refuses(false, edit, says); }
     json replay_, eval_;
 };
 
