@@ -1,6 +1,6 @@
 #include "readers.h"
 
-#include "collect/corpus.h"
+#include "formats/corpus.h"
 #include "core/errors.h"
 #include "corpus/manifest.h"
 #include "corpus/sources.h"
@@ -8,8 +8,8 @@
 #include "formats/keep_map.h"
 #include "formats/stats.h"
 #include "formats/trace.h"
-#include "gguf/model_file.h"
-#include "inspect/inspect.h"
+#include "model/model_file.h"
+#include "model/inspect.h"
 #include "run/run.h"
 #include "slice/slice.h"
 

@@ -1,7 +1,7 @@
 #include "cli/commands.h"
 #include "core/errors.h"
 #include "corpus/build.h"
-#include "llama/session.h"
+#include "engine/session.h"
 
 #include <fmt/format.h>
 

@@ -1,6 +1,6 @@
 #include "cli/commands.h"
 #include "core/errors.h"
-#include "inspect/inspect.h"
+#include "model/inspect.h"
 
 #include <cstdio>
 #include <memory>

@@ -1,6 +1,6 @@
 #include "cli/commands.h"
 #include "core/errors.h"
-#include "llama/session.h"
+#include "engine/session.h"
 #include "run/run.h"
 
 #include <fmt/format.h>

@@ -4,6 +4,7 @@
 #include "select/select.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cstdio>
 #include <memory>
@@ -17,8 +18,7 @@ void add_select(CLI::App & app, Action & action) {
     CLI::App * sub = app.add_subcommand("select", "Keep maps from saliency statistics, every criterion, with screens");
     sub->add_option("--stats", opt->stats, "Statistics from moeprune collect (or merge)")->required();
     sub->add_option("-k", opt->ks, "Experts to keep per layer, e.g. 224,256,320")->delimiter(',')->required();
-    sub->add_option("--metric", opt->metrics,
-                    "Criteria: freq, soft-freq, reap, reap-sum, ean, ean-sum, reap-lcb, hybrid, domain-max, domain-mix")
+    sub->add_option("--metric", opt->metrics, fmt::format("Criteria: {}", fmt::join(select_metrics(), ", ")))
         ->delimiter(',')
         ->required();
     sub->add_option("-o,--output", opt->out_dir, "Directory for the keep maps (METRIC-kK.json)");
@@ -38,6 +38,7 @@ void add_select(CLI::App & app, Action & action) {
         ->capture_default_str();
     sub->add_option("--rare-hits", opt->rare_hits, "Flag kept experts with fewer hits than this in the report")
         ->capture_default_str();
+    sub->add_option("--seed", opt->seed, "random: seed of the experts' order")->capture_default_str();
     sub->add_flag("--protect-super", opt->protect_super, "Always keep REAP's super experts");
     sub->add_option("--json", *json_out, "Write the report as JSON");
     sub->callback([=, &action] {

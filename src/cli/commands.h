@@ -1,6 +1,6 @@
 #pragma once
 // Each subcommand registers its flags on the app and returns the action to run.
-#include "replay/policy.h"
+#include "sim/policy.h"
 #include "replay/replay.h"
 
 #include <CLI/CLI.hpp>

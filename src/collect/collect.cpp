@@ -1,14 +1,15 @@
 #include "collect/collect.h"
-#include "collect/corpus.h"
+#include "formats/corpus.h"
 #include "collect/imatrix.h"
 #include "core/atomic_file.h"
 #include "core/digest.h"
 #include "core/errors.h"
 #include "core/progress.h"
 #include "formats/trace.h"
-#include "gguf/model_file.h"
-#include "inspect/inspect.h"
-#include "llama/session.h"
+#include "model/model_file.h"
+#include "model/inspect.h"
+#include "engine/router_graph.h"
+#include "engine/session.h"
 
 #include "ggml-backend.h"
 #include "llama.h"
@@ -33,58 +34,6 @@ using nlohmann::json;
 
 namespace {
 
-enum class Gating { Unknown, Softmax, Sigmoid, SoftmaxWeight, SqrtSoftplus };
-
-const char * gating_name(Gating g) {
-    switch (g) {
-    case Gating::Softmax: return "softmax";
-    case Gating::Sigmoid: return "sigmoid";
-    case Gating::SoftmaxWeight: return "softmax-over-selected";
-    case Gating::SqrtSoftplus: return "sqrt-softplus";
-    default: return "unknown";
-    }
-}
-
-// The function that produced ffn_moe_probs, read from the node's op: the name alone is
-// the same for every variant (and with softmax over the selected, the logits tensor
-// itself carries the name).
-Gating gating_of(const ggml_tensor * probs) {
-    switch (probs->op) {
-    case GGML_OP_SOFT_MAX: return Gating::Softmax;
-    case GGML_OP_UNARY: return ggml_get_unary_op(probs) == GGML_UNARY_OP_SIGMOID ? Gating::Sigmoid : Gating::Unknown;
-    case GGML_OP_SQRT: return Gating::SqrtSoftplus;
-    case GGML_OP_MUL_MAT:
-    case GGML_OP_ADD: return Gating::SoftmaxWeight;
-    default: return Gating::Unknown;
-    }
-}
-
-// A graph node's values as a dense float array in ggml's index order (ne0 fastest),
-// read through its strides: several router nodes are views.
-std::vector<float> read_f32(const ggml_tensor * t, std::vector<uint8_t> & raw) {
-    raw.resize(ggml_nbytes(t));
-    ggml_backend_tensor_get(const_cast<ggml_tensor *>(t), raw.data(), 0, raw.size());
-    std::vector<float> out(size_t(ggml_nelements(t)));
-    size_t i = 0;
-    for (int64_t i3 = 0; i3 < t->ne[3]; ++i3) {
-        for (int64_t i2 = 0; i2 < t->ne[2]; ++i2) {
-            for (int64_t i1 = 0; i1 < t->ne[1]; ++i1) {
-                for (int64_t i0 = 0; i0 < t->ne[0]; ++i0) {
-                    const size_t off = size_t(i0 * t->nb[0] + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3]);
-                    if (t->type == GGML_TYPE_F32) {
-                        std::memcpy(&out[i++], raw.data() + off, sizeof(float));
-                    } else {
-                        int32_t v;
-                        std::memcpy(&v, raw.data() + off, sizeof(v));
-                        out[i++] = float(v);
-                    }
-                }
-            }
-        }
-    }
-    return out;
-}
-
 // One token as the run knows it, for the trace and the per-domain statistics.
 struct TokenInfo {
     TraceTokenMeta meta;
@@ -103,7 +52,7 @@ struct LayerCapture {
     void clear() { *this = LayerCapture(); }
 };
 
-class Collector {
+class Collector : public GraphObserverFailure {
 public:
     Collector(const CollectOptions & opt, std::string arch, std::vector<int> moe_layers, int n_expert, int n_expert_used,
               int n_embd, std::string down_node, const std::vector<std::string> & domains, SaliencyStats & stats,
@@ -121,14 +70,7 @@ public:
 
     static bool callback(ggml_tensor * t, bool ask, void * ud) {
         auto * self = static_cast<Collector *>(ud);
-        try {
-            return self->on_node(t, ask);
-        } catch (...) {
-            if (!self->failure_) {
-                self->failure_ = std::current_exception();
-            }
-            return false;  // stops the graph; llama_decode then fails and the failure is rethrown
-        }
+        return self->guarded([&] { return self->on_node(t, ask); });
     }
 
     // The tokens of the next llama_decode, in batch order.
@@ -142,7 +84,7 @@ public:
 
     // After llama_decode: every MoE layer must have seen every token of the batch.
     void end_batch(TraceWriter * trace) {
-        rethrow();
+        rethrow_failure();
         for (size_t l = 0; l < moe_layers_.size(); ++l) {
             if (done_tokens_[l] != batch_.size()) {
                 throw Error(fmt::format("{}: layer {} reported {} of the batch's {} tokens: its node {}-{} was not "
@@ -157,14 +99,6 @@ public:
                     trace->append(batch_[i].meta, trace_ids_.data() + i * per_token, trace_logits_.data() + i * per_token);
                 }
             }
-        }
-    }
-
-    void rethrow() {
-        if (failure_) {
-            std::exception_ptr f = failure_;
-            failure_ = nullptr;
-            std::rethrow_exception(f);
         }
     }
 
@@ -249,7 +183,7 @@ private:
         if (node == "ffn_moe_topk") {
             expect_shape(t, {n_expert_used_, -1}, name);
             c.n_tokens = t->ne[1];
-            c.topk = read_f32(t, raw_);
+            c.topk = read_node_f32(t, raw_);
         } else if (node == "ffn_moe_probs") {
             expect_shape(t, {n_expert_, -1}, name);
             c.gating = gating_of(t);
@@ -258,22 +192,22 @@ private:
                                         ggml_op_desc(t)));
             }
             gating_ = c.gating;
-            c.probs = read_f32(t, raw_);
+            c.probs = read_node_f32(t, raw_);
             c.selection = c.probs;
             if (c.gating == Gating::SoftmaxWeight) {
                 c.logits = c.probs;
             }
         } else if (node == "ffn_moe_probs_biased" || node == "ffn_moe_probs_masked") {
             expect_shape(t, {n_expert_, -1}, name);
-            c.selection = read_f32(t, raw_);
+            c.selection = read_node_f32(t, raw_);
         } else if (node == "ffn_moe_logits" || node == "ffn_moe_logits_biased") {
             expect_shape(t, {n_expert_, -1}, name);
-            c.logits = read_f32(t, raw_);
+            c.logits = read_node_f32(t, raw_);
         } else if (node.rfind("ffn_moe_weights", 0) == 0) {
             // [1, k, tokens], or [k, tokens] where build_moe_ffn reshaped to normalize.
             expect_shape(t, t->ne[0] == 1 ? std::vector<int64_t>{1, n_expert_used_, -1} : std::vector<int64_t>{n_expert_used_, -1},
                          name);
-            c.weights = read_f32(t, raw_);
+            c.weights = read_node_f32(t, raw_);
             if (node == "ffn_moe_weights_softmax") {
                 c.softmax_weights = c.weights;
             }
@@ -302,7 +236,7 @@ private:
     }
 
     void reduce_down(const ggml_tensor * t, LayerCapture & c) {
-        const std::vector<float> f = read_f32(t, raw_);
+        const std::vector<float> f = read_node_f32(t, raw_);
         const int64_t slots = t->ne[1] * t->ne[2];
         c.f_norm.assign(size_t(slots), 0.0);
         c.f_max.assign(size_t(slots), 0.0);
@@ -447,8 +381,7 @@ private:
         }
     }
 
-    // The trace's candidates: the chosen experts first (so its top-k is exactly the
-    // routing), then the rest by the score the router selects on; logits alongside.
+    // The trace's candidates (rank_candidates), logits alongside.
     void trace_row(int li, size_t token, const LayerCapture & c, int64_t r, const std::vector<int32_t> & chosen) {
         const int E = n_expert_;
         const float * sel = c.selection.data() + r * E;
@@ -461,13 +394,7 @@ private:
         for (int32_t e : chosen) {
             is_chosen_[size_t(e)] = 1;
         }
-        const auto better = [&](int32_t a, int32_t b) {
-            if (is_chosen_[size_t(a)] != is_chosen_[size_t(b)]) {
-                return is_chosen_[size_t(a)] > is_chosen_[size_t(b)];
-            }
-            return sel[a] != sel[b] ? sel[a] > sel[b] : a < b;
-        };
-        std::partial_sort(order_.begin(), order_.begin() + trace_m_, order_.end(), better);
+        rank_candidates(order_, size_t(E), size_t(trace_m_), is_chosen_, sel);
         const size_t base = (token * moe_layers_.size() + size_t(li)) * size_t(trace_m_);
         for (int m = 0; m < trace_m_; ++m) {
             trace_ids_[base + size_t(m)] = uint16_t(order_[size_t(m)]);
@@ -499,7 +426,6 @@ private:
     std::vector<char> routed_this_graph_;  // per MoE layer, until the graph's result_norm
     uint64_t repeat_routings_ = 0;
     Gating gating_ = Gating::Unknown;
-    std::exception_ptr failure_;
 };
 
 } // namespace
@@ -545,7 +471,9 @@ fs::path collect_checkpoint_path(const fs::path & output) {
     return p;
 }
 
-CollectResult collect(const CollectOptions & opt) {
+namespace {
+
+void check_collect_options(const CollectOptions & opt) {
     if (opt.ctx < 8 || opt.batch < 1 || opt.ubatch < 1 || opt.trace_top < 1) {
         throw Error("-c must be at least 8, -b, -ub and --trace-top at least 1");
     }
@@ -559,63 +487,58 @@ CollectResult collect(const CollectOptions & opt) {
         throw Error("--resume continues from the checkpoints of --save-every N: give it too");
     }
     if (!opt.imatrix.empty() && opt.save_every > 0) {
-        throw Error("--imatrix is gathered in one uninterrupted run: checkpoints (--save-every, --resume) do not hold it");
+        throw Error(
+            "--imatrix is gathered in one uninterrupted run: checkpoints (--save-every, --resume) do not hold it");
     }
-    const GgufModel gguf = GgufModel::open(opt.model);
-    std::vector<std::filesystem::path> inputs = gguf.shard_paths();
-    inputs.push_back(opt.corpus);
-    refuse_output_clashes({opt.output, opt.trace, opt.imatrix, collect_checkpoint_path(opt.output)}, inputs);
-    const Corpus corpus = read_corpus(opt.corpus);
-    if (!opt.trace.empty() && corpus.domains.size() + 1 > kMaxTraceDomains) {
-        fail_file(opt.corpus.string(), fmt::format("has {} domains; a trace stores domain ids in 16 bits and holds at most "
-                                                   "{} besides \"no domain\"", corpus.domains.size(), kMaxTraceDomains - 1));
-    }
-    const InspectReport info = inspect_model(gguf, {});
-    std::vector<int> moe_layers;
-    for (const LayerInfo & li : info.layers) {
-        if (!li.nextn) {
-            moe_layers.push_back(li.layer);
-        }
-    }
+}
+
+// The model's routed layers, refused before llama.cpp loads it when collect cannot run.
+InspectReport inspect_for_collect(const CollectOptions & opt, const GgufModel & gguf) {
+    InspectReport info = inspect_model(gguf, {});
     if (!info.problems.empty()) {
         fail_file(opt.model.string(), "is inconsistent: " + fmt::format("{}", fmt::join(info.problems, "; ")));
     }
-    if (moe_layers.empty()) {
-        fail_file(opt.model.string(), "has routed experts only in MTP (nextn) layers, which a forward pass does not run");
+    if (info.routed_layers().empty()) {
+        fail_file(opt.model.string(),
+                  "has routed experts only in MTP (nextn) layers, which a forward pass does not run");
     }
     if (!opt.trace.empty() && opt.trace_top < info.n_expert_used) {
         throw Error(fmt::format("--trace-top {} is below the {} experts the model uses per token", opt.trace_top,
                                 info.n_expert_used));
     }
+    return info;
+}
 
-    init_llama(opt.rpc);
-    const ModelPtr model = load_model(opt.model, opt.gpu_layers);
-    const llama_vocab * vocab = llama_model_get_vocab(model.get());
-    const int n_embd = llama_model_n_embd(model.get());
-
-    // Windows of every document, in corpus order.
+// Windows of every document, in corpus order, the first --chunks of them; `total` counts
+// them all.
+std::vector<Window> corpus_windows(const CollectOptions & opt, const Corpus & corpus, const llama_model * model,
+                                   size_t & total) {
+    const llama_vocab * vocab = llama_model_get_vocab(model);
     std::vector<Window> windows;
     const size_t window = size_t(opt.ctx - opt.generate);
     for (size_t d = 0; d < corpus.documents.size(); ++d) {
         const CorpusDocument & doc = corpus.documents[d];
         const std::string where = doc.line ? fmt::format("{}:{}", opt.corpus.string(), doc.line) : opt.corpus.string();
-        const std::string text = document_text(model.get(), doc, opt.generate > 0, where);
+        const std::string text = document_text(model, doc, opt.generate > 0, where);
         const std::vector<llama_token> toks = tokenize(vocab, text, opt.parse_special, where);
         for (size_t i = 0; i < toks.size(); i += window) {
             windows.push_back({d, std::vector<llama_token>(toks.begin() + long(i),
                                                            toks.begin() + long(std::min(toks.size(), i + window)))});
         }
     }
-    const size_t total_windows = windows.size();
+    total = windows.size();
     if (opt.chunks >= 0 && size_t(opt.chunks) < windows.size()) {
         std::fprintf(stderr, "moeprune collect: --chunks %lld: evaluating %lld of the corpus' %zu windows\n",
-                     (long long) opt.chunks, (long long) opt.chunks, windows.size());
+                     (long long)opt.chunks, (long long)opt.chunks, windows.size());
         windows.resize(size_t(opt.chunks));
     }
+    return windows;
+}
 
-    CollectResult res;
-    SaliencyStats & stats = res.stats;
-    stats = SaliencyStats::empty(int64_t(moe_layers.size()), info.n_expert, info.n_expert_used);
+SaliencyStats empty_stats(const CollectOptions & opt, const GgufModel & gguf, const InspectReport & info,
+                          const Corpus & corpus) {
+    const std::vector<int> moe_layers = info.routed_layers();
+    SaliencyStats stats = SaliencyStats::empty(int64_t(moe_layers.size()), info.n_expert, info.n_expert_used);
     stats.model = {{"digest", model_digest(gguf.shard_paths())},
                    {"arch", info.arch},         {"name", info.name},           {"file_bytes", info.file_bytes},
                    {"n_expert", info.n_expert}, {"n_expert_used", info.n_expert_used}, {"moe_layers", moe_layers},
@@ -628,162 +551,153 @@ CollectResult collect(const CollectOptions & opt) {
             L.coact.assign(size_t(info.n_expert) * size_t(info.n_expert - 1) / 2, 0);
         }
     }
-    const json settings = result_settings(opt);
-    // The trace grows under TRACE.partial and takes its name only when the statistics are
-    // complete, so a killed or failed run never leaves a trace that reads as whole.
-    const fs::path trace_partial = opt.trace.empty() ? fs::path() : fs::path(opt.trace.string() + ".partial");
-    size_t first_window = 0;
-    std::optional<TraceResumePoint> trace_from;
-    std::vector<std::vector<uint64_t>> resumed_trace_count;
-    std::vector<uint64_t> resumed_prob_drops;
-    // Checkpoints live under their own name: a reader that never looks at "complete"
-    // cannot take one for finished statistics.
-    const fs::path checkpoint_path = collect_checkpoint_path(opt.output);
-    if (opt.resume) {
-        std::error_code ec;
-        if (!fs::exists(checkpoint_path, ec)) {
-            if (fs::exists(opt.output, ec)) {
-                fail_file(opt.output.string(), "is a finished run: nothing to resume (no checkpoint " +
-                                                   checkpoint_path.string() + ")");
-            }
-            fail_file(checkpoint_path.string(), "no such checkpoint to resume from (written by --save-every)");
-        }
-        const SaliencyStats saved = read_stats(checkpoint_path);
-        const json & prog = saved.settings.value("progress", json());
-        const std::string origin = checkpoint_path.string();
-        if (!prog.is_object() || prog.value("complete", true)) {
-            fail_file(origin, "is not a collect checkpoint (settings.progress with \"complete\": false)");
-        }
-        if (saved.model != stats.model) {
-            fail_file(origin, "was collected on another model: " + saved.model.dump());
-        }
-        if (saved.settings.value("corpus_digest", "") != corpus.digest) {
-            fail_file(origin, "was collected on another corpus (its digest differs from " + opt.corpus.string() + ")");
-        }
-        if (saved.settings.value("result_settings", json()) != settings) {
-            fail_file(origin, "was collected with other settings: " + saved.settings.value("result_settings", json()).dump() +
-                                  " vs " + settings.dump());
-        }
-        stats.layers = saved.layers;
-        stats.domains = saved.domains;
-        stats.n_tokens = saved.n_tokens;
-        stats.nonfinite_drops = saved.nonfinite_drops;
-        first_window = prog.at("windows").get<size_t>();
-        res.traced_tokens = prog.value("traced_tokens", uint64_t(0));
-        resumed_prob_drops = prog.at("prob_drops").get<std::vector<uint64_t>>();
-        if (!opt.trace.empty()) {
-            // Killed between naming the trace and writing the final statistics.
-            std::error_code ec;
-            if (!fs::exists(trace_partial) && fs::exists(opt.trace)) {
-                fs::rename(opt.trace, trace_partial, ec);
-                if (ec) {
-                    fail_file(opt.trace.string(), "cannot take it back to resume: " + ec.message());
-                }
-            }
-            trace_from = TraceResumePoint{prog.at("trace_bytes").get<uint64_t>(), res.traced_tokens};
-            resumed_trace_count = prog.at("trace_count").get<std::vector<std::vector<uint64_t>>>();
-        }
-    }
+    return stats;
+}
 
-    std::vector<std::string> trace_domains{""};
-    trace_domains.insert(trace_domains.end(), corpus.domains.begin(), corpus.domains.end());
-    const std::string down_node = down_node_of(gguf, moe_layers.front());
-    std::optional<ImatrixAccumulator> imatrix;
-    if (!opt.imatrix.empty()) {
-        imatrix.emplace();
-    }
-    Collector collector(opt, info.arch, moe_layers, int(info.n_expert), int(info.n_expert_used), n_embd, down_node,
-                        corpus.domains, stats, imatrix ? &*imatrix : nullptr);
-    if (!resumed_trace_count.empty()) {
-        collector.set_trace_count(resumed_trace_count);
-    }
-    if (!resumed_prob_drops.empty()) {
-        collector.set_prob_drops(resumed_prob_drops);
-    }
-    // Without checkpoints nothing can resume a failed run's trace: it goes with the failure.
-    struct PartialTrace {
-        fs::path path;
-        bool keep = false, committed = false;
-        ~PartialTrace() {
-            if (!committed && !keep && !path.empty()) {
-                std::error_code ec;
-                fs::remove(path, ec);
-            }
-        }
-    } trace_guard{trace_partial, opt.save_every > 0};
-    std::unique_ptr<TraceWriter> trace;
-    if (!opt.trace.empty()) {
-        TraceHeader h;
-        h.n_layer = uint32_t(moe_layers.size());
-        h.n_expert = uint32_t(info.n_expert);
-        h.top_m = uint32_t(collector.trace_m());
-        h.domains = trace_domains;
-        h.meta = {{"n_expert_used", info.n_expert_used}, {"moe_layers", moe_layers}, {"model", stats.model},
-                  {"corpus", opt.corpus.string()},          {"settings", settings}};
-        trace = trace_from ? std::make_unique<TraceWriter>(trace_partial, h, *trace_from)
-                           : std::make_unique<TraceWriter>(trace_partial, h);
-    }
+// The trace, growing under `partial`; continued from `resume_at` when resuming.
+std::unique_ptr<TraceWriter> open_trace(const CollectOptions & opt, const InspectReport & info, const Corpus & corpus,
+                                        const json & model, const json & settings, int top_m, const fs::path & partial,
+                                        const std::optional<TraceResumePoint> & resume_at) {
+    const std::vector<int> moe_layers = info.routed_layers();
+    TraceHeader h;
+    h.n_layer = uint32_t(moe_layers.size());
+    h.n_expert = uint32_t(info.n_expert);
+    h.top_m = uint32_t(top_m);
+    h.domains = {""};
+    h.domains.insert(h.domains.end(), corpus.domains.begin(), corpus.domains.end());
+    h.meta = {{"n_expert_used", info.n_expert_used}, {"moe_layers", moe_layers}, {"model", model},
+              {"corpus", opt.corpus.string()},          {"settings", settings}};
+    return resume_at ? std::make_unique<TraceWriter>(partial, h, *resume_at) : std::make_unique<TraceWriter>(partial, h);
+}
 
+// A context whose graph callback is the collector.
+ContextPtr collect_context(const CollectOptions & opt, llama_model * model, int threads, Collector & collector) {
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx = uint32_t(opt.ctx);
     cp.n_batch = uint32_t(opt.batch);
     cp.n_ubatch = uint32_t(std::min(opt.ubatch, opt.batch));
-    const int threads = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
     cp.n_threads = cp.n_threads_batch = threads;
     cp.cb_eval = &Collector::callback;
     cp.cb_eval_user_data = &collector;
-    std::unique_ptr<llama_context, decltype(&llama_free)> ctx(llama_init_from_model(model.get(), cp), llama_free);
+    ContextPtr ctx(llama_init_from_model(model, cp), llama_free);
     if (!ctx) {
         throw Error("llama.cpp could not create a context of " + std::to_string(opt.ctx) + " tokens");
     }
+    return ctx;
+}
 
-    uint64_t todo_tokens = 0;
-    for (size_t w = first_window; w < windows.size(); ++w) {
-        todo_tokens += windows[w].tokens.size() + size_t(opt.generate);
+// Where a resumed run continues: what its checkpoint had counted.
+struct ResumePoint {
+    size_t first_window = 0;
+    std::optional<TraceResumePoint> trace_from;
+    std::vector<std::vector<uint64_t>> trace_count;
+    std::vector<uint64_t> prob_drops;
+};
+
+// Reads the checkpoint into `stats` and `res` after checking it is this run's.
+ResumePoint resume_from_checkpoint(const CollectOptions & opt, const Corpus & corpus, const json & settings,
+                                   const fs::path & trace_partial, SaliencyStats & stats, CollectResult & res) {
+    ResumePoint at;
+    const fs::path checkpoint_path = collect_checkpoint_path(opt.output);
+    std::error_code ec;
+    if (!fs::exists(checkpoint_path, ec)) {
+        if (fs::exists(opt.output, ec)) {
+            fail_file(opt.output.string(),
+                      "is a finished run: nothing to resume (no checkpoint " + checkpoint_path.string() + ")");
+        }
+        fail_file(checkpoint_path.string(), "no such checkpoint to resume from (written by --save-every)");
     }
-    Progress progress("collect", todo_tokens, "tokens");
-    const auto decode = [&](std::vector<TokenInfo> infos) {
-        llama_batch batch = llama_batch_init(int32_t(infos.size()), 0, 1);
-        for (size_t i = 0; i < infos.size(); ++i) {
-            batch.token[i] = infos[i].meta.token;
-            batch.pos[i] = infos[i].meta.pos;
-            batch.n_seq_id[i] = 1;
-            batch.seq_id[i][0] = 0;
-            batch.logits[i] = true;  // every row through the last layer
+    const SaliencyStats saved = read_stats(checkpoint_path);
+    const json & prog = saved.settings.value("progress", json());
+    const std::string origin = checkpoint_path.string();
+    if (!prog.is_object() || prog.value("complete", true)) {
+        fail_file(origin, "is not a collect checkpoint (settings.progress with \"complete\": false)");
+    }
+    if (saved.model != stats.model) {
+        fail_file(origin, "was collected on another model: " + saved.model.dump());
+    }
+    if (saved.settings.value("corpus_digest", "") != corpus.digest) {
+        fail_file(origin, "was collected on another corpus (its digest differs from " + opt.corpus.string() + ")");
+    }
+    if (saved.settings.value("result_settings", json()) != settings) {
+        fail_file(origin, "was collected with other settings: " +
+                              saved.settings.value("result_settings", json()).dump() + " vs " + settings.dump());
+    }
+    stats.layers = saved.layers;
+    stats.domains = saved.domains;
+    stats.n_tokens = saved.n_tokens;
+    stats.nonfinite_drops = saved.nonfinite_drops;
+    at.first_window = prog.at("windows").get<size_t>();
+    res.traced_tokens = prog.value("traced_tokens", uint64_t(0));
+    at.prob_drops = prog.at("prob_drops").get<std::vector<uint64_t>>();
+    if (!opt.trace.empty()) {
+        // Killed between naming the trace and writing the final statistics.
+        std::error_code ec;
+        if (!fs::exists(trace_partial) && fs::exists(opt.trace)) {
+            fs::rename(opt.trace, trace_partial, ec);
+            if (ec) {
+                fail_file(opt.trace.string(), "cannot take it back to resume: " + ec.message());
+            }
         }
-        batch.n_tokens = int32_t(infos.size());
-        const size_t n = infos.size();
-        collector.begin_batch(std::move(infos));
-        const int rc = llama_decode(ctx.get(), batch);
-        llama_batch_free(batch);
-        collector.rethrow();
-        if (rc != 0) {
-            throw Error(fmt::format("llama_decode failed ({}) on a batch of {} tokens", rc, n));
+        at.trace_from = TraceResumePoint{prog.at("trace_bytes").get<uint64_t>(), res.traced_tokens};
+        at.trace_count = prog.at("trace_count").get<std::vector<std::vector<uint64_t>>>();
+    }
+    return at;
+}
+
+// The forward passes over the windows, with what the statistics' settings record.
+class CollectPass {
+public:
+    CollectPass(const CollectOptions & opt, const Corpus & corpus, llama_context * ctx, Collector & collector,
+                TraceWriter * trace, CollectResult & res, json settings, size_t total_windows, int threads)
+        : opt(opt), corpus(corpus), ctx(ctx), vocab(llama_model_get_vocab(llama_get_model(ctx))), collector(collector),
+          trace(trace), res(res), stats(res.stats), settings(std::move(settings)), total_windows(total_windows),
+          threads(threads) {}
+
+    // Returns the seconds the passes took.
+    double run(const std::vector<Window> & windows, size_t first_window) {
+        uint64_t todo_tokens = 0;
+        for (size_t w = first_window; w < windows.size(); ++w) {
+            todo_tokens += windows[w].tokens.size() + size_t(opt.generate);
         }
-        collector.end_batch(trace.get());
-        ++res.decodes;
-        stats.n_tokens += n;
-        res.tokens += n;
-        progress.advance(n);
-    };
-    const auto token_info = [&](const Window & w, llama_token tok, int32_t pos, TracePhase phase) {
-        const CorpusDocument & doc = corpus.documents[w.doc];
-        TokenInfo t;
-        t.meta.token = tok;
-        t.meta.pos = pos;
-        t.meta.seq = int32_t(doc.session ? *doc.session : int64_t(w.doc));
-        t.meta.phase = phase;
-        const auto it = std::find(corpus.domains.begin(), corpus.domains.end(), doc.domain);
-        t.domain = doc.domain.empty() ? -1 : int(it - corpus.domains.begin());
-        t.meta.domain = uint16_t(t.domain + 1);
-        t.traced = trace && (opt.trace_tokens == 0 || res.traced_tokens < opt.trace_tokens);
-        res.traced_tokens += t.traced;
-        if (t.domain >= 0) {
-            ++stats.domains[doc.domain].n_tokens;
+        Progress progress("collect", todo_tokens, "tokens");
+        progress_ = &progress;
+        std::unique_ptr<llama_sampler, decltype(&llama_sampler_free)> sampler(nullptr, llama_sampler_free);
+        const auto started = std::chrono::steady_clock::now();
+        for (size_t wi = first_window; wi < windows.size(); ++wi) {
+            const Window & w = windows[wi];
+            llama_memory_clear(llama_get_memory(ctx), true);
+            int32_t pos = 0;
+            for (size_t i = 0; i < w.tokens.size(); i += size_t(opt.batch)) {
+                std::vector<TokenInfo> infos;
+                for (size_t j = i; j < std::min(w.tokens.size(), i + size_t(opt.batch)); ++j) {
+                    infos.push_back(token_info(w, w.tokens[j], pos++, TracePhase::Prefill));
+                }
+                decode(std::move(infos));
+            }
+            if (opt.generate > 0) {
+                // Greedy, or sampled with a seed per window so a resumed run generates the same text.
+                sampler.reset(opt.seed < 0 ? llama_sampler_init_greedy()
+                                           : llama_sampler_init_dist(uint32_t(opt.seed + int64_t(wi))));
+                for (int g = 0; g < opt.generate; ++g) {
+                    const llama_token next = llama_sampler_sample(sampler.get(), ctx, -1);
+                    if (llama_vocab_is_eog(vocab, next)) {
+                        break;
+                    }
+                    decode({token_info(w, next, pos++, TracePhase::Decode)});
+                }
+            }
+            if (opt.save_every > 0 && (wi + 1) % size_t(opt.save_every) == 0 && wi + 1 < windows.size()) {
+                checkpoint(wi + 1);
+            }
         }
-        return t;
-    };
-    const auto describe = [&](size_t windows_done, bool complete) {
+        progress.finish();
+        progress_ = nullptr;
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    }
+
+    // The statistics' settings: the run, its result settings and how far it got.
+    void describe(size_t windows_done, bool complete) {
         json prog = {{"windows", windows_done},
                      {"traced_tokens", res.traced_tokens},
                      {"prob_drops", collector.prob_drops()},
@@ -806,48 +720,75 @@ CollectResult collect(const CollectOptions & opt) {
                           {"result_settings", settings},
                           {"progress", prog},
                           {"tool", "moeprune collect"}};
-    };
-    const auto checkpoint = [&](size_t windows_done) {
+    }
+
+private:
+    void checkpoint(size_t windows_done) {
         describe(windows_done, false);
-        write_stats(checkpoint_path, stats);
-    };
-
-    std::unique_ptr<llama_sampler, decltype(&llama_sampler_free)> sampler(nullptr, llama_sampler_free);
-    const auto started = std::chrono::steady_clock::now();
-    for (size_t wi = first_window; wi < windows.size(); ++wi) {
-        const Window & w = windows[wi];
-        llama_memory_clear(llama_get_memory(ctx.get()), true);
-        int32_t pos = 0;
-        for (size_t i = 0; i < w.tokens.size(); i += size_t(opt.batch)) {
-            std::vector<TokenInfo> infos;
-            for (size_t j = i; j < std::min(w.tokens.size(), i + size_t(opt.batch)); ++j) {
-                infos.push_back(token_info(w, w.tokens[j], pos++, TracePhase::Prefill));
-            }
-            decode(std::move(infos));
-        }
-        if (opt.generate > 0) {
-            // Greedy, or sampled with a seed per window so a resumed run generates the same text.
-            sampler.reset(opt.seed < 0 ? llama_sampler_init_greedy() : llama_sampler_init_dist(uint32_t(opt.seed + int64_t(wi))));
-            for (int g = 0; g < opt.generate; ++g) {
-                const llama_token next = llama_sampler_sample(sampler.get(), ctx.get(), -1);
-                if (llama_vocab_is_eog(vocab, next)) {
-                    break;
-                }
-                decode({token_info(w, next, pos++, TracePhase::Decode)});
-            }
-        }
-        if (opt.save_every > 0 && (wi + 1) % size_t(opt.save_every) == 0 && wi + 1 < windows.size()) {
-            checkpoint(wi + 1);
-        }
-    }
-    progress.finish();
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    res.windows = windows.size();
-    if (trace) {
-        trace->close();
+        write_stats(collect_checkpoint_path(opt.output), stats);
     }
 
-    // Invariants, recorded in the file and fatal when broken.
+    void decode(std::vector<TokenInfo> infos) {
+        llama_batch batch = llama_batch_init(int32_t(infos.size()), 0, 1);
+        for (size_t i = 0; i < infos.size(); ++i) {
+            batch.token[i] = infos[i].meta.token;
+            batch.pos[i] = infos[i].meta.pos;
+            batch.n_seq_id[i] = 1;
+            batch.seq_id[i][0] = 0;
+            batch.logits[i] = true; // every row through the last layer
+        }
+        batch.n_tokens = int32_t(infos.size());
+        const size_t n = infos.size();
+        collector.begin_batch(std::move(infos));
+        const int rc = llama_decode(ctx, batch);
+        llama_batch_free(batch);
+        collector.rethrow_failure();
+        if (rc != 0) {
+            throw Error(fmt::format("llama_decode failed ({}) on a batch of {} tokens", rc, n));
+        }
+        collector.end_batch(trace);
+        ++res.decodes;
+        stats.n_tokens += n;
+        res.tokens += n;
+        progress_->advance(n);
+    }
+
+    TokenInfo token_info(const Window & w, llama_token tok, int32_t pos, TracePhase phase) {
+        const CorpusDocument & doc = corpus.documents[w.doc];
+        TokenInfo t;
+        t.meta.token = tok;
+        t.meta.pos = pos;
+        t.meta.seq = int32_t(doc.session ? *doc.session : int64_t(w.doc));
+        t.meta.phase = phase;
+        const auto it = std::find(corpus.domains.begin(), corpus.domains.end(), doc.domain);
+        t.domain = doc.domain.empty() ? -1 : int(it - corpus.domains.begin());
+        t.meta.domain = uint16_t(t.domain + 1);
+        t.traced = trace && (opt.trace_tokens == 0 || res.traced_tokens < opt.trace_tokens);
+        res.traced_tokens += t.traced;
+        if (t.domain >= 0) {
+            ++stats.domains[doc.domain].n_tokens;
+        }
+        return t;
+    }
+
+    const CollectOptions & opt;
+    const Corpus & corpus;
+    llama_context * ctx;
+    const llama_vocab * vocab;
+    Collector & collector;
+    TraceWriter * trace;
+    CollectResult & res;
+    SaliencyStats & stats;
+    const json settings;
+    const size_t total_windows;
+    const int threads;
+    Progress * progress_ = nullptr;
+};
+
+// Invariants, recorded in the file and fatal when broken.
+std::vector<Invariant> check_invariants(const SaliencyStats & stats, const InspectReport & info,
+                                        const std::vector<int> & moe_layers, const Collector & collector,
+                                        const fs::path & trace_partial, bool traced, const CollectResult & res) {
     std::vector<Invariant> inv;
     const uint64_t k = uint64_t(info.n_expert_used);
     for (size_t l = 0; l < stats.layers.size(); ++l) {
@@ -869,7 +810,7 @@ CollectResult collect(const CollectOptions & opt) {
                                                           moe_layers[l], prob, finite_tokens)});
         }
     }
-    if (trace) {
+    if (traced) {
         const TraceReader reader = TraceReader::open(trace_partial);
         for (uint32_t l = 0; l < reader.header().n_layer; ++l) {
             std::vector<uint64_t> recount(static_cast<size_t>(info.n_expert), 0);
@@ -887,8 +828,14 @@ CollectResult collect(const CollectOptions & opt) {
             }
         }
     }
+    return inv;
+}
+
+// What the statistics record of how the run went: gating, the expert-output node,
+// ignored second routings, the output head, timing and the invariants.
+void record_run(SaliencyStats & stats, CollectResult & res, const Collector & collector, const std::string & down_node,
+                double seconds, const std::vector<Invariant> & inv) {
     const bool ok = inv.empty();
-    describe(windows.size(), true);
     stats.settings["gating"] = gating_name(collector.gating());
     stats.settings["expert_output_node"] = down_node;
     // Second routings of a layer within one graph (grovemoe's adjugate experts) were not counted.
@@ -905,6 +852,84 @@ CollectResult collect(const CollectOptions & opt) {
     for (const Invariant & i : inv) {
         stats.settings["invariants"]["violations"].push_back({{"name", i.name}, {"detail", i.detail}});
     }
+}
+
+} // namespace
+
+CollectResult collect(const CollectOptions & opt) {
+    check_collect_options(opt);
+    const GgufModel gguf = GgufModel::open(opt.model);
+    std::vector<std::filesystem::path> inputs = gguf.shard_paths();
+    inputs.push_back(opt.corpus);
+    refuse_output_clashes({opt.output, opt.trace, opt.imatrix, collect_checkpoint_path(opt.output)}, inputs);
+    const Corpus corpus = read_corpus(opt.corpus);
+    if (!opt.trace.empty() && corpus.domains.size() + 1 > kMaxTraceDomains) {
+        fail_file(opt.corpus.string(), fmt::format("has {} domains; a trace stores domain ids in 16 bits and holds at most "
+                                                   "{} besides \"no domain\"", corpus.domains.size(), kMaxTraceDomains - 1));
+    }
+    const InspectReport info = inspect_for_collect(opt, gguf);
+    const std::vector<int> moe_layers = info.routed_layers();
+
+    init_llama(opt.rpc);
+    const ModelPtr model = load_model(opt.model, opt.gpu_layers);
+    const int n_embd = llama_model_n_embd(model.get());
+    size_t total_windows = 0;
+    const std::vector<Window> windows = corpus_windows(opt, corpus, model.get(), total_windows);
+
+    CollectResult res;
+    SaliencyStats & stats = res.stats;
+    stats = empty_stats(opt, gguf, info, corpus);
+    const json settings = result_settings(opt);
+    // The trace grows under TRACE.partial and takes its name only when the statistics are
+    // complete, so a killed or failed run never leaves a trace that reads as whole.
+    const fs::path trace_partial = opt.trace.empty() ? fs::path() : fs::path(opt.trace.string() + ".partial");
+    // Checkpoints live under their own name: a reader that never looks at "complete"
+    // cannot take one for finished statistics.
+    const fs::path checkpoint_path = collect_checkpoint_path(opt.output);
+    const ResumePoint resumed =
+        opt.resume ? resume_from_checkpoint(opt, corpus, settings, trace_partial, stats, res) : ResumePoint{};
+
+    const std::string down_node = down_node_of(gguf, moe_layers.front());
+    std::optional<ImatrixAccumulator> imatrix;
+    if (!opt.imatrix.empty()) {
+        imatrix.emplace();
+    }
+    Collector collector(opt, info.arch, moe_layers, int(info.n_expert), int(info.n_expert_used), n_embd, down_node,
+                        corpus.domains, stats, imatrix ? &*imatrix : nullptr);
+    if (!resumed.trace_count.empty()) {
+        collector.set_trace_count(resumed.trace_count);
+    }
+    if (!resumed.prob_drops.empty()) {
+        collector.set_prob_drops(resumed.prob_drops);
+    }
+    // Without checkpoints nothing can resume a failed run's trace: it goes with the failure.
+    struct PartialTrace {
+        fs::path path;
+        bool keep = false, committed = false;
+        ~PartialTrace() {
+            if (!committed && !keep && !path.empty()) {
+                std::error_code ec;
+                fs::remove(path, ec);
+            }
+        }
+    } trace_guard{trace_partial, opt.save_every > 0};
+    const std::unique_ptr<TraceWriter> trace =
+        opt.trace.empty() ? nullptr : open_trace(opt, info, corpus, stats.model, settings, collector.trace_m(),
+                                                 trace_partial, resumed.trace_from);
+    const int threads = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+    const ContextPtr ctx = collect_context(opt, model.get(), threads, collector);
+
+    CollectPass pass(opt, corpus, ctx.get(), collector, trace.get(), res, settings, total_windows, threads);
+    const double seconds = pass.run(windows, resumed.first_window);
+    res.windows = windows.size();
+    if (trace) {
+        trace->close();
+    }
+    const std::vector<Invariant> inv =
+        check_invariants(stats, info, moe_layers, collector, trace_partial, trace != nullptr, res);
+    const bool ok = inv.empty();
+    pass.describe(windows.size(), true);
+    record_run(stats, res, collector, down_node, seconds, inv);
     if (!ok) {
         std::filesystem::path bad = opt.output;
         bad += ".invalid";

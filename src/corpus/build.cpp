@@ -2,12 +2,12 @@
 #include "core/atomic_file.h"
 #include "core/digest.h"
 #include "core/errors.h"
-#include "gguf/model_file.h"
+#include "model/model_file.h"
 #include "core/parallel.h"
 #include "core/progress.h"
 #include "corpus/dedupe.h"
 #include "corpus/sources.h"
-#include "llama/session.h"
+#include "engine/session.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -329,6 +329,722 @@ json doc_ref(const std::vector<SourceFile> & files, const std::vector<SourceSpec
     return {{"source", specs[d.source].name}, {"at", label(files, d)}};
 }
 
+namespace fs = std::filesystem;
+
+// The budget of a source that takes everything it has.
+constexpr uint64_t kAll = std::numeric_limits<uint64_t>::max();
+
+// What the phases of build_corpus share; each group of members is filled by the phases its comment names.
+struct CorpusBuild {
+    CorpusBuild(const CorpusOptions & options, std::vector<SourceSpec> sources)
+        : opt(options), spec(options.spec), specs(std::move(sources)), paths(specs.size()),
+          empty_skipped(specs.size(), 0), read_docs(specs.size(), 0), binary_skipped(specs.size()),
+          exact_dropped(specs.size(), 0), near_dropped(specs.size(), 0), boiler_only(specs.size(), 0),
+          order(specs.size()), groups(specs.size()), budget(specs.size(), {0, 0}), taken(specs.size()),
+          next_doc(specs.size(), {0, 0}), taken_tokens(specs.size(), {0, 0}), spare(specs.size()) {}
+
+    const CorpusOptions & opt;
+    const CorpusSpec & spec;
+    const std::vector<SourceSpec> specs;
+
+    // prepare_files
+    std::vector<std::vector<fs::path>> paths;
+    uint64_t total_bytes = 0;
+    fs::path calib_path, eval_path, report_path;
+    std::string model_identity;
+
+    // read_sources
+    std::vector<std::pair<uint32_t, fs::path>> jobs;
+    std::vector<SourceFile> files;  // in the order of the reading jobs
+    std::vector<Doc> docs;
+    std::vector<uint64_t> empty_skipped, read_docs;
+    std::vector<std::vector<std::string>> binary_skipped;
+
+    // drop_exact_duplicates, mark_boilerplate, drop_near_duplicates
+    std::vector<uint64_t> exact_dropped, near_dropped, boiler_only;
+    json dedupe_examples = json::array();
+    json boilerplate = json::array();
+
+    // split_sides
+    std::vector<std::array<std::vector<size_t>, 2>> order;
+    std::vector<std::array<std::set<std::string>, 2>> groups;
+
+    // plan_budgets, take_budgets, check_shortfalls
+    std::vector<std::array<uint64_t, 2>> budget;
+    std::vector<std::array<std::vector<Unit>, 2>> taken;
+    std::vector<std::array<size_t, 2>> next_doc;
+    std::vector<std::array<uint64_t, 2>> taken_tokens;
+    std::vector<std::array<std::vector<Unit>, 2>> spare;  // pieces past the budget
+    uint64_t tokenized_bytes = 0;
+    std::vector<std::string> shortfalls;
+
+    // interleave
+    std::array<std::vector<const Unit *>, 2> sequence;
+    std::array<uint64_t, 2> side_tokens{0, 0};
+
+    // report_domains
+    json domain_report = json::array();
+    json prefix_report = json::object();
+
+    // stage_jsonl, commit_outputs
+    std::array<json, 2> output_report;
+    std::vector<std::unique_ptr<AtomicOutput>> staged;
+};
+
+// The sources with their key roots, and the settings checked before anything is read.
+std::vector<SourceSpec> checked_sources(const CorpusSpec & spec) {
+    std::vector<SourceSpec> specs = spec.sources;
+    for (SourceSpec & s : specs) {
+        s.key_root = source_key_root(s, spec.base_dir);
+    }
+    if (specs.empty()) {
+        throw Error("no sources: give --manifest or --source DOMAIN=PATH");
+    }
+    std::set<std::string> names;
+    for (const SourceSpec & s : specs) {
+        if (!names.insert(s.name).second) {
+            throw Error(fmt::format("two sources are named \"{}\"", s.name));
+        }
+    }
+    if (!(spec.near_dup > 0 && spec.near_dup <= 1) || !(spec.eval_share >= 0 && spec.eval_share < 1)) {
+        throw Error("--near-dup must be in (0, 1] and --eval-share in [0, 1)");
+    }
+    return specs;
+}
+
+// Inputs, and the check that no output is one of them.
+void prepare_files(CorpusBuild & b) {
+    const CorpusOptions & opt = b.opt;
+    std::vector<fs::path> inputs{opt.model};
+    if (!b.spec.manifest.empty()) {
+        inputs.push_back(b.spec.manifest);
+    }
+    for (size_t s = 0; s < b.specs.size(); ++s) {
+        b.paths[s] = expand_source_path(b.specs[s], b.spec.base_dir);
+        for (const fs::path & p : b.paths[s]) {
+            inputs.push_back(p);
+            std::error_code ec;
+            b.total_bytes += fs::file_size(p, ec);
+        }
+    }
+    b.calib_path = opt.out_dir / "calib.jsonl";
+    b.eval_path = opt.out_dir / "eval.jsonl";
+    b.report_path = opt.out_dir / "corpus.json";
+    std::vector<fs::path> outputs{b.calib_path, b.eval_path, b.report_path};
+    if (!opt.report.empty()) {
+        outputs.push_back(opt.report);
+    }
+    refuse_output_clashes(outputs, inputs);
+    create_output_dir(opt.out_dir);
+    // A FIFO or device is refused by name here: llama.cpp would block reading it.
+    b.model_identity = model_digest(GgufModel::open(opt.model).shard_paths());
+}
+
+// The model's vocabulary alone, which is all the tokenizer needs.
+ModelPtr load_vocabulary(const fs::path & path) {
+    llama_model_params mp = llama_model_default_params();
+    mp.vocab_only = true;
+    mp.progress_callback = [](float, void *) { return true; };
+    ModelPtr model(llama_model_load_from_file(path.c_str(), mp), llama_model_free);
+    if (!model) {
+        fail_file(path.string(), "llama.cpp could not load its vocabulary");
+    }
+    return model;
+}
+
+// Read every file, in parallel, keeping the sources' order.
+void read_sources(CorpusBuild & b) {
+    const std::vector<SourceSpec> & specs = b.specs;
+    std::vector<std::pair<uint32_t, fs::path>> & jobs = b.jobs;
+    for (size_t s = 0; s < specs.size(); ++s) {
+        for (const fs::path & p : b.paths[s]) {
+            jobs.emplace_back(uint32_t(s), p);
+        }
+    }
+    std::vector<SourceFiles> read(jobs.size());
+    {
+        Progress progress("reading", b.total_bytes, "MiB", 1.0 / 1048576);
+        std::mutex m;
+        run_parallel(jobs.size(), b.opt.threads, [&](size_t i) {
+            const SourceSpec & src = specs[jobs[i].first];
+            const bool named = fs::path(src.path) == jobs[i].second || b.spec.base_dir / src.path == jobs[i].second;
+            read_source_file(src, jobs[i].first, jobs[i].second, !named, read[i]);
+            std::lock_guard<std::mutex> lock(m);
+            progress.advance(read[i].files[0].bytes);
+        });
+        progress.finish();
+    }
+    for (size_t i = 0; i < read.size(); ++i) {
+        const uint32_t offset = uint32_t(b.files.size());
+        b.files.push_back(read[i].files[0]);
+        b.empty_skipped[jobs[i].first] += read[i].empty_skipped;
+        for (std::string & skipped : read[i].binary_skipped) {
+            b.binary_skipped[jobs[i].first].push_back(std::move(skipped));
+        }
+        for (SourceDocument & d : read[i].documents) {
+            d.file += offset;
+            ++b.read_docs[d.source];
+            b.docs.push_back({std::move(d), false, 0, kCalib});
+        }
+        read[i] = {};
+    }
+
+    for (size_t s = 0; s < specs.size(); ++s) {
+        const std::vector<std::string> & skipped = b.binary_skipped[s];
+        if (!skipped.empty()) {
+            std::fprintf(stderr, "moeprune corpus: source \"%s\": skipped %zu file(s) that are not UTF-8 text: %s%s\n",
+                         specs[s].name.c_str(), skipped.size(),
+                         fmt::format("{}", fmt::join(skipped.begin(), skipped.begin() + long(std::min<size_t>(skipped.size(), 5)), ", ")).c_str(),
+                         skipped.size() > 5 ? fmt::format(" and {} more (corpus.json lists them)", skipped.size() - 5).c_str() : "");
+        }
+    }
+}
+
+// Exact duplicates, across sources, the first kept.
+void drop_exact_duplicates(CorpusBuild & b) {
+    std::vector<Doc> & docs = b.docs;
+    std::vector<std::string> digests(docs.size());
+    run_parallel(docs.size(), b.opt.threads,
+                 [&](size_t i) { digests[i] = normalized_digest(content_text(docs[i].d)); });
+    std::unordered_map<std::string, size_t> first;
+    for (size_t i = 0; i < docs.size(); ++i) {
+        auto [it, fresh] = first.emplace(digests[i], i);
+        if (!fresh) {
+            docs[i].dropped = true;
+            ++b.exact_dropped[docs[i].d.source];
+            if (b.dedupe_examples.size() < kExamples) {
+                b.dedupe_examples.push_back({{"kind", "exact"},
+                                             {"kept", doc_ref(b.files, b.specs, docs[it->second].d)},
+                                             {"dropped", doc_ref(b.files, b.specs, docs[i].d)}});
+            }
+        }
+    }
+}
+
+// Boilerplate, per source; never compared, and with --strip-boilerplate kept once.
+void mark_boilerplate(CorpusBuild & b) {
+    std::vector<Doc> & docs = b.docs;
+    const bool strip = b.spec.strip_boilerplate;
+    for (size_t s = 0; s < b.specs.size(); ++s) {
+        std::vector<size_t> ids;
+        std::vector<std::string_view> bodies;
+        for (size_t i = 0; i < docs.size(); ++i) {
+            if (docs[i].d.source == s && !docs[i].dropped) {
+                ids.push_back(i);
+                bodies.push_back(body(docs[i].d));
+            }
+        }
+        // Shared by one document in a hundred at least: a prefix a few near copies share
+        // is theirs, not boilerplate.
+        const size_t min_documents = std::max<size_t>(3, (bodies.size() + 99) / 100);
+        for (const Boilerplate & found : find_boilerplate(bodies, 256, min_documents)) {
+            const std::string & prefix = found.prefix;
+            uint64_t bytes = 0;
+            for (const size_t m : found.members) {
+                Doc & d = docs[ids[m]];
+                bytes += content_text(d.d).size();
+                d.boiler_skip = prefix.size();
+            }
+            b.boilerplate.push_back({{"source", b.specs[s].name},
+                                     {"chars", prefix.size()},
+                                     {"documents", found.members.size()},
+                                     {"share_of_their_bytes",
+                                      double(prefix.size() * found.members.size()) / double(bytes)},
+                                     {"begins", prefix.substr(0, char_start(prefix, std::min<size_t>(80, prefix.size())))},
+                                     {"stripped", strip}});
+            if (strip) {
+                for (size_t k = 1; k < found.members.size(); ++k) {
+                    Doc & d = docs[ids[found.members[k]]];
+                    body(d.d).erase(0, prefix.size());
+                    d.boiler_skip = 0;
+                    if (content_text(d.d).find_first_not_of(" \t\r\n") == std::string::npos) {
+                        d.dropped = true;
+                        ++b.boiler_only[s];
+                    }
+                }
+            }
+        }
+    }
+}
+
+// Near duplicates: each document against those kept before it, decided on exact Jaccard.
+void drop_near_duplicates(CorpusBuild & b, LshIndex & lsh) {
+    std::vector<Doc> & docs = b.docs;
+    const auto similarity_text = [&](const Doc & d) {
+        const std::string c = content_text(d.d);
+        return d.boiler_skip < c.size() ? c.substr(d.boiler_skip) : std::string();
+    };
+    std::vector<Signature> sigs(docs.size());
+    std::vector<uint8_t> has_units(docs.size(), 0);
+    run_parallel(docs.size(), b.opt.threads, [&](size_t i) {
+        if (!docs[i].dropped) {
+            const std::vector<uint64_t> sh = shingle_set(similarity_text(docs[i]));
+            has_units[i] = !sh.empty();
+            sigs[i] = minhash(sh);
+        }
+    });
+    for (size_t i = 0; i < docs.size(); ++i) {
+        if (docs[i].dropped || !has_units[i]) {
+            continue;
+        }
+        const std::vector<uint32_t> cands = lsh.candidates(sigs[i]);
+        bool dup = false;
+        if (!cands.empty()) {
+            const std::vector<uint64_t> mine = shingle_set(similarity_text(docs[i]));
+            for (const uint32_t c : cands) {
+                const double j = jaccard(mine, shingle_set(similarity_text(docs[c])));
+                if (j >= b.spec.near_dup) {
+                    dup = true;
+                    docs[i].dropped = true;
+                    ++b.near_dropped[docs[i].d.source];
+                    if (b.dedupe_examples.size() < 2 * kExamples) {
+                        b.dedupe_examples.push_back({{"kind", "near"},
+                                                     {"jaccard", j},
+                                                     {"kept", doc_ref(b.files, b.specs, docs[c].d)},
+                                                     {"dropped", doc_ref(b.files, b.specs, docs[i].d)}});
+                    }
+                    break;
+                }
+            }
+        }
+        if (!dup) {
+            lsh.add(uint32_t(i), sigs[i]);
+        }
+    }
+}
+
+// Sides by group; each source's documents of a side in a seeded random order.
+void split_sides(CorpusBuild & b) {
+    const std::vector<SourceSpec> & specs = b.specs;
+    const std::unordered_map<std::string, int> group_side = split_groups(specs, b.docs, b.spec);
+    for (size_t i = 0; i < b.docs.size(); ++i) {
+        Doc & d = b.docs[i];
+        if (d.dropped) {
+            continue;
+        }
+        const SourceSpec & s = specs[d.d.source];
+        d.side = s.split == SplitSide::Calib ? kCalib : s.split == SplitSide::Eval ? kEval : group_side.at(d.d.group);
+        b.order[d.d.source][size_t(d.side)].push_back(i);
+        b.groups[d.d.source][size_t(d.side)].insert(d.d.group);
+    }
+    for (size_t s = 0; s < specs.size(); ++s) {
+        for (int side : {kCalib, kEval}) {
+            std::mt19937_64 rng(XXH64(specs[s].name.data(), specs[s].name.size(), b.spec.seed * 2 + uint64_t(side)));
+            std::shuffle(b.order[s][size_t(side)].begin(), b.order[s][size_t(side)].end(), rng);
+        }
+    }
+}
+
+// Budgets: fixed ones first; weighted sources share the corpus budget, or without one
+// take as much as every weighted source can give in proportion (kAll until take_budgets).
+void plan_budgets(CorpusBuild & b) {
+    const CorpusSpec & spec = b.spec;
+    uint64_t fixed = 0;
+    double weight_sum = 0;
+    for (const SourceSpec & s : b.specs) {
+        if (s.split != SplitSide::Eval) {
+            fixed += s.tokens.value_or(0);
+            weight_sum += s.tokens ? 0 : *s.weight;
+        }
+    }
+    if (spec.tokens && weight_sum > 0 && *spec.tokens <= fixed) {
+        throw Error(fmt::format("the corpus budget of {} tokens leaves nothing for the weighted sources after the {} "
+                                "tokens the others ask for", *spec.tokens, fixed));
+    }
+    for (size_t s = 0; s < b.specs.size(); ++s) {
+        const SourceSpec & src = b.specs[s];
+        if (src.split == SplitSide::Eval) {
+            b.budget[s][kEval] = src.eval_tokens ? *src.eval_tokens : src.tokens ? *src.tokens : kAll;
+            continue;
+        }
+        if (src.tokens) {
+            b.budget[s][kCalib] = *src.tokens;
+        } else if (spec.tokens) {
+            b.budget[s][kCalib] = uint64_t(std::llround(double(*spec.tokens - fixed) * *src.weight / weight_sum));
+        } else {
+            b.budget[s][kCalib] = kAll;
+        }
+    }
+}
+
+// Taking units from one source and side in order, tokenizing in parallel batches.
+void take_units(CorpusBuild & b, const Tokenizer & tokenizer, size_t s, int side, uint64_t budget, Progress & progress) {
+    std::vector<Unit> & out = b.taken[s][size_t(side)];
+    const std::vector<size_t> & ids = b.order[s][size_t(side)];
+    std::vector<Unit> & pending = b.spare[s][size_t(side)];
+    uint64_t & taken_tokens = b.taken_tokens[s][size_t(side)];
+    size_t & next_doc = b.next_doc[s][size_t(side)];
+    const size_t batch = 64;
+    while (taken_tokens < budget) {
+        if (pending.empty()) {
+            const size_t from = next_doc;
+            if (from >= ids.size()) {
+                return;
+            }
+            const size_t n = std::min(batch, ids.size() - from);
+            std::vector<std::vector<Unit>> made(n);
+            run_parallel(n, b.opt.threads, [&](size_t k) {
+                const Doc & d = b.docs[ids[from + k]];
+                made[k] = tokenizer.units(ids[from + k], d.d, b.specs[s].truncate, label(b.files, d.d));
+            });
+            next_doc = from + n;
+            for (size_t k = 0; k < n; ++k) {
+                b.tokenized_bytes += content_text(b.docs[ids[from + k]].d).size();
+                for (Unit & u : made[k]) {
+                    pending.push_back(std::move(u));
+                }
+            }
+            std::reverse(pending.begin(), pending.end());
+        }
+        while (!pending.empty() && taken_tokens < budget) {
+            taken_tokens += pending.back().tokens;
+            progress.advance(pending.back().tokens);
+            out.push_back(std::move(pending.back()));
+            pending.pop_back();
+        }
+    }
+}
+
+// Every source's budgets taken: the open budgets of weighted sources settled first, then
+// each source's calib and eval side.
+void take_budgets(CorpusBuild & b, const Tokenizer & tokenizer) {
+    const std::vector<SourceSpec> & specs = b.specs;
+    std::vector<std::array<uint64_t, 2>> & budget = b.budget;
+    const double eval_ratio = b.spec.eval_share / (1.0 - b.spec.eval_share);
+    const auto eval_budget_for = [&](const SourceSpec & s, uint64_t calib) -> uint64_t {
+        return s.eval_tokens ? *s.eval_tokens : uint64_t(std::llround(double(calib) * eval_ratio));
+    };
+    uint64_t planned = 0;
+    bool weighted_open = false;
+    for (size_t s = 0; s < specs.size(); ++s) {
+        weighted_open = weighted_open || budget[s][kCalib] == kAll;
+        planned += budget[s][kCalib] == kAll ? 0 : budget[s][kCalib];
+    }
+    Progress progress("tokenizing", std::max<uint64_t>(planned, 1), "tokens");
+    if (weighted_open) {
+        // Everything the weighted sources have, then the largest budget all can meet.
+        double scale = std::numeric_limits<double>::infinity();
+        for (size_t s = 0; s < specs.size(); ++s) {
+            if (budget[s][kCalib] == kAll) {
+                take_units(b, tokenizer, s, kCalib, kAll, progress);
+                scale = std::min(scale, double(b.taken_tokens[s][kCalib]) / *specs[s].weight);
+            }
+        }
+        for (size_t s = 0; s < specs.size(); ++s) {
+            if (budget[s][kCalib] == kAll) {
+                budget[s][kCalib] = uint64_t(std::floor(scale * *specs[s].weight));
+                // Give back what is past the budget, whole units, in the order taken.
+                std::vector<Unit> & out = b.taken[s][kCalib];
+                uint64_t sum = 0;
+                size_t keep = 0;
+                while (keep < out.size() && sum < budget[s][kCalib]) {
+                    sum += out[keep++].tokens;
+                }
+                out.resize(keep);
+                b.taken_tokens[s][kCalib] = sum;
+            }
+        }
+    }
+    for (size_t s = 0; s < specs.size(); ++s) {
+        if (specs[s].split == SplitSide::Both) {
+            budget[s][kEval] = eval_budget_for(specs[s], budget[s][kCalib]);
+        }
+        for (int side : {kCalib, kEval}) {
+            take_units(b, tokenizer, s, side, budget[s][size_t(side)], progress);
+        }
+    }
+    progress.finish();
+}
+
+// Shortfalls: a budget a source could not meet.
+//
+// An eval budget derived from the eval share is a cap: how many groups fall on the
+// eval side is chance. Calib budgets and eval budgets asked for by number are demands.
+void check_shortfalls(CorpusBuild & b) {
+    const std::vector<SourceSpec> & specs = b.specs;
+    const std::vector<std::vector<fs::path>> & paths = b.paths;
+    bool demand_missed = false;
+    for (size_t s = 0; s < specs.size(); ++s) {
+        for (int side : {kCalib, kEval}) {
+            const uint64_t budget = b.budget[s][size_t(side)];
+            const uint64_t taken = b.taken_tokens[s][size_t(side)];
+            if (budget != kAll && taken < budget) {
+                demand_missed = demand_missed || side == kCalib || specs[s].eval_tokens || specs[s].split == SplitSide::Eval;
+                b.shortfalls.push_back(fmt::format(
+                    "source \"{}\" ({}) has {} {} tokens, short of its budget of {}: {} documents in {} groups fell on "
+                    "that side after deduplication and the split by group \"{}\"",
+                    specs[s].name, paths[s].size() == 1 ? paths[s][0].string() : specs[s].path, taken, kSideName[side],
+                    budget, b.order[s][size_t(side)].size(), b.groups[s][size_t(side)].size(), specs[s].group.written));
+            }
+        }
+    }
+    if (demand_missed && !b.opt.allow_shortfall) {
+        std::string msg = "budgets cannot be met (--allow-shortfall builds the corpus anyway and reports them):";
+        for (const std::string & m : b.shortfalls) {
+            msg += "\n  " + m;
+        }
+        throw Error(msg);
+    }
+    for (const std::string & m : b.shortfalls) {
+        std::fprintf(stderr, "moeprune corpus: shortfall: %s\n", m.c_str());
+    }
+}
+
+// Interleave: the source furthest behind its share of the side's tokens goes next, so
+// every prefix holds each source (and so each domain) at its share.
+void interleave(CorpusBuild & b) {
+    const std::vector<SourceSpec> & specs = b.specs;
+    const std::vector<std::array<std::vector<Unit>, 2>> & taken = b.taken;
+    const std::vector<std::array<uint64_t, 2>> & taken_tokens = b.taken_tokens;
+    for (int side : {kCalib, kEval}) {
+        std::vector<size_t> pos(specs.size(), 0);
+        std::vector<uint64_t> emitted(specs.size(), 0);
+        for (size_t s = 0; s < specs.size(); ++s) {
+            b.side_tokens[size_t(side)] += taken_tokens[s][size_t(side)];
+        }
+        for (;;) {
+            long best = -1;
+            double best_progress = 0;
+            for (size_t s = 0; s < specs.size(); ++s) {
+                const std::vector<Unit> & units = taken[s][size_t(side)];
+                if (pos[s] >= units.size()) {
+                    continue;
+                }
+                const double p = (double(emitted[s]) + 0.5 * double(units[pos[s]].tokens)) / double(taken_tokens[s][size_t(side)]);
+                if (best < 0 || p < best_progress) {
+                    best = long(s);
+                    best_progress = p;
+                }
+            }
+            if (best < 0) {
+                break;
+            }
+            const Unit & u = taken[size_t(best)][size_t(side)][pos[size_t(best)]++];
+            emitted[size_t(best)] += u.tokens;
+            b.sequence[size_t(side)].push_back(&u);
+        }
+    }
+}
+
+// Domains: target shares from budgets, reached shares, and shares of every prefix.
+void report_domains(CorpusBuild & b) {
+    const std::vector<SourceSpec> & specs = b.specs;
+    std::vector<std::string> domains;
+    for (const SourceSpec & s : specs) {
+        if (std::find(domains.begin(), domains.end(), s.domain) == domains.end()) {
+            domains.push_back(s.domain);
+        }
+    }
+    const auto domain_of = [&](size_t s) { return size_t(std::find(domains.begin(), domains.end(), specs[s].domain) - domains.begin()); };
+    for (int side : {kCalib, kEval}) {
+        std::vector<double> target(domains.size(), 0), reached(domains.size(), 0);
+        double target_sum = 0;
+        for (size_t s = 0; s < specs.size(); ++s) {
+            const uint64_t budget = b.budget[s][size_t(side)];
+            const double t = budget == kAll ? double(b.taken_tokens[s][size_t(side)]) : double(budget);
+            target[domain_of(s)] += t;
+            target_sum += t;
+            reached[domain_of(s)] += double(b.taken_tokens[s][size_t(side)]);
+        }
+        json rows = json::array();
+        const uint64_t total = b.side_tokens[size_t(side)];
+        for (const double f : kPrefixes) {
+            const double cutoff = f * double(total);
+            std::vector<double> got(domains.size(), 0);
+            double seen = 0;
+            for (const Unit * u : b.sequence[size_t(side)]) {
+                if (seen >= cutoff) {
+                    break;
+                }
+                const double part = std::min(double(u->tokens), cutoff - seen);
+                got[domain_of(b.docs[u->doc].d.source)] += part;
+                seen += part;
+            }
+            json shares = json::object();
+            double worst = 0;
+            for (size_t d = 0; d < domains.size(); ++d) {
+                const double share = seen > 0 ? got[d] / seen : 0;
+                shares[domains[d]] = share;
+                if (target_sum > 0) {
+                    worst = std::max(worst, std::abs(share - target[d] / target_sum));
+                }
+            }
+            rows.push_back({{"prefix", f}, {"tokens", uint64_t(seen)}, {"shares", shares}, {"max_abs_error_vs_target", worst}});
+        }
+        b.prefix_report[kSideName[side]] = rows;
+        for (size_t d = 0; d < domains.size(); ++d) {
+            if (side == kCalib) {
+                b.domain_report.push_back({{"domain", domains[d]}});
+            }
+            b.domain_report[d][kSideName[side]] = {{"tokens", uint64_t(reached[d])},
+                                                   {"target_share", target_sum > 0 ? target[d] / target_sum : 0},
+                                                   {"share", total > 0 ? reached[d] / double(total) : 0}};
+        }
+    }
+}
+
+// Leak check of what is written.
+json check_leaks(const CorpusBuild & b) {
+    std::array<std::vector<LeakDocument>, 2> leak_docs;
+    for (int side : {kCalib, kEval}) {
+        for (const Unit * u : b.sequence[size_t(side)]) {
+            const Doc & d = b.docs[u->doc];
+            SourceDocument view;
+            view.text = u->text;
+            view.messages = u->messages;
+            const std::string text = content_text(view);
+            const size_t skip = d.boiler_skip && !u->truncated && !u->piece ? d.boiler_skip : 0;
+            leak_docs[size_t(side)].push_back({text, d.d.group, label(b.files, d.d), std::min(skip, text.size())});
+        }
+    }
+    return leak_check(leak_docs[kCalib], leak_docs[kEval], b.spec.near_dup, b.opt.threads);
+}
+
+// The JSONL collect and eval read, written whole under temporary names: every output
+// takes its final name only once all are written, so a failed write leaves the old set.
+void stage_jsonl(CorpusBuild & b) {
+    for (int side : {kCalib, kEval}) {
+        std::string bytes;
+        for (const Unit * u : b.sequence[size_t(side)]) {
+            const SourceDocument & d = b.docs[u->doc].d;
+            json line;
+            if (u->messages.empty()) {
+                line["text"] = u->text;
+            } else {
+                json msgs = json::array();
+                for (const CorpusMessage & m : u->messages) {
+                    msgs.push_back({{"role", m.role}, {"content", m.content}});
+                }
+                line["messages"] = std::move(msgs);
+            }
+            line["domain"] = b.specs[d.source].domain;
+            line["group"] = d.group;
+            line["source"] = b.specs[d.source].name;
+            bytes += line.dump();
+            bytes += '\n';
+        }
+        const fs::path & path = side == kCalib ? b.calib_path : b.eval_path;
+        b.output_report[size_t(side)] = {{"path", path.string()},
+                                         {"documents", b.sequence[size_t(side)].size()},
+                                         {"tokens", b.side_tokens[size_t(side)]},
+                                         {"bytes", bytes.size()},
+                                         {"digest", fmt::format("{:016x}", XXH64(bytes.data(), bytes.size(), 0))}};
+        b.staged.push_back(std::make_unique<AtomicOutput>(path));
+        write_temp_file(*b.staged.back(), bytes);
+    }
+}
+
+// One source's row of the report: its files, what was dropped, and what each side took.
+json source_report(const CorpusBuild & b, size_t s) {
+    const SourceSpec & src = b.specs[s];
+    const std::vector<SourceFile> & files = b.files;
+    json f = json::array();
+    for (size_t i = 0; i < files.size(); ++i) {
+        if (b.jobs[i].first == s) {  // files are in the order of the reading jobs
+            f.push_back({{"path", files[i].path.string()}, {"bytes", files[i].bytes}, {"digest", files[i].digest}});
+        }
+    }
+    json row = {{"name", src.name},
+                {"path", src.path},
+                {"domain", src.domain},
+                {"group", src.group.written},
+                {"split", to_string(src.split)},
+                {"files", f},
+                {"documents_read", b.read_docs[s]},
+                {"empty_skipped", b.empty_skipped[s]},
+                {"binary_skipped", b.binary_skipped[s]},
+                {"exact_duplicates", b.exact_dropped[s]},
+                {"near_duplicates", b.near_dropped[s]},
+                {"boilerplate_only", b.boiler_only[s]}};
+    if (src.tokens) {
+        row["tokens"] = *src.tokens;
+    } else {
+        row["weight"] = *src.weight;
+    }
+    for (int side : {kCalib, kEval}) {
+        const std::vector<Unit> & taken = b.taken[s][size_t(side)];
+        uint64_t pieces = 0, truncated = 0;
+        std::set<size_t> whole;
+        for (const Unit & u : taken) {
+            pieces += u.piece;
+            truncated += u.truncated;
+            whole.insert(u.doc);
+        }
+        const uint64_t budget = b.budget[s][size_t(side)];
+        const uint64_t tokens = b.taken_tokens[s][size_t(side)];
+        row[kSideName[side]] = {{"budget", budget == kAll ? json(nullptr) : json(budget)},
+                                {"tokens", tokens},
+                                {"shortfall", budget != kAll && tokens < budget ? budget - tokens : 0},
+                                {"documents", whole.size()},
+                                {"units", taken.size()},
+                                {"pieces", pieces},
+                                {"truncated", truncated},
+                                {"documents_available", b.order[s][size_t(side)].size()},
+                                {"groups_available", b.groups[s][size_t(side)].size()}};
+    }
+    return row;
+}
+
+// The report (corpus.json): inputs, settings, and what every phase did.
+json corpus_report(const CorpusBuild & b, const llama_model * model, const LshIndex & lsh, const json & leaks,
+                   const json & seconds) {
+    const CorpusOptions & opt = b.opt;
+    const CorpusSpec & spec = b.spec;
+    json sources = json::array();
+    for (size_t s = 0; s < b.specs.size(); ++s) {
+        sources.push_back(source_report(b, s));
+    }
+    uint64_t exact_total = 0, near_total = 0;
+    for (size_t s = 0; s < b.specs.size(); ++s) {
+        exact_total += b.exact_dropped[s];
+        near_total += b.near_dropped[s];
+    }
+    std::error_code ec;
+    return {
+        {"format", "moeprune-corpus"},
+        {"version", 1},
+        {"inputs",
+         {{"model", {{"path", opt.model.string()}, {"bytes", fs::file_size(opt.model, ec)},
+                     {"digest", b.model_identity}, {"vocab", vocab_digest(llama_model_get_vocab(model))}}},
+          {"manifest", spec.manifest.empty() ? json(nullptr) : json(spec.manifest.string())},
+          {"bytes", b.total_bytes}}},
+        {"settings",
+         {{"seed", spec.seed},
+          {"near_dup", spec.near_dup},
+          {"eval_share", spec.eval_share},
+          {"tokens", spec.tokens ? json(*spec.tokens) : json(nullptr)},
+          {"doc_tokens", spec.doc_tokens},
+          {"strip_boilerplate", spec.strip_boilerplate},
+          {"allow_shortfall", opt.allow_shortfall},
+          {"tokens_counted_as", "llama.cpp tokenizer with BOS where the model adds one, special tokens parsed; "
+                                "conversations rendered with the model's chat template"},
+          {"minhash", {{"shingle_units", kShingleUnits}, {"signature", kSignatureSize}, {"lsh_rows", lsh.rows()}, {"lsh_bands", lsh.bands()}}}}},
+        {"sources", sources},
+        {"domains", b.domain_report},
+        {"dedupe", {{"exact", exact_total}, {"near", near_total}, {"examples", b.dedupe_examples}}},
+        {"boilerplate", b.boilerplate},
+        {"leak_check", leaks},
+        {"prefix_shares", b.prefix_report},
+        {"shortfalls", b.shortfalls},
+        {"tokenized_bytes", b.tokenized_bytes},
+        {"seconds", seconds},
+        {"outputs", {{"calib", b.output_report[kCalib]}, {"eval", b.output_report[kEval]}}}};
+}
+
+// The report staged beside the JSONL (and its copy, if asked for), then every output renamed together.
+void commit_outputs(CorpusBuild & b, const json & report) {
+    const std::string text = report.dump(2) + "\n";
+    b.staged.push_back(std::make_unique<AtomicOutput>(b.report_path));
+    write_temp_file(*b.staged.back(), text);
+    if (!b.opt.report.empty()) {
+        b.staged.push_back(std::make_unique<AtomicOutput>(b.opt.report));
+        write_temp_file(*b.staged.back(), text);
+    }
+    for (const auto & out : b.staged) {
+        out->commit();
+    }
+}
+
 } // namespace
 
 json leak_check(const std::vector<LeakDocument> & calib, const std::vector<LeakDocument> & eval, double near_dup, int threads) {
@@ -434,62 +1150,12 @@ json leak_check(const std::vector<LeakDocument> & calib, const std::vector<LeakD
 }
 
 json build_corpus(const CorpusOptions & opt) {
-    namespace fs = std::filesystem;
-    const CorpusSpec & spec = opt.spec;
-    std::vector<SourceSpec> specs = spec.sources;
-    for (SourceSpec & s : specs) {
-        s.key_root = source_key_root(s, spec.base_dir);
-    }
-    if (specs.empty()) {
-        throw Error("no sources: give --manifest or --source DOMAIN=PATH");
-    }
-    {
-        std::set<std::string> names;
-        for (const SourceSpec & s : specs) {
-            if (!names.insert(s.name).second) {
-                throw Error(fmt::format("two sources are named \"{}\"", s.name));
-            }
-        }
-    }
-    if (!(spec.near_dup > 0 && spec.near_dup <= 1) || !(spec.eval_share >= 0 && spec.eval_share < 1)) {
-        throw Error("--near-dup must be in (0, 1] and --eval-share in [0, 1)");
-    }
-
-    // Inputs, and the check that no output is one of them.
-    std::vector<std::vector<fs::path>> paths(specs.size());
-    std::vector<fs::path> inputs{opt.model};
-    if (!spec.manifest.empty()) {
-        inputs.push_back(spec.manifest);
-    }
-    uint64_t total_bytes = 0;
-    for (size_t s = 0; s < specs.size(); ++s) {
-        paths[s] = expand_source_path(specs[s], spec.base_dir);
-        for (const fs::path & p : paths[s]) {
-            inputs.push_back(p);
-            std::error_code ec;
-            total_bytes += fs::file_size(p, ec);
-        }
-    }
-    const fs::path calib_path = opt.out_dir / "calib.jsonl", eval_path = opt.out_dir / "eval.jsonl",
-                   report_path = opt.out_dir / "corpus.json";
-    std::vector<fs::path> outputs{calib_path, eval_path, report_path};
-    if (!opt.report.empty()) {
-        outputs.push_back(opt.report);
-    }
-    refuse_output_clashes(outputs, inputs);
-    create_output_dir(opt.out_dir);
-    // A FIFO or device is refused by name here: llama.cpp would block reading it.
-    const std::string model_identity = model_digest(GgufModel::open(opt.model).shard_paths());
+    CorpusBuild b(opt, checked_sources(opt.spec));
+    prepare_files(b);
 
     // The tokenizer first: a model that cannot load should fail before minutes of reading.
-    llama_model_params mp = llama_model_default_params();
-    mp.vocab_only = true;
-    mp.progress_callback = [](float, void *) { return true; };
-    ModelPtr model(llama_model_load_from_file(opt.model.c_str(), mp), llama_model_free);
-    if (!model) {
-        fail_file(opt.model.string(), "llama.cpp could not load its vocabulary");
-    }
-    const Tokenizer tokenizer(model.get(), spec.doc_tokens);
+    const ModelPtr model = load_vocabulary(opt.model);
+    const Tokenizer tokenizer(model.get(), opt.spec.doc_tokens);
 
     json seconds = json::object();
     auto last = std::chrono::steady_clock::now();
@@ -499,575 +1165,34 @@ json build_corpus(const CorpusOptions & opt) {
         last = now;
     };
 
-    // Read every file, in parallel, keeping the sources' order.
-    std::vector<std::pair<uint32_t, fs::path>> jobs;
-    for (size_t s = 0; s < specs.size(); ++s) {
-        for (const fs::path & p : paths[s]) {
-            jobs.emplace_back(uint32_t(s), p);
-        }
-    }
-    std::vector<SourceFiles> read(jobs.size());
-    {
-        Progress progress("reading", total_bytes, "MiB", 1.0 / 1048576);
-        std::mutex m;
-        run_parallel(jobs.size(), opt.threads, [&](size_t i) {
-            const SourceSpec & src = specs[jobs[i].first];
-            const bool named = fs::path(src.path) == jobs[i].second || spec.base_dir / src.path == jobs[i].second;
-            read_source_file(src, jobs[i].first, jobs[i].second, !named, read[i]);
-            std::lock_guard<std::mutex> lock(m);
-            progress.advance(read[i].files[0].bytes);
-        });
-        progress.finish();
-    }
-    std::vector<SourceFile> files;
-    std::vector<Doc> docs;
-    std::vector<json> source_reports(specs.size());
-    std::vector<uint64_t> empty_skipped(specs.size(), 0), read_docs(specs.size(), 0);
-    std::vector<std::vector<std::string>> binary_skipped(specs.size());
-    for (size_t i = 0; i < read.size(); ++i) {
-        const uint32_t offset = uint32_t(files.size());
-        files.push_back(read[i].files[0]);
-        empty_skipped[jobs[i].first] += read[i].empty_skipped;
-        for (std::string & b : read[i].binary_skipped) {
-            binary_skipped[jobs[i].first].push_back(std::move(b));
-        }
-        for (SourceDocument & d : read[i].documents) {
-            d.file += offset;
-            ++read_docs[d.source];
-            docs.push_back({std::move(d), false, 0, kCalib});
-        }
-        read[i] = {};
-    }
-
-    for (size_t s = 0; s < specs.size(); ++s) {
-        const std::vector<std::string> & skipped = binary_skipped[s];
-        if (!skipped.empty()) {
-            std::fprintf(stderr, "moeprune corpus: source \"%s\": skipped %zu file(s) that are not UTF-8 text: %s%s\n",
-                         specs[s].name.c_str(), skipped.size(),
-                         fmt::format("{}", fmt::join(skipped.begin(), skipped.begin() + long(std::min<size_t>(skipped.size(), 5)), ", ")).c_str(),
-                         skipped.size() > 5 ? fmt::format(" and {} more (corpus.json lists them)", skipped.size() - 5).c_str() : "");
-        }
-    }
-
+    read_sources(b);
     lap("read");
 
-    // Exact duplicates, across sources, the first kept.
-    std::vector<uint64_t> exact_dropped(specs.size(), 0), near_dropped(specs.size(), 0), boiler_only(specs.size(), 0);
-    json dedupe_examples = json::array();
-    {
-        std::vector<std::string> digests(docs.size());
-        run_parallel(docs.size(), opt.threads, [&](size_t i) { digests[i] = normalized_digest(content_text(docs[i].d)); });
-        std::unordered_map<std::string, size_t> first;
-        for (size_t i = 0; i < docs.size(); ++i) {
-            auto [it, fresh] = first.emplace(digests[i], i);
-            if (!fresh) {
-                docs[i].dropped = true;
-                ++exact_dropped[docs[i].d.source];
-                if (dedupe_examples.size() < kExamples) {
-                    dedupe_examples.push_back({{"kind", "exact"},
-                                               {"kept", doc_ref(files, specs, docs[it->second].d)},
-                                               {"dropped", doc_ref(files, specs, docs[i].d)}});
-                }
-            }
-        }
-    }
-
-    // Boilerplate, per source; never compared, and with --strip-boilerplate kept once.
-    json boilerplate = json::array();
-    for (size_t s = 0; s < specs.size(); ++s) {
-        std::vector<size_t> ids;
-        std::vector<std::string_view> bodies;
-        for (size_t i = 0; i < docs.size(); ++i) {
-            if (docs[i].d.source == s && !docs[i].dropped) {
-                ids.push_back(i);
-                bodies.push_back(body(docs[i].d));
-            }
-        }
-        // Shared by one document in a hundred at least: a prefix a few near copies share
-        // is theirs, not boilerplate.
-        const size_t min_documents = std::max<size_t>(3, (bodies.size() + 99) / 100);
-        for (const Boilerplate & b : find_boilerplate(bodies, 256, min_documents)) {
-            uint64_t bytes = 0;
-            for (const size_t m : b.members) {
-                Doc & d = docs[ids[m]];
-                bytes += content_text(d.d).size();
-                d.boiler_skip = b.prefix.size();
-            }
-            boilerplate.push_back({{"source", specs[s].name},
-                                   {"chars", b.prefix.size()},
-                                   {"documents", b.members.size()},
-                                   {"share_of_their_bytes", double(b.prefix.size() * b.members.size()) / double(bytes)},
-                                   {"begins", b.prefix.substr(0, char_start(b.prefix, std::min<size_t>(80, b.prefix.size())))},
-                                   {"stripped", spec.strip_boilerplate}});
-            if (spec.strip_boilerplate) {
-                for (size_t k = 1; k < b.members.size(); ++k) {
-                    Doc & d = docs[ids[b.members[k]]];
-                    body(d.d).erase(0, b.prefix.size());
-                    d.boiler_skip = 0;
-                    if (content_text(d.d).find_first_not_of(" \t\r\n") == std::string::npos) {
-                        d.dropped = true;
-                        ++boiler_only[s];
-                    }
-                }
-            }
-        }
-    }
-
-    // Near duplicates: each document against those kept before it, decided on exact Jaccard.
-    LshIndex lsh(spec.near_dup);
-    {
-        const auto similarity_text = [&](const Doc & d) {
-            const std::string c = content_text(d.d);
-            return d.boiler_skip < c.size() ? c.substr(d.boiler_skip) : std::string();
-        };
-        std::vector<Signature> sigs(docs.size());
-        std::vector<uint8_t> has_units(docs.size(), 0);
-        run_parallel(docs.size(), opt.threads, [&](size_t i) {
-            if (!docs[i].dropped) {
-                const std::vector<uint64_t> sh = shingle_set(similarity_text(docs[i]));
-                has_units[i] = !sh.empty();
-                sigs[i] = minhash(sh);
-            }
-        });
-        for (size_t i = 0; i < docs.size(); ++i) {
-            if (docs[i].dropped || !has_units[i]) {
-                continue;
-            }
-            const std::vector<uint32_t> cands = lsh.candidates(sigs[i]);
-            bool dup = false;
-            if (!cands.empty()) {
-                const std::vector<uint64_t> mine = shingle_set(similarity_text(docs[i]));
-                for (const uint32_t c : cands) {
-                    const double j = jaccard(mine, shingle_set(similarity_text(docs[c])));
-                    if (j >= spec.near_dup) {
-                        dup = true;
-                        docs[i].dropped = true;
-                        ++near_dropped[docs[i].d.source];
-                        if (dedupe_examples.size() < 2 * kExamples) {
-                            dedupe_examples.push_back({{"kind", "near"},
-                                                       {"jaccard", j},
-                                                       {"kept", doc_ref(files, specs, docs[c].d)},
-                                                       {"dropped", doc_ref(files, specs, docs[i].d)}});
-                        }
-                        break;
-                    }
-                }
-            }
-            if (!dup) {
-                lsh.add(uint32_t(i), sigs[i]);
-            }
-        }
-    }
-
+    drop_exact_duplicates(b);
+    mark_boilerplate(b);
+    LshIndex lsh(opt.spec.near_dup);
+    drop_near_duplicates(b, lsh);
     lap("dedupe");
 
-    // Sides by group; each source's documents of a side in a seeded random order.
-    const std::unordered_map<std::string, int> group_side = split_groups(specs, docs, spec);
-    std::vector<std::array<std::vector<size_t>, 2>> order(specs.size());
-    std::vector<std::array<std::set<std::string>, 2>> groups(specs.size());
-    for (size_t i = 0; i < docs.size(); ++i) {
-        Doc & d = docs[i];
-        if (d.dropped) {
-            continue;
-        }
-        const SourceSpec & s = specs[d.d.source];
-        d.side = s.split == SplitSide::Calib ? kCalib : s.split == SplitSide::Eval ? kEval : group_side.at(d.d.group);
-        order[d.d.source][size_t(d.side)].push_back(i);
-        groups[d.d.source][size_t(d.side)].insert(d.d.group);
-    }
-    for (size_t s = 0; s < specs.size(); ++s) {
-        for (int side : {kCalib, kEval}) {
-            std::mt19937_64 rng(XXH64(specs[s].name.data(), specs[s].name.size(), spec.seed * 2 + uint64_t(side)));
-            std::shuffle(order[s][size_t(side)].begin(), order[s][size_t(side)].end(), rng);
-        }
-    }
-
-    // Taking units from one source and side in order, tokenizing in parallel batches.
-    std::vector<std::array<std::vector<Unit>, 2>> taken(specs.size());
-    std::vector<std::array<size_t, 2>> next_doc(specs.size(), {0, 0});
-    std::vector<std::array<uint64_t, 2>> taken_tokens(specs.size(), {0, 0});
-    std::vector<std::array<std::vector<Unit>, 2>> spare(specs.size());  // pieces past the budget
-    uint64_t tokenized_bytes = 0;
-    const auto take = [&](size_t s, int side, uint64_t budget, Progress * progress) {
-        std::vector<Unit> & out = taken[s][size_t(side)];
-        const std::vector<size_t> & ids = order[s][size_t(side)];
-        std::vector<Unit> & pending = spare[s][size_t(side)];
-        const size_t batch = 64;
-        while (taken_tokens[s][size_t(side)] < budget) {
-            if (pending.empty()) {
-                const size_t from = next_doc[s][size_t(side)];
-                if (from >= ids.size()) {
-                    return;
-                }
-                const size_t n = std::min(batch, ids.size() - from);
-                std::vector<std::vector<Unit>> made(n);
-                run_parallel(n, opt.threads, [&](size_t k) {
-                    const Doc & d = docs[ids[from + k]];
-                    made[k] = tokenizer.units(ids[from + k], d.d, specs[s].truncate, label(files, d.d));
-                });
-                next_doc[s][size_t(side)] = from + n;
-                for (size_t k = 0; k < n; ++k) {
-                    tokenized_bytes += content_text(docs[ids[from + k]].d).size();
-                    for (Unit & u : made[k]) {
-                        pending.push_back(std::move(u));
-                    }
-                }
-                std::reverse(pending.begin(), pending.end());
-            }
-            while (!pending.empty() && taken_tokens[s][size_t(side)] < budget) {
-                taken_tokens[s][size_t(side)] += pending.back().tokens;
-                if (progress) {
-                    progress->advance(pending.back().tokens);
-                }
-                out.push_back(std::move(pending.back()));
-                pending.pop_back();
-            }
-        }
-    };
-
-    // Budgets: fixed ones first; weighted sources share the corpus budget, or without one
-    // take as much as every weighted source can give in proportion.
-    std::vector<std::array<uint64_t, 2>> budget(specs.size(), {0, 0});
-    const double eval_ratio = spec.eval_share / (1.0 - spec.eval_share);
-    const auto eval_budget_for = [&](const SourceSpec & s, uint64_t calib) -> uint64_t {
-        return s.eval_tokens ? *s.eval_tokens : uint64_t(std::llround(double(calib) * eval_ratio));
-    };
-    constexpr uint64_t all = std::numeric_limits<uint64_t>::max();
-    uint64_t fixed = 0;
-    double weight_sum = 0;
-    for (const SourceSpec & s : specs) {
-        if (s.split != SplitSide::Eval) {
-            fixed += s.tokens.value_or(0);
-            weight_sum += s.tokens ? 0 : *s.weight;
-        }
-    }
-    if (spec.tokens && weight_sum > 0 && *spec.tokens <= fixed) {
-        throw Error(fmt::format("the corpus budget of {} tokens leaves nothing for the weighted sources after the {} "
-                                "tokens the others ask for", *spec.tokens, fixed));
-    }
-    uint64_t planned = 0;
-    for (size_t s = 0; s < specs.size(); ++s) {
-        const SourceSpec & src = specs[s];
-        if (src.split == SplitSide::Eval) {
-            budget[s][kEval] = src.eval_tokens ? *src.eval_tokens : src.tokens ? *src.tokens : all;
-            continue;
-        }
-        if (src.tokens) {
-            budget[s][kCalib] = *src.tokens;
-        } else if (spec.tokens) {
-            budget[s][kCalib] = uint64_t(std::llround(double(*spec.tokens - fixed) * *src.weight / weight_sum));
-        } else {
-            budget[s][kCalib] = all;
-        }
-    }
-    bool weighted_open = false;
-    for (size_t s = 0; s < specs.size(); ++s) {
-        weighted_open = weighted_open || budget[s][kCalib] == all;
-        planned += budget[s][kCalib] == all ? 0 : budget[s][kCalib];
-    }
-    {
-        Progress progress("tokenizing", std::max<uint64_t>(planned, 1), "tokens");
-        if (weighted_open) {
-            // Everything the weighted sources have, then the largest budget all can meet.
-            double scale = std::numeric_limits<double>::infinity();
-            for (size_t s = 0; s < specs.size(); ++s) {
-                if (budget[s][kCalib] == all) {
-                    take(s, kCalib, all, &progress);
-                    scale = std::min(scale, double(taken_tokens[s][kCalib]) / *specs[s].weight);
-                }
-            }
-            for (size_t s = 0; s < specs.size(); ++s) {
-                if (budget[s][kCalib] == all) {
-                    budget[s][kCalib] = uint64_t(std::floor(scale * *specs[s].weight));
-                    // Give back what is past the budget, whole units, in the order taken.
-                    auto & out = taken[s][kCalib];
-                    uint64_t sum = 0;
-                    size_t keep = 0;
-                    while (keep < out.size() && sum < budget[s][kCalib]) {
-                        sum += out[keep++].tokens;
-                    }
-                    out.resize(keep);
-                    taken_tokens[s][kCalib] = sum;
-                }
-            }
-        }
-        for (size_t s = 0; s < specs.size(); ++s) {
-            if (specs[s].split == SplitSide::Both) {
-                budget[s][kEval] = eval_budget_for(specs[s], budget[s][kCalib]);
-            }
-            for (int side : {kCalib, kEval}) {
-                take(s, side, budget[s][size_t(side)], &progress);
-            }
-        }
-        progress.finish();
-    }
-
-    // Shortfalls: a budget a source could not meet.
+    split_sides(b);
+    plan_budgets(b);
+    take_budgets(b, tokenizer);
     lap("tokenize");
 
-    // An eval budget derived from the eval share is a cap: how many groups fall on the
-    // eval side is chance. Calib budgets and eval budgets asked for by number are demands.
-    std::vector<std::string> shortfalls;
-    bool demand_missed = false;
-    for (size_t s = 0; s < specs.size(); ++s) {
-        for (int side : {kCalib, kEval}) {
-            const uint64_t b = budget[s][size_t(side)];
-            if (b != all && taken_tokens[s][size_t(side)] < b) {
-                demand_missed = demand_missed || side == kCalib || specs[s].eval_tokens || specs[s].split == SplitSide::Eval;
-                shortfalls.push_back(fmt::format(
-                    "source \"{}\" ({}) has {} {} tokens, short of its budget of {}: {} documents in {} groups fell on "
-                    "that side after deduplication and the split by group \"{}\"",
-                    specs[s].name, paths[s].size() == 1 ? paths[s][0].string() : specs[s].path, taken_tokens[s][size_t(side)],
-                    kSideName[side], b, order[s][size_t(side)].size(), groups[s][size_t(side)].size(), specs[s].group.written));
-            }
-        }
-    }
-    if (demand_missed && !opt.allow_shortfall) {
-        std::string msg = "budgets cannot be met (--allow-shortfall builds the corpus anyway and reports them):";
-        for (const std::string & m : shortfalls) {
-            msg += "\n  " + m;
-        }
-        throw Error(msg);
-    }
-    for (const std::string & m : shortfalls) {
-        std::fprintf(stderr, "moeprune corpus: shortfall: %s\n", m.c_str());
-    }
-    refuse_empty_sides(specs, spec, taken_tokens, read_docs, exact_dropped, near_dropped, boiler_only, groups, budget);
+    check_shortfalls(b);
+    refuse_empty_sides(b.specs, b.spec, b.taken_tokens, b.read_docs, b.exact_dropped, b.near_dropped, b.boiler_only,
+                       b.groups, b.budget);
 
-    // Interleave: the source furthest behind its share of the side's tokens goes next, so
-    // every prefix holds each source (and so each domain) at its share.
-    std::array<std::vector<const Unit *>, 2> sequence;
-    std::array<uint64_t, 2> side_tokens{0, 0};
-    for (int side : {kCalib, kEval}) {
-        std::vector<size_t> pos(specs.size(), 0);
-        std::vector<uint64_t> emitted(specs.size(), 0);
-        for (size_t s = 0; s < specs.size(); ++s) {
-            side_tokens[size_t(side)] += taken_tokens[s][size_t(side)];
-        }
-        for (;;) {
-            long best = -1;
-            double best_progress = 0;
-            for (size_t s = 0; s < specs.size(); ++s) {
-                const auto & units = taken[s][size_t(side)];
-                if (pos[s] >= units.size()) {
-                    continue;
-                }
-                const double p = (double(emitted[s]) + 0.5 * double(units[pos[s]].tokens)) / double(taken_tokens[s][size_t(side)]);
-                if (best < 0 || p < best_progress) {
-                    best = long(s);
-                    best_progress = p;
-                }
-            }
-            if (best < 0) {
-                break;
-            }
-            const Unit & u = taken[size_t(best)][size_t(side)][pos[size_t(best)]++];
-            emitted[size_t(best)] += u.tokens;
-            sequence[size_t(side)].push_back(&u);
-        }
-    }
-
-    // Domains: target shares from budgets, reached shares, and shares of every prefix.
-    std::vector<std::string> domains;
-    for (const SourceSpec & s : specs) {
-        if (std::find(domains.begin(), domains.end(), s.domain) == domains.end()) {
-            domains.push_back(s.domain);
-        }
-    }
-    const auto domain_of = [&](size_t s) { return size_t(std::find(domains.begin(), domains.end(), specs[s].domain) - domains.begin()); };
-    json domain_report = json::array();
-    json prefix_report = json::object();
-    for (int side : {kCalib, kEval}) {
-        std::vector<double> target(domains.size(), 0), reached(domains.size(), 0);
-        double target_sum = 0;
-        for (size_t s = 0; s < specs.size(); ++s) {
-            const uint64_t b = budget[s][size_t(side)];
-            const double t = b == all ? double(taken_tokens[s][size_t(side)]) : double(b);
-            target[domain_of(s)] += t;
-            target_sum += t;
-            reached[domain_of(s)] += double(taken_tokens[s][size_t(side)]);
-        }
-        json rows = json::array();
-        const uint64_t total = side_tokens[size_t(side)];
-        for (const double f : kPrefixes) {
-            const double cutoff = f * double(total);
-            std::vector<double> got(domains.size(), 0);
-            double seen = 0;
-            for (const Unit * u : sequence[size_t(side)]) {
-                if (seen >= cutoff) {
-                    break;
-                }
-                const double part = std::min(double(u->tokens), cutoff - seen);
-                got[domain_of(docs[u->doc].d.source)] += part;
-                seen += part;
-            }
-            json shares = json::object();
-            double worst = 0;
-            for (size_t d = 0; d < domains.size(); ++d) {
-                const double share = seen > 0 ? got[d] / seen : 0;
-                shares[domains[d]] = share;
-                if (target_sum > 0) {
-                    worst = std::max(worst, std::abs(share - target[d] / target_sum));
-                }
-            }
-            rows.push_back({{"prefix", f}, {"tokens", uint64_t(seen)}, {"shares", shares}, {"max_abs_error_vs_target", worst}});
-        }
-        prefix_report[kSideName[side]] = rows;
-        for (size_t d = 0; d < domains.size(); ++d) {
-            if (side == kCalib) {
-                domain_report.push_back({{"domain", domains[d]}});
-            }
-            domain_report[d][kSideName[side]] = {{"tokens", uint64_t(reached[d])},
-                                                 {"target_share", target_sum > 0 ? target[d] / target_sum : 0},
-                                                 {"share", total > 0 ? reached[d] / double(total) : 0}};
-        }
-    }
-
-    // Leak check of what is written.
-    std::array<std::vector<LeakDocument>, 2> leak_docs;
-    for (int side : {kCalib, kEval}) {
-        for (const Unit * u : sequence[size_t(side)]) {
-            const Doc & d = docs[u->doc];
-            SourceDocument view;
-            view.text = u->text;
-            view.messages = u->messages;
-            const std::string text = content_text(view);
-            const size_t skip = d.boiler_skip && !u->truncated && !u->piece ? d.boiler_skip : 0;
-            leak_docs[size_t(side)].push_back({text, d.d.group, label(files, d.d), std::min(skip, text.size())});
-        }
-    }
-    const json leaks = leak_check(leak_docs[kCalib], leak_docs[kEval], spec.near_dup, opt.threads);
+    interleave(b);
+    report_domains(b);
+    const json leaks = check_leaks(b);
     lap("leak_check");
 
-    // The JSONL collect and eval read, written whole under temporary names: every output
-    // takes its final name only once all are written, so a failed write leaves the old set.
-    std::array<json, 2> output_report;
-    std::vector<std::unique_ptr<AtomicOutput>> staged;
-    for (int side : {kCalib, kEval}) {
-        std::string bytes;
-        for (const Unit * u : sequence[size_t(side)]) {
-            const SourceDocument & d = docs[u->doc].d;
-            json line;
-            if (u->messages.empty()) {
-                line["text"] = u->text;
-            } else {
-                json msgs = json::array();
-                for (const CorpusMessage & m : u->messages) {
-                    msgs.push_back({{"role", m.role}, {"content", m.content}});
-                }
-                line["messages"] = std::move(msgs);
-            }
-            line["domain"] = specs[d.source].domain;
-            line["group"] = d.group;
-            line["source"] = specs[d.source].name;
-            bytes += line.dump();
-            bytes += '\n';
-        }
-        const fs::path & path = side == kCalib ? calib_path : eval_path;
-        output_report[size_t(side)] = {{"path", path.string()},
-                                       {"documents", sequence[size_t(side)].size()},
-                                       {"tokens", side_tokens[size_t(side)]},
-                                       {"bytes", bytes.size()},
-                                       {"digest", fmt::format("{:016x}", XXH64(bytes.data(), bytes.size(), 0))}};
-        staged.push_back(std::make_unique<AtomicOutput>(path));
-        write_temp_file(*staged.back(), bytes);
-    }
-
+    stage_jsonl(b);
     lap("write");
 
-    // The report.
-    json sources = json::array();
-    for (size_t s = 0; s < specs.size(); ++s) {
-        const SourceSpec & src = specs[s];
-        json f = json::array();
-        for (size_t i = 0; i < files.size(); ++i) {
-            if (jobs[i].first == s) {  // files are in the order of the reading jobs
-                f.push_back({{"path", files[i].path.string()}, {"bytes", files[i].bytes}, {"digest", files[i].digest}});
-            }
-        }
-        json row = {{"name", src.name},
-                    {"path", src.path},
-                    {"domain", src.domain},
-                    {"group", src.group.written},
-                    {"split", to_string(src.split)},
-                    {"files", f},
-                    {"documents_read", read_docs[s]},
-                    {"empty_skipped", empty_skipped[s]},
-                    {"binary_skipped", binary_skipped[s]},
-                    {"exact_duplicates", exact_dropped[s]},
-                    {"near_duplicates", near_dropped[s]},
-                    {"boilerplate_only", boiler_only[s]}};
-        if (src.tokens) {
-            row["tokens"] = *src.tokens;
-        } else {
-            row["weight"] = *src.weight;
-        }
-        for (int side : {kCalib, kEval}) {
-            uint64_t pieces = 0, truncated = 0;
-            std::set<size_t> whole;
-            for (const Unit & u : taken[s][size_t(side)]) {
-                pieces += u.piece;
-                truncated += u.truncated;
-                whole.insert(u.doc);
-            }
-            const uint64_t b = budget[s][size_t(side)];
-            row[kSideName[side]] = {{"budget", b == all ? json(nullptr) : json(b)},
-                                    {"tokens", taken_tokens[s][size_t(side)]},
-                                    {"shortfall", b != all && taken_tokens[s][size_t(side)] < b ? b - taken_tokens[s][size_t(side)] : 0},
-                                    {"documents", whole.size()},
-                                    {"units", taken[s][size_t(side)].size()},
-                                    {"pieces", pieces},
-                                    {"truncated", truncated},
-                                    {"documents_available", order[s][size_t(side)].size()},
-                                    {"groups_available", groups[s][size_t(side)].size()}};
-        }
-        sources.push_back(std::move(row));
-    }
-    uint64_t exact_total = 0, near_total = 0;
-    for (size_t s = 0; s < specs.size(); ++s) {
-        exact_total += exact_dropped[s];
-        near_total += near_dropped[s];
-    }
-    std::error_code ec;
-    const json report = {
-        {"format", "moeprune-corpus"},
-        {"version", 1},
-        {"inputs",
-         {{"model", {{"path", opt.model.string()}, {"bytes", fs::file_size(opt.model, ec)}, {"digest", model_identity},
-                     {"vocab", vocab_digest(llama_model_get_vocab(model.get()))}}},
-          {"manifest", spec.manifest.empty() ? json(nullptr) : json(spec.manifest.string())},
-          {"bytes", total_bytes}}},
-        {"settings",
-         {{"seed", spec.seed},
-          {"near_dup", spec.near_dup},
-          {"eval_share", spec.eval_share},
-          {"tokens", spec.tokens ? json(*spec.tokens) : json(nullptr)},
-          {"doc_tokens", spec.doc_tokens},
-          {"strip_boilerplate", spec.strip_boilerplate},
-          {"allow_shortfall", opt.allow_shortfall},
-          {"tokens_counted_as", "llama.cpp tokenizer with BOS where the model adds one, special tokens parsed; "
-                                "conversations rendered with the model's chat template"},
-          {"minhash", {{"shingle_units", kShingleUnits}, {"signature", kSignatureSize}, {"lsh_rows", lsh.rows()}, {"lsh_bands", lsh.bands()}}}}},
-        {"sources", sources},
-        {"domains", domain_report},
-        {"dedupe", {{"exact", exact_total}, {"near", near_total}, {"examples", dedupe_examples}}},
-        {"boilerplate", boilerplate},
-        {"leak_check", leaks},
-        {"prefix_shares", prefix_report},
-        {"shortfalls", shortfalls},
-        {"tokenized_bytes", tokenized_bytes},
-        {"seconds", seconds},
-        {"outputs", {{"calib", output_report[kCalib]}, {"eval", output_report[kEval]}}}};
-    const std::string text = report.dump(2) + "\n";
-    staged.push_back(std::make_unique<AtomicOutput>(report_path));
-    write_temp_file(*staged.back(), text);
-    if (!opt.report.empty()) {
-        staged.push_back(std::make_unique<AtomicOutput>(opt.report));
-        write_temp_file(*staged.back(), text);
-    }
-    for (const auto & out : staged) {
-        out->commit();
-    }
+    const json report = corpus_report(b, model.get(), lsh, leaks, seconds);
+    commit_outputs(b, report);
     return report;
 }
 

@@ -1,7 +1,7 @@
 #pragma once
 // Reading a source's files into documents: plain text and Markdown (one document per
 // file), JSONL (one per line: "text", chat "messages", or "prompt" + "response").
-#include "collect/corpus.h"
+#include "formats/corpus.h"
 #include "corpus/manifest.h"
 
 #include <cstdint>

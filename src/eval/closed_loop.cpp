@@ -1,6 +1,7 @@
 #include "eval/closed_loop.h"
 #include "core/errors.h"
-#include "llama/session.h"
+#include "engine/router_graph.h"
+#include "formats/trace.h"
 
 #include "ggml-backend.h"
 
@@ -66,26 +67,15 @@ bool RouterTap::callback(ggml_tensor * t, bool ask, void * ud) {
             return false;
         }
     }
-    try {
-        const bool tap_wants = self->on_node(t, ask);
-        return !ask || tap_wants || mask_wants;
-    } catch (...) {
-        if (!self->failure_) {
-            self->failure_ = std::current_exception();
-        }
-        return false;  // stops the graph; llama_decode fails and rethrow_failure() reports why
-    }
+    // After the compute, a node only the mask asked for must not stop the graph.
+    return self->guarded([&] { return self->on_node(t, ask) || !ask || mask_wants; });
 }
 
 void RouterTap::rethrow_failure() {
     if (mask_) {
         mask_->rethrow_failure();
     }
-    if (failure_) {
-        std::exception_ptr f = failure_;
-        failure_ = nullptr;
-        std::rethrow_exception(f);
-    }
+    GraphObserverFailure::rethrow_failure();
 }
 
 void RouterTap::begin_window(uint32_t window, size_t n_tokens) {
@@ -148,7 +138,7 @@ bool RouterTap::on_node(ggml_tensor * t, bool ask) {
         L.probs = read(t);
         L.selection = L.probs;
         // Softmax over the selected experts: the router's logits carry this name.
-        if (t->op == GGML_OP_MUL_MAT || t->op == GGML_OP_ADD) {
+        if (gating_of(t) == Gating::SoftmaxWeight) {
             L.logits_from_probs = true;
         }
     } else if (node == "ffn_moe_probs_biased" || node == "ffn_moe_probs_masked") {
@@ -190,7 +180,7 @@ void RouterTap::route_layer(int ordinal, ggml_tensor * topk) {
         int32_t * graph_row = reinterpret_cast<int32_t *>(raw_.data() + size_t(tok) * topk->nb[1]);
         const float * sel = L.selection.data() + tok * E;
         const float * z = logits.data() + tok * E;
-        // Candidates as a trace ranks them: the graph's top-k first, then by selection score.
+        // Candidates as a trace ranks them (rank_candidates): the graph's top-k first.
         std::vector<char> & in_topk = in_topk_;
         in_topk.assign(size_t(E), 0);
         for (int i = 0; i < k; ++i) {
@@ -207,16 +197,11 @@ void RouterTap::route_layer(int ordinal, ggml_tensor * topk) {
             }
         }
         const size_t m = std::min(n_cand, size_t(top_m_));
-        std::partial_sort(order_.begin(), order_.begin() + long(m), order_.begin() + long(n_cand), [&](int32_t a, int32_t b) {
-            if (in_topk[size_t(a)] != in_topk[size_t(b)]) {
-                return in_topk[size_t(a)] > in_topk[size_t(b)];
-            }
-            return sel[a] != sel[b] ? sel[a] > sel[b] : a < b;
-        });
+        rank_candidates(order_, n_cand, m, in_topk, sel);
         ranked_.assign(order_.begin(), order_.begin() + long(m));
         z_.resize(m);
         for (size_t r = 0; r < m; ++r) {
-            z_[r] = ggml_fp16_to_fp32(ggml_fp32_to_fp16(z[ranked_[r]]));
+            z_[r] = traced_logit(z[ranked_[r]]);
         }
         const size_t pos = L.seen + size_t(tok);
         if (!config_) {

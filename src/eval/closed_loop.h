@@ -14,8 +14,8 @@
 // the base pass's trace apply the policies to identical requests.
 #include "eval/masking.h"
 #include "formats/keep_map.h"
-#include "replay/moce.h"
-#include "replay/policy.h"
+#include "sim/moce.h"
+#include "sim/policy.h"
 #include "replay/replay.h"
 
 #include "ggml.h"
@@ -48,7 +48,7 @@ struct RoutedRow {
     std::vector<int32_t> used;       // ids llama.cpp's gate read from ffn_moe_topk after the write
 };
 
-class RouterTap {
+class RouterTap : public GraphObserverFailure {
 public:
     // Observes when `config` is null, routes otherwise. `keep` (with its `mask`, which
     // the tap chains before itself) restricts candidates to the kept experts, numbered
@@ -119,7 +119,6 @@ private:
     std::vector<float> z_;
     std::vector<char> in_topk_;
     std::vector<uint8_t> raw_;
-    std::exception_ptr failure_;
 };
 
 } // namespace moeprune

@@ -1,5 +1,5 @@
 #include "eval/eval.h"
-#include "collect/corpus.h"
+#include "formats/corpus.h"
 #include "core/atomic_file.h"
 #include "core/digest.h"
 #include "core/errors.h"
@@ -10,9 +10,9 @@
 #include "formats/base_logits.h"
 #include "formats/keep_map.h"
 #include "formats/trace.h"
-#include "gguf/model_file.h"
-#include "inspect/inspect.h"
-#include "llama/session.h"
+#include "model/model_file.h"
+#include "model/inspect.h"
+#include "engine/session.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -425,8 +425,130 @@ EvalStats eval_stats(const std::vector<const TokenScore *> & toks) {
     return s;
 }
 
-EvalReport run_eval(const EvalOptions & given) {
-    EvalOptions opt = given;  // with J resolved once the model's k is known
+namespace {
+
+// A candidate's continuations against the base's, prompt by prompt: behaviour whole and
+// per domain, and its earliest departures from the base.
+void compare_behaviour(EvalCandidate & c, const std::vector<Prompt> & prompts,
+                       const std::vector<Continuation> & base_gen, const std::vector<Continuation> & gen) {
+    std::vector<BehaviourSample> all;
+    std::map<std::string, std::vector<BehaviourSample>> by_domain;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        const BehaviourSample x{&base_gen[i], &gen[i], prompts[i].opens_think};
+        all.push_back(x);
+        if (!prompts[i].domain.empty()) {
+            by_domain[prompts[i].domain].push_back(x);
+        }
+    }
+    c.behaviour = behaviour_stats(all);
+    for (const auto & [name, xs] : by_domain) {
+        c.behaviour_domains.emplace_back(name, behaviour_stats(xs));
+    }
+    // The earliest departures from the base, side by side.
+    std::vector<size_t> order(prompts.size());
+    for (size_t i = 0; i < order.size(); ++i) {
+        order[i] = i;
+    }
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+        return divergence(base_gen[a], gen[a]) < divergence(base_gen[b], gen[b]);
+    });
+    for (size_t i = 0; i < std::min<size_t>(3, order.size()); ++i) {
+        const size_t at = order[i];
+        if (base_gen[at].tokens == gen[at].tokens) {
+            break;
+        }
+        const std::string & pt = prompts[at].text;
+        c.behaviour_worst.push_back({{"prompt", prompts[at].where},
+                                     {"prompt_end", pt.substr(pt.size() - std::min<size_t>(pt.size(), 160))},
+                                     {"divergence", divergence(base_gen[at], gen[at])},
+                                     {"base", base_gen[at].text},
+                                     {"candidate", gen[at].text},
+                                     {"domain", prompts[at].domain}});
+    }
+}
+
+// One eval run, phase by phase (run_eval calls them in order). Contexts' callbacks point
+// at the mask and the tap slots, the slots at the taps, and taps at the mask, the keep maps
+// and their configurations: a run stays where it is made, and its members are declared in
+// the order they come to life (and go in reverse).
+class EvalRun {
+public:
+    explicit EvalRun(const EvalOptions & given) : given(given), opt(given), closed_loop(!opt.cache_policies.empty()) {}
+    EvalRun(const EvalRun &) = delete;
+    EvalRun & operator=(const EvalRun &) = delete;
+
+    void check_options();
+    void read_model();
+    void read_keep_maps();
+    void load_base();
+    void make_windows();
+    void read_prompts();
+    void check_base_file();
+    void open_candidates();
+    void choose_reference();
+    void plan_closed_loop();
+    void open_base_context();
+    void name_candidates();
+    void open_outputs();
+    void score_windows();
+    void check_behaviour();
+    void finish_passes();
+    void score_statistics();
+    void describe_run();
+    void write_outputs();
+    EvalReport take_report() { return std::move(rep); }
+
+private:
+    void observe_base(size_t wi, const Window & w);
+    void reference_pass(size_t wi, const Window & w, Progress & progress);
+    void candidate_passes(size_t wi, const Window & w, Progress & progress);
+    void score_window(llama_context * ctx, EvalCandidate & cand, size_t wi, const Window & w);
+
+    const EvalOptions & given;
+    EvalOptions opt;  // with J resolved once the model's k is known
+    std::vector<fs::path> keeps;
+    const bool closed_loop;
+    GgufModel gguf;
+    InspectReport info;
+    MaskFacts facts;
+    std::vector<std::pair<fs::path, KeepMap>> maps;
+    std::optional<BaseLogitsReader> base_file;
+    Corpus corpus;
+    int threads = 0;
+    Model base;
+    const llama_vocab * vocab = nullptr;
+    int n_vocab = 0;
+    std::string base_vocab;
+    std::vector<Window> windows;
+    uint64_t n_scored = 0;
+    std::vector<Prompt> prompts;
+    json settings, base_identity;
+    uint32_t top = 0;
+    std::optional<RouterMask> mask;  // made from the model's facts, before the contexts that call it
+    Model masked;
+    std::vector<Model> files;
+    int against = -1;
+    int trace_top = 0;
+    std::vector<double> expert_bytes;
+    std::optional<RouterTap> observer;
+    TapSlot observer_slot, closed_slot;
+    std::vector<ClosedLoopRun> runs;
+    Model closed;
+    bool base_live = false;
+    EvalReport rep;
+    size_t first_closed = 0;
+    std::optional<AtomicOutput> trace_file;
+    std::optional<TraceWriter> trace;
+    std::optional<AtomicOutput> base_out;
+    std::optional<File> base_out_file;
+    std::optional<BaseLogitsWriter> base_writer;
+    std::vector<BaseRow> rows;
+    std::vector<BaseRecord> records;
+    double base_tail_mass = 0;  // summed over the records of --base: how tight their lower bound is
+};
+
+// Every option checked, and the keep maps of --keep-dir listed, before any file is read.
+void EvalRun::check_options() {
     if (opt.score != "all" && opt.score != "second-half") {
         throw Error(fmt::format("--score must be all or second-half, got \"{}\"", opt.score));
     }
@@ -441,7 +563,7 @@ EvalReport run_eval(const EvalOptions & given) {
         throw Error("--base-out records the base, --base reads a recorded one, --against compares with a candidate "
                     "instead: give one of them");
     }
-    std::vector<fs::path> keeps = opt.keeps;
+    keeps = opt.keeps;
     if (!opt.keep_dir.empty()) {
         std::error_code ec;
         std::vector<fs::path> found;
@@ -459,7 +581,6 @@ EvalReport run_eval(const EvalOptions & given) {
         std::sort(found.begin(), found.end());
         keeps.insert(keeps.end(), found.begin(), found.end());
     }
-    const bool closed_loop = !opt.cache_policies.empty();
     if (closed_loop) {
         if (opt.caches.empty()) {
             throw Error("--cache-policy needs --cache: the slots per layer of each simulated expert cache");
@@ -493,8 +614,11 @@ EvalReport run_eval(const EvalOptions & given) {
         throw Error("nothing to evaluate: give --keep, --keep-dir, --candidate or --cache-policy (or --base-out to record "
                     "the base alone)");
     }
+}
 
-    const GgufModel gguf = GgufModel::open(opt.model);
+// Outputs checked against every input, then the model's facts (MoCE's J among them).
+void EvalRun::read_model() {
+    gguf = GgufModel::open(opt.model);
     std::vector<fs::path> inputs = gguf.shard_paths();
     inputs.push_back(opt.corpus);
     inputs.push_back(opt.base_in);
@@ -506,11 +630,10 @@ EvalReport run_eval(const EvalOptions & given) {
     }
     refuse_output_clashes({opt.base_out, opt.json_out, opt.per_token_out, opt.trace_out}, inputs);
 
-    const InspectReport info = inspect_model(gguf, {});
+    info = inspect_model(gguf, {});
     if (!info.problems.empty()) {
         fail_file(opt.model.string(), "is inconsistent (see moeprune inspect): " + fmt::format("{}", fmt::join(info.problems, "; ")));
     }
-    MaskFacts facts;
     facts.arch = info.arch;
     facts.n_expert = info.n_expert;
     facts.n_expert_used = info.n_expert_used;
@@ -520,48 +643,43 @@ EvalReport run_eval(const EvalOptions & given) {
     }
     facts.n_groups = info.expert_group_count;
     facts.n_group_used = info.expert_group_used_count;
-    for (const LayerInfo & li : info.layers) {
-        if (!li.nextn) {
-            facts.moe_layers.push_back(li.layer);
-        }
-    }
-    // Keep maps are read and checked against the model before anything runs.
-    std::vector<std::pair<fs::path, KeepMap>> maps;
+    facts.moe_layers = info.routed_layers();
+}
+
+// Keep maps are read and checked against the model before anything runs.
+void EvalRun::read_keep_maps() {
     for (const fs::path & k : keeps) {
         KeepMap km = read_keep_map(k);
         for (auto it = km.layers.begin(); it != km.layers.end();) {
             // MTP (nextn) layers do not run in a forward pass; a map may cover them for slice.
-            const bool nextn = std::any_of(info.layers.begin(), info.layers.end(),
-                                           [&](const LayerInfo & li) { return li.layer == it->first && li.nextn; });
-            it = nextn ? km.layers.erase(it) : std::next(it);
+            it = info.is_nextn(it->first) ? km.layers.erase(it) : std::next(it);
         }
         validate_keep_map_for_model(km, k.string(), info.n_expert, facts.moe_layers);
-        if (km.k < info.n_expert_used) {
-            fail_file(k.string(), fmt::format("keeps {} experts per layer, fewer than the {} the model uses per token", km.k,
-                                              info.n_expert_used));
-        }
+        require_top_k_room(km, k.string(), info.n_expert_used);
         maps.emplace_back(k, std::move(km));
     }
-    std::optional<BaseLogitsReader> base_file;
+}
+
+// The recorded base (--base), the text and the base model with its vocabulary.
+void EvalRun::load_base() {
     if (!opt.base_in.empty()) {
         base_file = BaseLogitsReader::open(opt.base_in);
     }
 
-    const Corpus corpus = read_corpus(opt.corpus);
+    corpus = read_corpus(opt.corpus);
     init_llama(opt.rpc);
-    const int threads = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+    threads = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
 
-    Model base;
     base.model = load_model(opt.model, opt.gpu_layers);
-    const llama_vocab * vocab = llama_model_get_vocab(base.model.get());
-    const int n_vocab = llama_vocab_n_tokens(vocab);
-    const std::string base_vocab = vocab_digest(vocab);
+    vocab = llama_model_get_vocab(base.model.get());
+    n_vocab = llama_vocab_n_tokens(vocab);
+    base_vocab = vocab_digest(vocab);
+}
 
-    // Windows and the positions they score.
-    std::vector<Window> windows;
+// Windows and the positions they score.
+void EvalRun::make_windows() {
     const bool second_half = opt.score == "second-half";
     const bool add_bos = llama_vocab_get_add_bos(vocab);
-    uint64_t n_scored = 0;
     for (size_t d = 0; d < corpus.documents.size(); ++d) {
         const CorpusDocument & doc = corpus.documents[d];
         const std::string where = doc.line ? fmt::format("{}:{}", opt.corpus.string(), doc.line) : opt.corpus.string();
@@ -603,9 +721,10 @@ EvalReport run_eval(const EvalOptions & given) {
                                                                  "--score second-half scores nothing", opt.ctx)
                                                    : "scores no tokens (every document is a single token)");
     }
+}
 
-    // Chat prompts for the behaviour checks, refused before anything runs.
-    std::vector<Prompt> prompts;
+// Chat prompts for the behaviour checks, refused before anything runs.
+void EvalRun::read_prompts() {
     if (opt.generate > 0) {
         const fs::path & from = opt.prompts.empty() ? opt.corpus : opt.prompts;
         const Corpus pc = opt.prompts.empty() ? corpus : read_corpus(opt.prompts);
@@ -631,13 +750,16 @@ EvalReport run_eval(const EvalOptions & given) {
             fail_file(from.string(), "has no chat documents (JSONL lines with \"messages\") to generate from (--generate)");
         }
     }
+}
 
-    const json settings = {{"ctx", opt.ctx}, {"score", opt.score}, {"parse_special", opt.parse_special},
-                           {"chunks", opt.chunks}};
-    const json base_identity = model_identity(info, gguf, base_vocab);
+// What a base file records: the settings, the model and T. A base given with --base must
+// match them, and T is then its own.
+void EvalRun::check_base_file() {
+    settings = {{"ctx", opt.ctx}, {"score", opt.score}, {"parse_special", opt.parse_special}, {"chunks", opt.chunks}};
+    base_identity = model_identity(info, gguf, base_vocab);
     // The compact base: T such that a record is at most 1% of llama-perplexity's 2 bytes per vocabulary entry.
     const uint32_t top_max = uint32_t(std::max<int64_t>(1, (int64_t(n_vocab) * 2 / 100 - 12) / 8));
-    uint32_t top = opt.top > 0 ? opt.top : std::min<uint32_t>(256, top_max);
+    top = opt.top > 0 ? opt.top : std::min<uint32_t>(256, top_max);
     if (base_file) {
         const json & h = base_file->header();
         const std::string origin = opt.base_in.string();
@@ -665,24 +787,24 @@ EvalReport run_eval(const EvalOptions & given) {
     if (top > uint32_t(n_vocab)) {
         throw Error(fmt::format("--top {} exceeds the vocabulary of {} tokens", top, n_vocab));
     }
+}
 
-    // The candidates: keep maps masked in the base model, other files loaded beside it.
-    RouterMask mask(facts);
-    Model masked;
+// The candidates: keep maps masked in the base model, other files loaded beside it.
+void EvalRun::open_candidates() {
+    mask.emplace(facts);
     if (!maps.empty()) {
-        masked.ctx = make_context(base.model.get(), opt, threads, &RouterMask::callback, &mask);
+        masked.ctx = make_context(base.model.get(), opt, threads, &RouterMask::callback, &*mask);
         // A one-token pass shows how llama.cpp builds this model's router.
         Window probe;
         probe.tokens = {windows.front().tokens.front()};
-        mask.start_probe();
-        decode_window(masked.ctx.get(), probe, [&] { mask.rethrow_failure(); });
-        mask.stop_probe();
+        mask->start_probe();
+        decode_window(masked.ctx.get(), probe, [&] { mask->rethrow_failure(); });
+        mask->stop_probe();
         for (const auto & [path, km] : maps) {
-            mask.set(km, path.string());  // refuses, by name, a map masking cannot reproduce
+            mask->set(km, path.string());  // refuses, by name, a map masking cannot reproduce
         }
-        mask.clear();
+        mask->clear();
     }
-    std::vector<Model> files;
     for (const fs::path & c : opt.candidates) {
         Model m;
         m.model = load_model(c, opt.gpu_layers);
@@ -694,8 +816,10 @@ EvalReport run_eval(const EvalOptions & given) {
         m.ctx = make_context(m.model.get(), opt, threads, nullptr, nullptr);
         files.push_back(std::move(m));
     }
-    // The reference every candidate is compared with: the base model, or one candidate file.
-    int against = -1;
+}
+
+// The reference every candidate is compared with: the base model, or one candidate file.
+void EvalRun::choose_reference() {
     if (!opt.against.empty()) {
         const auto it = std::find(opt.candidates.begin(), opt.candidates.end(), opt.against);
         if (it == opt.candidates.end()) {
@@ -703,19 +827,13 @@ EvalReport run_eval(const EvalOptions & given) {
         }
         against = int(it - opt.candidates.begin());
     }
-    // Closed loop: an observer records the base pass's routing as a trace (for the open-loop
-    // replay of the same tokens), and every configuration routes one pass of its own.
-    const int trace_top = std::min(opt.trace_top, int(info.n_expert));
-    std::vector<double> expert_bytes;
-    for (const LayerInfo & li : info.layers) {
-        if (!li.nextn) {
-            expert_bytes.push_back(double(li.expert_bytes));
-        }
-    }
-    std::optional<RouterTap> observer;
-    TapSlot observer_slot, closed_slot;
-    std::vector<ClosedLoopRun> runs;
-    Model closed;
+}
+
+// Closed loop: an observer records the base pass's routing as a trace (for the open-loop
+// replay of the same tokens), and every configuration routes one pass of its own.
+void EvalRun::plan_closed_loop() {
+    trace_top = std::min(opt.trace_top, int(info.n_expert));
+    expert_bytes = info.routed_layer_expert_bytes();
     if (closed_loop) {
         observer.emplace(facts, trace_top, nullptr, nullptr, nullptr, expert_bytes);
         observer_slot.tap = &*observer;
@@ -734,18 +852,27 @@ EvalReport run_eval(const EvalOptions & given) {
         }
         for (ClosedLoopRun & run : runs) {
             const KeepMap * km = run.map >= 0 ? &maps[size_t(run.map)].second : nullptr;
-            run.tap = std::make_unique<RouterTap>(facts, trace_top, &run.config, km, km ? &mask : nullptr, expert_bytes);
+            run.tap = std::make_unique<RouterTap>(facts, trace_top, &run.config, km, km ? &*mask : nullptr,
+                                                  expert_bytes);
             run.tap->record = opt.record_routing;
         }
         closed.ctx = make_context(base.model.get(), opt, threads, &TapSlot::callback, &closed_slot);
     }
-    const bool base_live = !base_file && against < 0;
+}
+
+// The base decodes live unless --base or --against stands in for it; the closed loop
+// observes its routing even then.
+void EvalRun::open_base_context() {
+    base_live = !base_file && against < 0;
     if (base_live || closed_loop) {
         base.ctx = make_context(base.model.get(), opt, threads, observer ? &TapSlot::callback : nullptr,
                                 observer ? &observer_slot : nullptr);
     }
+}
 
-    EvalReport rep;
+// The report's candidates in the order of their passes (keep maps, files, closed-loop
+// configurations), each with room for every scored token.
+void EvalRun::name_candidates() {
     rep.domains = corpus.domains;
     for (const auto & [path, km] : maps) {
         EvalCandidate c;
@@ -780,11 +907,12 @@ EvalReport run_eval(const EvalOptions & given) {
     for (EvalCandidate & c : rep.candidates) {
         c.tokens.resize(n_scored);
     }
-    const size_t first_closed = maps.size() + opt.candidates.size();
+    first_closed = maps.size() + opt.candidates.size();
+}
 
+// What the passes write as they go: the base pass's trace and the base of --base-out.
+void EvalRun::open_outputs() {
     // The base pass's trace, as collect writes one; kept at --trace-out when given.
-    std::optional<AtomicOutput> trace_file;
-    std::optional<TraceWriter> trace;
     if (closed_loop) {
         trace_file.emplace(opt.trace_out.empty() ? fs::temp_directory_path() / fmt::format("moeprune-eval-{}.mptrace",
                                                                                            opt.model.stem().string())
@@ -801,9 +929,6 @@ EvalReport run_eval(const EvalOptions & given) {
         trace.emplace(trace_file->temp_path(), h);
     }
 
-    std::optional<AtomicOutput> base_out;
-    std::optional<File> base_out_file;
-    std::optional<BaseLogitsWriter> base_writer;
     const json base_header = {{"format", "moeprune-eval-base"},
                               {"model", base_identity},
                               {"model_file", opt.model.string()},
@@ -817,216 +942,204 @@ EvalReport run_eval(const EvalOptions & given) {
         base_out_file.emplace(File::create_new(base_out->temp_path()));
         base_writer.emplace(*base_out_file, base_header, top);
     }
+}
 
+// Every window, decoded by the reference and every candidate in turn, and scored.
+void EvalRun::score_windows() {
     uint64_t total_tokens = 0;
     for (const Window & w : windows) {
         total_tokens += w.tokens.size();
     }
     const size_t passes = (base_live || closed_loop ? 1 : 0) + maps.size() + files.size() + runs.size();
     Progress progress("eval", total_tokens * passes, "tokens");
-    std::vector<BaseRow> rows;
-    std::vector<BaseRecord> records;
-    double base_tail_mass = 0;  // summed over the records of --base: how tight their lower bound is
     for (size_t wi = 0; wi < windows.size(); ++wi) {
         const Window & w = windows[wi];
-        const int n = w.n_scored();
-        const auto observe_base = [&] {
-            observer->begin_window(uint32_t(wi), w.tokens.size());
-            decode_window(base.ctx.get(), w, [&] { observer->rethrow_failure(); }, true);
-            observer->end_window();
-            const size_t per_token = facts.moe_layers.size() * size_t(trace_top);
-            for (size_t i = 0; i < w.tokens.size(); ++i) {
-                TraceTokenMeta meta;
-                meta.token = w.tokens[i];
-                meta.pos = int32_t(i);
-                meta.seq = int32_t(wi);
-                meta.domain = uint16_t(w.domain + 1);
-                trace->append(meta, observer->window_ids().data() + i * per_token,
-                              observer->window_logits().data() + i * per_token);
-            }
-        };
         if (closed_loop && !base_live) {
-            observe_base();
+            observe_base(wi, w);
             progress.advance(w.tokens.size());
         }
-        // The reference: live base logits, or the records of --base.
-        if (base_file) {
-            records = base_file->read(w.first_record, uint64_t(n));
-            for (int i = 0; i < n; ++i) {
-                const BaseRecord & r = records[size_t(i)];
-                if (r.target != w.tokens[size_t(w.first + i + 1)]) {
-                    fail_file(opt.base_in.string(), fmt::format("record {} predicts token {}, the text has {} there",
-                                                                w.first_record + uint64_t(i), r.target,
-                                                                w.tokens[size_t(w.first + i + 1)]));
-                }
-                base_tail_mass += std::exp(double(r.ln_tail));
-            }
-        } else {
-            // File candidates decode first: each keeps its logits in its own context, so one
-            // of them can be the reference (--against).
-            for (Model & f : files) {
-                decode_window(f.ctx.get(), w);
-                progress.advance(w.tokens.size());
-            }
-            llama_context * ref = against >= 0 ? files[size_t(against)].ctx.get() : base.ctx.get();
-            if (against < 0) {
-                if (closed_loop) {
-                    observe_base();
-                } else {
-                    decode_window(ref, w);
-                }
-                progress.advance(w.tokens.size());
-            }
-            rows.assign(size_t(n), {});
-            records.assign(base_writer ? size_t(n) : 0, {});
-            run_parallel(size_t(n), threads, [&](size_t i) {
-                thread_local std::vector<float> exps;
-                rows[size_t(i)] = base_row(llama_get_logits_ith(ref, w.first + i), n_vocab, base_writer ? &exps : nullptr);
-                if (base_writer) {
-                    records[size_t(i)] = compact_record(rows[size_t(i)], exps, top, w.tokens[size_t(w.first + i + 1)]);
-                }
-            });
-            for (const BaseRecord & r : records) {
-                base_writer->append(r);
-            }
-        }
-        const auto score_all = [&](llama_context * ctx, EvalCandidate & cand) {
-            run_parallel(size_t(n), threads, [&](size_t i) {
-                const float * c = llama_get_logits_ith(ctx, w.first + i);
-                const int32_t target = w.tokens[size_t(w.first + i + 1)];
-                thread_local std::vector<uint8_t> mark;
-                if (mark.size() != size_t(n_vocab)) {
-                    mark.assign(size_t(n_vocab), 0);
-                }
-                TokenScore s = base_file ? score_compact(records[size_t(i)], c, n_vocab, mark)
-                                         : score_exact(rows[size_t(i)], c, n_vocab, target);
-                s.window = uint32_t(wi);
-                s.pos = w.first + i;
-                s.domain = w.domain;
-                cand.tokens[w.first_record + uint64_t(i)] = s;
-            });
-        };
-        for (size_t k = 0; k < maps.size(); ++k) {
-            mask.set(maps[k].second, maps[k].first.string());
-            decode_window(masked.ctx.get(), w, [&] { mask.rethrow_failure(); });
-            progress.advance(w.tokens.size());
-            score_all(masked.ctx.get(), rep.candidates[k]);
-        }
-        mask.clear();
-        for (size_t f = 0; f < files.size(); ++f) {
-            if (base_file) {
-                decode_window(files[f].ctx.get(), w);
-                progress.advance(w.tokens.size());
-            }
-            score_all(files[f].ctx.get(), rep.candidates[maps.size() + f]);
-        }
-        for (size_t r = 0; r < runs.size(); ++r) {
-            ClosedLoopRun & run = runs[r];
-            if (run.map >= 0) {
-                mask.set(maps[size_t(run.map)].second, maps[size_t(run.map)].first.string());
-            }
-            closed_slot.tap = run.tap.get();
-            run.tap->begin_window(uint32_t(wi), w.tokens.size());
-            decode_window(closed.ctx.get(), w, [&] { run.tap->rethrow_failure(); }, true);
-            run.tap->end_window();
-            mask.clear();
-            progress.advance(w.tokens.size());
-            score_all(closed.ctx.get(), rep.candidates[first_closed + r]);
-        }
+        reference_pass(wi, w, progress);
+        candidate_passes(wi, w, progress);
     }
     progress.finish();
-    if (!prompts.empty()) {
-        // The base's continuations, then every candidate's against them. A closed loop keeps
-        // its caches from the scored windows and routes on, uncounted.
-        if (!base.ctx) {
-            base.ctx = make_context(base.model.get(), opt, threads, nullptr, nullptr);
-        }
-        observer_slot.tap = nullptr;
-        Progress gen_progress("generate", prompts.size() * (1 + rep.candidates.size()), "prompts");
-        const auto continuations = [&](const Decoder & d) {
-            std::vector<Continuation> out;
-            for (const Prompt & p : prompts) {
-                out.push_back(generate(d, p, opt.generate, vocab, n_vocab));
-                gen_progress.advance(1);
-            }
-            return out;
-        };
-        const std::vector<Continuation> base_gen = continuations({base.ctx.get(), {}, {}, false});
-        const auto judge = [&](EvalCandidate & c, const Decoder & d) {
-            const std::vector<Continuation> gen = continuations(d);
-            std::vector<BehaviourSample> all;
-            std::map<std::string, std::vector<BehaviourSample>> by_domain;
-            for (size_t i = 0; i < prompts.size(); ++i) {
-                const BehaviourSample x{&base_gen[i], &gen[i], prompts[i].opens_think};
-                all.push_back(x);
-                if (!prompts[i].domain.empty()) {
-                    by_domain[prompts[i].domain].push_back(x);
-                }
-            }
-            c.behaviour = behaviour_stats(all);
-            for (const auto & [name, xs] : by_domain) {
-                c.behaviour_domains.emplace_back(name, behaviour_stats(xs));
-            }
-            // The earliest departures from the base, side by side.
-            std::vector<size_t> order(prompts.size());
-            for (size_t i = 0; i < order.size(); ++i) {
-                order[i] = i;
-            }
-            std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-                return divergence(base_gen[a], gen[a]) < divergence(base_gen[b], gen[b]);
-            });
-            for (size_t i = 0; i < std::min<size_t>(3, order.size()); ++i) {
-                const size_t at = order[i];
-                if (base_gen[at].tokens == gen[at].tokens) {
-                    break;
-                }
-                const std::string & pt = prompts[at].text;
-                c.behaviour_worst.push_back({{"prompt", prompts[at].where},
-                                             {"prompt_end", pt.substr(pt.size() - std::min<size_t>(pt.size(), 160))},
-                                             {"divergence", divergence(base_gen[at], gen[at])},
-                                             {"base", base_gen[at].text},
-                                             {"candidate", gen[at].text},
-                                             {"domain", prompts[at].domain}});
-            }
-        };
-        for (size_t k = 0; k < maps.size(); ++k) {
-            mask.set(maps[k].second, maps[k].first.string());
-            judge(rep.candidates[k], {masked.ctx.get(), {}, [&] { mask.rethrow_failure(); }, false});
-        }
-        mask.clear();
-        for (size_t f = 0; f < files.size(); ++f) {
-            judge(rep.candidates[maps.size() + f], {files[f].ctx.get(), {}, {}, false});
-        }
-        for (size_t r = 0; r < runs.size(); ++r) {
-            RouterTap & tap = *runs[r].tap;
-            if (runs[r].map >= 0) {
-                mask.set(maps[size_t(runs[r].map)].second, maps[size_t(runs[r].map)].first.string());
-            }
-            closed_slot.tap = &tap;
-            tap.set_counting(false);
-            judge(rep.candidates[first_closed + r],
-                  {closed.ctx.get(), [&](int n) { tap.begin_window(0, size_t(n)); },
-                   [&] {
-                       tap.rethrow_failure();
-                       tap.end_window();
-                   },
-                   true});
-            tap.set_counting(true);
-            mask.clear();
-        }
-        gen_progress.finish();
-        uint64_t terminated = 0;
-        double repeat = 0;
-        for (const Continuation & c : base_gen) {
-            terminated += c.terminated;
-            repeat += repeated_4gram_share(c.tokens);
-        }
-        rep.generation = {{"prompts", prompts.size()},
-                          {"file", (opt.prompts.empty() ? opt.corpus : opt.prompts).string()},
-                          {"max_tokens", opt.generate},
-                          {"base_terminated", double(terminated) / double(prompts.size())},
-                          {"base_repeat_4gram", repeat / double(prompts.size())}};
+}
+
+// The base's pass under the observer, its routing appended to the trace.
+void EvalRun::observe_base(size_t wi, const Window & w) {
+    observer->begin_window(uint32_t(wi), w.tokens.size());
+    decode_window(base.ctx.get(), w, [&] { observer->rethrow_failure(); }, true);
+    observer->end_window();
+    const size_t per_token = facts.moe_layers.size() * size_t(trace_top);
+    for (size_t i = 0; i < w.tokens.size(); ++i) {
+        TraceTokenMeta meta;
+        meta.token = w.tokens[i];
+        meta.pos = int32_t(i);
+        meta.seq = int32_t(wi);
+        meta.domain = uint16_t(w.domain + 1);
+        trace->append(meta, observer->window_ids().data() + i * per_token,
+                      observer->window_logits().data() + i * per_token);
     }
+}
+
+// The reference: live base logits, or the records of --base.
+void EvalRun::reference_pass(size_t wi, const Window & w, Progress & progress) {
+    const int n = w.n_scored();
+    if (base_file) {
+        records = base_file->read(w.first_record, uint64_t(n));
+        for (int i = 0; i < n; ++i) {
+            const BaseRecord & r = records[size_t(i)];
+            if (r.target != w.tokens[size_t(w.first + i + 1)]) {
+                fail_file(opt.base_in.string(), fmt::format("record {} predicts token {}, the text has {} there",
+                                                            w.first_record + uint64_t(i), r.target,
+                                                            w.tokens[size_t(w.first + i + 1)]));
+            }
+            base_tail_mass += std::exp(double(r.ln_tail));
+        }
+    } else {
+        // File candidates decode first: each keeps its logits in its own context, so one
+        // of them can be the reference (--against).
+        for (Model & f : files) {
+            decode_window(f.ctx.get(), w);
+            progress.advance(w.tokens.size());
+        }
+        llama_context * ref = against >= 0 ? files[size_t(against)].ctx.get() : base.ctx.get();
+        if (against < 0) {
+            if (closed_loop) {
+                observe_base(wi, w);
+            } else {
+                decode_window(ref, w);
+            }
+            progress.advance(w.tokens.size());
+        }
+        rows.assign(size_t(n), {});
+        records.assign(base_writer ? size_t(n) : 0, {});
+        run_parallel(size_t(n), threads, [&](size_t i) {
+            thread_local std::vector<float> exps;
+            rows[size_t(i)] = base_row(llama_get_logits_ith(ref, w.first + i), n_vocab, base_writer ? &exps : nullptr);
+            if (base_writer) {
+                records[size_t(i)] = compact_record(rows[size_t(i)], exps, top, w.tokens[size_t(w.first + i + 1)]);
+            }
+        });
+        for (const BaseRecord & r : records) {
+            base_writer->append(r);
+        }
+    }
+}
+
+// Every scored position of `w` as decoded in `ctx`, compared with the reference.
+void EvalRun::score_window(llama_context * ctx, EvalCandidate & cand, size_t wi, const Window & w) {
+    run_parallel(size_t(w.n_scored()), threads, [&](size_t i) {
+        const float * c = llama_get_logits_ith(ctx, w.first + i);
+        const int32_t target = w.tokens[size_t(w.first + i + 1)];
+        thread_local std::vector<uint8_t> mark;
+        if (mark.size() != size_t(n_vocab)) {
+            mark.assign(size_t(n_vocab), 0);
+        }
+        TokenScore s = base_file ? score_compact(records[size_t(i)], c, n_vocab, mark)
+                                 : score_exact(rows[size_t(i)], c, n_vocab, target);
+        s.window = uint32_t(wi);
+        s.pos = w.first + i;
+        s.domain = w.domain;
+        cand.tokens[w.first_record + uint64_t(i)] = s;
+    });
+}
+
+// The candidates' passes over one window: keep maps, files, closed-loop configurations.
+void EvalRun::candidate_passes(size_t wi, const Window & w, Progress & progress) {
+    for (size_t k = 0; k < maps.size(); ++k) {
+        mask->set(maps[k].second, maps[k].first.string());
+        decode_window(masked.ctx.get(), w, [&] { mask->rethrow_failure(); });
+        progress.advance(w.tokens.size());
+        score_window(masked.ctx.get(), rep.candidates[k], wi, w);
+    }
+    mask->clear();
+    for (size_t f = 0; f < files.size(); ++f) {
+        if (base_file) {
+            decode_window(files[f].ctx.get(), w);
+            progress.advance(w.tokens.size());
+        }
+        score_window(files[f].ctx.get(), rep.candidates[maps.size() + f], wi, w);
+    }
+    for (size_t r = 0; r < runs.size(); ++r) {
+        ClosedLoopRun & run = runs[r];
+        if (run.map >= 0) {
+            mask->set(maps[size_t(run.map)].second, maps[size_t(run.map)].first.string());
+        }
+        closed_slot.tap = run.tap.get();
+        run.tap->begin_window(uint32_t(wi), w.tokens.size());
+        decode_window(closed.ctx.get(), w, [&] { run.tap->rethrow_failure(); }, true);
+        run.tap->end_window();
+        mask->clear();
+        progress.advance(w.tokens.size());
+        score_window(closed.ctx.get(), rep.candidates[first_closed + r], wi, w);
+    }
+}
+
+// The base's continuations, then every candidate's against them. A closed loop keeps
+// its caches from the scored windows and routes on, uncounted.
+void EvalRun::check_behaviour() {
+    if (prompts.empty()) {
+        return;
+    }
+    if (!base.ctx) {
+        base.ctx = make_context(base.model.get(), opt, threads, nullptr, nullptr);
+    }
+    observer_slot.tap = nullptr;
+    Progress gen_progress("generate", prompts.size() * (1 + rep.candidates.size()), "prompts");
+    const auto continuations = [&](const Decoder & d) {
+        std::vector<Continuation> out;
+        for (const Prompt & p : prompts) {
+            out.push_back(generate(d, p, opt.generate, vocab, n_vocab));
+            gen_progress.advance(1);
+        }
+        return out;
+    };
+    const std::vector<Continuation> base_gen = continuations({base.ctx.get(), {}, {}, false});
+    const auto judge = [&](EvalCandidate & c, const Decoder & d) {
+        compare_behaviour(c, prompts, base_gen, continuations(d));
+    };
+    for (size_t k = 0; k < maps.size(); ++k) {
+        mask->set(maps[k].second, maps[k].first.string());
+        judge(rep.candidates[k], {masked.ctx.get(), {}, [&] { mask->rethrow_failure(); }, false});
+    }
+    mask->clear();
+    for (size_t f = 0; f < files.size(); ++f) {
+        judge(rep.candidates[maps.size() + f], {files[f].ctx.get(), {}, {}, false});
+    }
+    for (size_t r = 0; r < runs.size(); ++r) {
+        RouterTap & tap = *runs[r].tap;
+        if (runs[r].map >= 0) {
+            mask->set(maps[size_t(runs[r].map)].second, maps[size_t(runs[r].map)].first.string());
+        }
+        closed_slot.tap = &tap;
+        tap.set_counting(false);
+        judge(rep.candidates[first_closed + r],
+              {closed.ctx.get(), [&](int n) { tap.begin_window(0, size_t(n)); },
+               [&] {
+                   tap.rethrow_failure();
+                   tap.end_window();
+               },
+               true});
+        tap.set_counting(true);
+        mask->clear();
+    }
+    gen_progress.finish();
+    uint64_t terminated = 0;
+    double repeat = 0;
+    for (const Continuation & c : base_gen) {
+        terminated += c.terminated;
+        repeat += repeated_4gram_share(c.tokens);
+    }
+    rep.generation = {{"prompts", prompts.size()},
+                      {"file", (opt.prompts.empty() ? opt.corpus : opt.prompts).string()},
+                      {"max_tokens", opt.generate},
+                      {"base_terminated", double(terminated) / double(prompts.size())},
+                      {"base_repeat_4gram", repeat / double(prompts.size())}};
+}
+
+// What the passes leave to finish: the closed loop's figures beside its open-loop replay,
+// and the base of --base-out, whole now.
+void EvalRun::finish_passes() {
     if (closed_loop) {
         closed_loop_figures(opt, *trace, *trace_file, maps, runs, int(facts.moe_layers.size()), threads, rep, first_closed);
     }
@@ -1035,8 +1148,10 @@ EvalReport run_eval(const EvalOptions & given) {
         base_out_file->sync();
         base_out->commit();
     }
+}
 
-    // Statistics, whole and per domain, and the worst tokens with their context.
+// Statistics, whole and per domain, and the worst tokens with their context.
+void EvalRun::score_statistics() {
     for (EvalCandidate & c : rep.candidates) {
         std::vector<const TokenScore *> all;
         std::vector<std::vector<const TokenScore *>> per_domain(rep.domains.size());
@@ -1070,7 +1185,10 @@ EvalReport run_eval(const EvalOptions & given) {
                                {"domain", t.domain >= 0 ? json(rep.domains[size_t(t.domain)]) : json()}});
         }
     }
+}
 
+// The base and every input and setting, as the report records them.
+void EvalRun::describe_run() {
     rep.base = base_identity;
     rep.base["file"] = opt.model.string();
     rep.base["scored_tokens"] = n_scored;
@@ -1125,7 +1243,10 @@ EvalReport run_eval(const EvalOptions & given) {
             {"throughput", to_json(opt.throughput)},
             {"expert_bytes", expert_bytes}};
     }
+}
 
+// The report (--json) and every scored token (--per-token).
+void EvalRun::write_outputs() {
     if (!opt.json_out.empty()) {
         // Token pieces can be parts of a UTF-8 character: those bytes become U+FFFD.
         write_file_atomic(opt.json_out, to_json(rep).dump(1, ' ', false, json::error_handler_t::replace) + "\n");
@@ -1149,7 +1270,32 @@ EvalReport run_eval(const EvalOptions & given) {
         }
         write_file_atomic(opt.per_token_out, o.str());
     }
-    return rep;
+}
+
+} // namespace
+
+EvalReport run_eval(const EvalOptions & given) {
+    EvalRun run(given);
+    run.check_options();
+    run.read_model();
+    run.read_keep_maps();
+    run.load_base();
+    run.make_windows();
+    run.read_prompts();
+    run.check_base_file();
+    run.open_candidates();
+    run.choose_reference();
+    run.plan_closed_loop();
+    run.open_base_context();
+    run.name_candidates();
+    run.open_outputs();
+    run.score_windows();
+    run.check_behaviour();
+    run.finish_passes();
+    run.score_statistics();
+    run.describe_run();
+    run.write_outputs();
+    return run.take_report();
 }
 
 namespace {

@@ -6,7 +6,7 @@
 // one model load and N + 1 forward passes. Definitions: docs/eval.md.
 #include "eval/behaviour.h"
 #include "eval/closed_loop.h"
-#include "replay/policy.h"
+#include "sim/policy.h"
 #include "replay/replay.h"
 
 #include <nlohmann/json.hpp>

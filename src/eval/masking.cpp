@@ -1,6 +1,5 @@
 #include "eval/masking.h"
 #include "core/errors.h"
-#include "llama/session.h"
 
 #include "ggml-backend.h"
 
@@ -14,22 +13,7 @@ namespace moeprune {
 
 bool RouterMask::callback(ggml_tensor * t, bool ask, void * ud) {
     auto * self = static_cast<RouterMask *>(ud);
-    try {
-        return self->on_node(t, ask);
-    } catch (...) {
-        if (!self->failure_) {
-            self->failure_ = std::current_exception();
-        }
-        return false;  // stops the graph; llama_decode fails and rethrow_failure() reports why
-    }
-}
-
-void RouterMask::rethrow_failure() {
-    if (failure_) {
-        std::exception_ptr f = failure_;
-        failure_ = nullptr;
-        std::rethrow_exception(f);
-    }
+    return self->guarded([&] { return self->on_node(t, ask); });
 }
 
 void RouterMask::set(const KeepMap & km, const std::string & origin) {
@@ -42,10 +26,7 @@ void RouterMask::set(const KeepMap & km, const std::string & origin) {
     if (facts_.arch == "llama4") {
         refuse("llama4 applies the gate weights before the experts and selects on raw logits");
     }
-    if (km.k < facts_.n_expert_used) {
-        fail_file(origin, fmt::format("keeps {} experts per layer, fewer than the {} the model uses per token", km.k,
-                                      facts_.n_expert_used));
-    }
+    require_top_k_room(km, origin, facts_.n_expert_used);
     if (facts_.n_groups > 1) {
         const int64_t per_group = facts_.n_expert / facts_.n_groups;
         for (const auto & [layer, ids] : km.layers) {

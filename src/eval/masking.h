@@ -13,11 +13,11 @@
 // slice requires), at least two per group, and the used groups can hold the top-k.
 // What the masked pass does is checked while it runs: the gating op is the one planned
 // and every chosen expert is a kept one.
+#include "engine/router_graph.h"
 #include "formats/keep_map.h"
 
 #include "ggml.h"
 
-#include <exception>
 #include <map>
 #include <set>
 #include <string>
@@ -38,24 +38,20 @@ struct MaskFacts {
     std::vector<int> moe_layers;  // block indices the forward pass runs
 };
 
-class RouterMask {
+class RouterMask : public GraphObserverFailure {
 public:
     explicit RouterMask(const MaskFacts & facts) : facts_(facts) {}
 
     static bool callback(ggml_tensor * t, bool ask, void * ud);
 
-    // Between these, passes only record which router nodes the graph has (see shape()).
+    // Between these, passes only record which router nodes the graph has.
     void start_probe() { probing_ = true; }
     void stop_probe() { probing_ = false; }
-    const RouterShape & shape() const { return shape_; }
 
     // Plans the mask of `km`; throws an Error naming `origin` where masking cannot
     // reproduce the sliced model. Applies it to every later pass until clear().
     void set(const KeepMap & km, const std::string & origin);
     void clear() { targets_.clear(); removed_.clear(); }
-    // The failure inside the last pass, if any (the graph stops at it).
-    void rethrow_failure();
-    bool failed() const { return bool(failure_); }
 
 private:
     bool on_node(ggml_tensor * t, bool ask);
@@ -66,7 +62,6 @@ private:
     std::map<std::string, int> targets_;            // "ffn_moe_logits-3" -> layer
     std::map<int, int> expected_probs_op_;          // layer -> op ffn_moe_probs must have
     std::vector<float> buf_;
-    std::exception_ptr failure_;
 };
 
 } // namespace moeprune

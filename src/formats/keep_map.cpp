@@ -7,6 +7,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <regex>
 
 namespace moeprune {
 
@@ -173,6 +174,27 @@ std::string keep_map_digest(const KeepMap & km) {
     const uint64_t h = XXH64_digest(st);
     XXH64_freeState(st);
     return fmt::format("xxh64:{:016x}", h);
+}
+
+void require_top_k_room(const KeepMap & km, const std::string & origin, int64_t n_expert_used) {
+    if (km.k < n_expert_used) {
+        fail_file(origin, fmt::format("keeps {} experts per layer, fewer than the {} each token uses", km.k, n_expert_used));
+    }
+}
+
+std::string keep_map_label(const std::string & criterion, int64_t k) { return fmt::format("{}-k{}", criterion, k); }
+
+std::string keep_map_file_name(const std::string & criterion, int64_t k) { return keep_map_label(criterion, k) + ".json"; }
+
+KeepMapName parse_keep_map_name(const std::filesystem::path & path) {
+    const std::string stem = path.stem().string();
+    // Up to 18 digits: every K fits an int64_t, and a longer run is no K select wrote.
+    static const std::regex form(R"((.+)-k([0-9]{1,18}))");
+    std::smatch m;
+    if (std::regex_match(stem, m, form)) {
+        return {m[1].str(), std::stoll(m[2].str())};
+    }
+    return {stem, 0};
 }
 
 } // namespace moeprune

@@ -30,8 +30,25 @@ void validate_keep_map(const KeepMap & km, const std::string & origin);
 void validate_keep_map_for_model(const KeepMap & km, const std::string & origin, int64_t n_expert,
                                  const std::vector<int> & moe_layers);
 
+// Refuses a map that keeps fewer experts per layer than each token uses: masked or
+// sliced, every token's top-k must find that many survivors.
+void require_top_k_room(const KeepMap & km, const std::string & origin, int64_t n_expert_used);
+
 nlohmann::json keep_map_to_json(const KeepMap & km);
 void write_keep_map(const std::filesystem::path & path, const KeepMap & km);
+
+// select's label of a criterion's map at K, "{criterion}-k{K}", and its file name, the
+// label plus ".json". Report rows and plan options name maps by the label.
+std::string keep_map_label(const std::string & criterion, int64_t k);
+std::string keep_map_file_name(const std::string & criterion, int64_t k);
+
+struct KeepMapName {
+    std::string criterion;
+    int64_t k = 0;   // 0: the name carries no K
+};
+// What a file name carries: "reap-k8.json" is reap at K 8; any other name (my-keep.json)
+// is its stem with K 0.
+KeepMapName parse_keep_map_name(const std::filesystem::path & path);
 
 // Order-independent digest of the layers, recorded by consumers as provenance.
 std::string keep_map_digest(const KeepMap & km);

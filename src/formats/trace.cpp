@@ -222,6 +222,8 @@ void TraceWriter::close() {
     }
 }
 
+float traced_logit(float logit) { return ggml_fp16_to_fp32(ggml_fp32_to_fp16(logit)); }
+
 // ---------------------------------------------------------------- reader
 
 TraceReader TraceReader::open(const fs::path & path) {
@@ -230,112 +232,123 @@ TraceReader TraceReader::open(const fs::path & path) {
     if (file_size < 16) {
         fail_file(path.string(), fmt::format("too short for a trace header ({} bytes)", file_size));
     }
-    uint8_t head[24];
+    uint8_t head[16];
     r.file_.pread_exact(head, 16, 0);
-
     if (std::memcmp(head, "Q4RT", 4) == 0) {
-        r.q4rt_ = true;
-        const uint16_t version = get_bytes<uint16_t>(head + 4);
-        if (version != 1) {
-            fail_file(path.string(), fmt::format("Q4RT version {} is not supported (only 1)", version));
-        }
-        r.header_.n_layer = get_bytes<uint16_t>(head + 6);
-        r.header_.n_expert = get_bytes<uint16_t>(head + 8);
-        r.header_.top_m = get_bytes<uint16_t>(head + 10);
-        const uint32_t header_count = get_bytes<uint32_t>(head + 12);
-        if (r.header_.n_layer == 0 || r.header_.top_m == 0 || r.header_.top_m > r.header_.n_expert) {
-            fail_file(path.string(), fmt::format("Q4RT header is inconsistent: {} layers, {} experts, top-{}",
-                                                 r.header_.n_layer, r.header_.n_expert, r.header_.top_m));
-        }
-        const uint64_t per_token = uint64_t(r.header_.n_layer) * record_bytes(r.header_.top_m);
-        const uint64_t complete = (file_size - kQ4rtHeader) / per_token;
-        // The seed writer only filled the count at a clean exit, so 0 means "derive it".
-        if (header_count == 0) {
-            r.n_tokens_ = complete;
-        } else if (header_count > complete) {
-            fail_file(path.string(), fmt::format("Q4RT header says {} tokens but the file holds only {} complete tokens",
-                                                 header_count, complete));
-        } else {
-            r.n_tokens_ = header_count;
-        }
-        r.truncated_tail_ = (file_size - kQ4rtHeader) % per_token != 0;
-        r.header_.domains = {"default"};
-        r.format_ = "Q4RT v1";
+        r.open_q4rt(path, head, file_size);
         return r;
     }
-
     if (std::memcmp(head, kFileMagic, 4) != 0) {
         fail_file(path.string(), "not a router trace (magic is neither MPTR nor Q4RT)");
     }
-    r.file_.pread_exact(head, 24, 0);
+    r.index_blocks(path, r.read_header(path, file_size), file_size);
+    return r;
+}
+
+void TraceReader::open_q4rt(const fs::path & path, const uint8_t * head, uint64_t file_size) {
+    q4rt_ = true;
+    const uint16_t version = get_bytes<uint16_t>(head + 4);
+    if (version != 1) {
+        fail_file(path.string(), fmt::format("Q4RT version {} is not supported (only 1)", version));
+    }
+    header_.n_layer = get_bytes<uint16_t>(head + 6);
+    header_.n_expert = get_bytes<uint16_t>(head + 8);
+    header_.top_m = get_bytes<uint16_t>(head + 10);
+    const uint32_t header_count = get_bytes<uint32_t>(head + 12);
+    if (header_.n_layer == 0 || header_.top_m == 0 || header_.top_m > header_.n_expert) {
+        fail_file(path.string(), fmt::format("Q4RT header is inconsistent: {} layers, {} experts, top-{}",
+                                             header_.n_layer, header_.n_expert, header_.top_m));
+    }
+    const uint64_t per_token = uint64_t(header_.n_layer) * record_bytes(header_.top_m);
+    const uint64_t complete = (file_size - kQ4rtHeader) / per_token;
+    // The seed writer only filled the count at a clean exit, so 0 means "derive it".
+    if (header_count == 0) {
+        n_tokens_ = complete;
+    } else if (header_count > complete) {
+        fail_file(path.string(), fmt::format("Q4RT header says {} tokens but the file holds only {} complete tokens",
+                                             header_count, complete));
+    } else {
+        n_tokens_ = header_count;
+    }
+    truncated_tail_ = (file_size - kQ4rtHeader) % per_token != 0;
+    header_.domains = {"default"};
+    format_ = "Q4RT v1";
+}
+
+uint64_t TraceReader::read_header(const fs::path & path, uint64_t file_size) {
+    uint8_t head[24];
+    file_.pread_exact(head, 24, 0);
     const uint32_t version = get_bytes<uint32_t>(head + 4);
     if (version != 1 && version != kVersion) {
         fail_file(path.string(), fmt::format("trace version {} is not supported (1 and {})", version, kVersion));
     }
-    r.checksums_ = version >= 2;
-    r.header_checksum_ = version >= 3;
-    r.header_.n_layer = get_bytes<uint32_t>(head + 8);
-    r.header_.n_expert = get_bytes<uint32_t>(head + 12);
-    r.header_.top_m = get_bytes<uint32_t>(head + 16);
+    checksums_ = version >= 2;
+    header_checksum_ = version >= 3;
+    header_.n_layer = get_bytes<uint32_t>(head + 8);
+    header_.n_expert = get_bytes<uint32_t>(head + 12);
+    header_.top_m = get_bytes<uint32_t>(head + 16);
     const uint32_t meta_len = get_bytes<uint32_t>(head + 20);
-    const uint64_t head_end = 24 + uint64_t(meta_len) + (r.header_checksum_ ? 8 : 0);
+    const uint64_t head_end = 24 + uint64_t(meta_len) + (header_checksum_ ? 8 : 0);
     if (head_end > file_size) {
         fail_file(path.string(), "trace header is truncated");
     }
     std::string meta(meta_len, '\0');
-    r.file_.pread_exact(meta.data(), meta_len, 24);
-    if (r.header_checksum_) {
+    file_.pread_exact(meta.data(), meta_len, 24);
+    if (header_checksum_) {
         std::vector<uint8_t> whole(head, head + 24);
         whole.insert(whole.end(), meta.begin(), meta.end());
         uint8_t stored[8];
-        r.file_.pread_exact(stored, 8, 24 + uint64_t(meta_len));
+        file_.pread_exact(stored, 8, 24 + uint64_t(meta_len));
         if (get_bytes<uint64_t>(stored) != checksum(whole.data(), whole.size())) {
             fail_file(path.string(), "trace header checksum mismatch (its counts or metadata JSON changed after writing)");
         }
     }
-    if (r.header_.n_layer == 0 || r.header_.n_layer > 100000 || r.header_.top_m == 0 ||
-        r.header_.top_m > r.header_.n_expert || r.header_.n_expert > 65536) {
+    if (header_.n_layer == 0 || header_.n_layer > 100000 || header_.top_m == 0 ||
+        header_.top_m > header_.n_expert || header_.n_expert > 65536) {
         fail_file(path.string(), fmt::format("trace header is inconsistent: {} layers, {} experts, top-{}",
-                                             r.header_.n_layer, r.header_.n_expert, r.header_.top_m));
+                                             header_.n_layer, header_.n_expert, header_.top_m));
     }
     with_json_errors(path.string() + ": trace header metadata", [&] {
         const json j = parse_json(meta, path.string() + ": trace header metadata");
         if (!j.is_object() || !j.contains("domains") || !j["domains"].is_array()) {
             fail_file(path.string(), "trace header metadata has no \"domains\" array");
         }
-        r.header_.domains = j.at("domains").get<std::vector<std::string>>();
-        r.header_.meta = j.value("meta", json::object());
+        header_.domains = j.at("domains").get<std::vector<std::string>>();
+        header_.meta = j.value("meta", json::object());
     });
-    if (r.header_.domains.empty() || r.header_.domains.size() > kMaxTraceDomains) {
+    if (header_.domains.empty() || header_.domains.size() > kMaxTraceDomains) {
         fail_file(path.string(), fmt::format("trace header lists {} domains; a trace holds 1 to {}",
-                                             r.header_.domains.size(), kMaxTraceDomains));
+                                             header_.domains.size(), kMaxTraceDomains));
     }
-    r.format_ = fmt::format("moeprune-trace v{}", version);
+    format_ = fmt::format("moeprune-trace v{}", version);
+    return head_end;
+}
 
-    const uint32_t n_sections = r.header_.n_layer + 1;
+void TraceReader::index_blocks(const fs::path & path, uint64_t head_end, uint64_t file_size) {
+    const uint32_t n_sections = header_.n_layer + 1;
     // v2: sizes, then a checksum per section, then one of everything before it.
-    const size_t header_bytes = kBlockHeaderFixed + (r.checksums_ ? 16 : 8) * size_t(n_sections) + (r.checksums_ ? 8 : 0);
-    const uint64_t rec = record_bytes(r.header_.top_m);
+    const size_t header_bytes = kBlockHeaderFixed + (checksums_ ? 16 : 8) * size_t(n_sections) + (checksums_ ? 8 : 0);
+    const uint64_t rec = record_bytes(header_.top_m);
     std::vector<uint8_t> bh(header_bytes);
     uint64_t offset = head_end;
     while (offset < file_size) {
         if (offset + header_bytes > file_size) {
-            r.truncated_tail_ = true;
+            truncated_tail_ = true;
             break;
         }
-        r.file_.pread_exact(bh.data(), header_bytes, offset);
-        const size_t block_index = r.blocks_.size();
+        file_.pread_exact(bh.data(), header_bytes, offset);
+        const size_t block_index = blocks_.size();
         if (std::memcmp(bh.data(), kBlockMagic, 4) != 0) {
             fail_file(path.string(), fmt::format("corrupt trace: no block marker at offset {} (block {}, after {} tokens)",
-                                                 offset, block_index, r.n_tokens_));
+                                                 offset, block_index, n_tokens_));
         }
-        if (r.checksums_ && get_bytes<uint64_t>(bh.data() + header_bytes - 8) != checksum(bh.data(), header_bytes - 8)) {
+        if (checksums_ && get_bytes<uint64_t>(bh.data() + header_bytes - 8) != checksum(bh.data(), header_bytes - 8)) {
             fail_file(path.string(), fmt::format("corrupt trace: block {} at offset {}: its header does not match its "
                                                  "checksum (changed after writing)", block_index, offset));
         }
         Block b;
         b.offset = offset;
-        b.first_token = r.n_tokens_;
+        b.first_token = n_tokens_;
         b.n_tokens = get_bytes<uint32_t>(bh.data() + 4);
         b.codec = get_bytes<uint32_t>(bh.data() + 8);
         if (get_bytes<uint32_t>(bh.data() + 12) != n_sections || b.n_tokens == 0 || b.codec > kCodecZstd) {
@@ -364,18 +377,17 @@ TraceReader TraceReader::open(const fs::path & path) {
             }
             (s == 0 ? b.meta_offset : b.layer_offset.emplace_back()) = pos;
             (s == 0 ? b.meta_size : b.layer_size.emplace_back()) = size;
-            b.hash.push_back(r.checksums_ ? get_bytes<uint64_t>(bh.data() + kBlockHeaderFixed + 8 * (n_sections + s)) : 0);
+            b.hash.push_back(checksums_ ? get_bytes<uint64_t>(bh.data() + kBlockHeaderFixed + 8 * (n_sections + s)) : 0);
             pos += size;
         }
         if (torn) {
-            r.truncated_tail_ = true;
+            truncated_tail_ = true;
             break;
         }
-        r.n_tokens_ += b.n_tokens;
-        r.blocks_.push_back(std::move(b));
+        n_tokens_ += b.n_tokens;
+        blocks_.push_back(std::move(b));
         offset = pos;
     }
-    return r;
 }
 
 std::vector<uint8_t> TraceReader::read_section(const Block & b, uint32_t section, uint64_t raw_size) const {

@@ -20,6 +20,10 @@ namespace moeprune {
 // Domain ids are stored in 16 bits.
 constexpr size_t kMaxTraceDomains = 65536;
 
+// A router logit as a trace stores it (fp16) and gives it back: what a replay of the
+// trace sees, so a closed loop that decides with it agrees with the replay bit for bit.
+float traced_logit(float logit);
+
 enum class TracePhase : uint8_t { Prefill = 0, Decode = 1 };
 
 struct TraceTokenMeta {
@@ -102,6 +106,11 @@ public:
 
 private:
     explicit TraceReader(File file) : file_(std::move(file)) {}
+    // The phases of open(): the seed's Q4RT header; moeprune's header, returning where
+    // the blocks begin; the block index, stopping at a torn tail.
+    void open_q4rt(const std::filesystem::path & path, const uint8_t * head, uint64_t file_size);
+    uint64_t read_header(const std::filesystem::path & path, uint64_t file_size);
+    void index_blocks(const std::filesystem::path & path, uint64_t head_end, uint64_t file_size);
     struct Block {
         uint64_t offset = 0;
         uint64_t first_token = 0;

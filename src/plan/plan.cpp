@@ -4,9 +4,9 @@
 #include "core/errors.h"
 #include "core/json.h"
 #include "formats/keep_map.h"
-#include "gguf/model_file.h"
-#include "inspect/inspect.h"
-#include "replay/policy.h"
+#include "model/model_file.h"
+#include "model/inspect.h"
+#include "sim/policy.h"
 
 #include <fmt/format.h>
 #include <xxhash.h>
@@ -57,11 +57,7 @@ Geometry geometry(const PlanOptions & opt) {
         if (!r.problems.empty()) {
             fail_file(opt.model.string(), "inspect finds problems: " + r.problems.front());
         }
-        for (const LayerInfo & l : r.layers) {
-            if (!l.nextn) {
-                g.bytes.push_back(double(l.expert_bytes));
-            }
-        }
+        g.bytes = r.routed_layer_expert_bytes();
         if (g.bytes.empty()) {
             fail_file(opt.model.string(), "has no routed experts to plan for");
         }
@@ -106,18 +102,8 @@ std::pair<std::string, int64_t> map_identity(const std::string & path, const std
         const KeepMap km = read_keep_map(path);
         return {km.metric.empty() ? std::filesystem::path(path).stem().string() : km.metric, km.k};
     }
-    static const std::regex form(R"((.+)-k([0-9]+))");
-    std::smatch m;
-    const std::string stem = std::filesystem::path(name.empty() ? path : name).stem().string();
-    if (std::regex_match(stem, m, form)) {
-        return {m[1].str(), std::stoll(m[2].str())};
-    }
-    return {stem, 0};
-}
-
-double token_seconds(double bytes, double rounds, size_t layers, const ThroughputParams & p) {
-    return p.compute_ms * 1e-3 + double(layers) * p.sync_us * 1e-6 + bytes / (p.ssd_gbps * 1e9) +
-           rounds * p.read_latency_us * 1e-6;
+    const KeepMapName n = parse_keep_map_name(name.empty() ? path : name);
+    return {n.criterion, n.k};
 }
 
 json tok_per_s(double seconds) {
@@ -178,34 +164,387 @@ double parse_size(const std::string & text, const std::string & what) {
     return bytes;
 }
 
-json make_plan(const PlanOptions & opt) {
-    check_plan_options(opt);
-    const Geometry g = geometry(opt);
-    for (const int64_t c : opt.cache_experts) {
-        if (c < 1 || c > g.n_expert) {
-            throw Error(fmt::format("--cache-experts {}: a per-layer cache holds 1 to {} experts ({})", c, g.n_expert, g.source));
+namespace {
+
+// The fastest an option decodes: null tokens/s is unbounded.
+double speed(const json & o) {
+    return o["tok_per_s"].is_null() ? std::numeric_limits<double>::infinity() : o["tok_per_s"].get<double>();
+}
+
+std::string describe(const json & o) {
+    const std::string cache = o["policy"] == "resident" ? "all kept experts resident"
+                              : o["cache_experts"].is_null()
+                                  ? std::string(o["policy"].get<std::string>())
+                                  : fmt::format("{} cache of {} experts{}, λ {}", o["policy"].get<std::string>(),
+                                                o["cache_experts"].get<int64_t>(), o["cache_scope"] == "global" ? " (global)" : " per layer",
+                                                o["lambda"].get<double>());
+    const std::string speed_text = o["tok_per_s"].is_null() ? "unbounded tokens/s (no time per token in the model)"
+                                                            : fmt::format("{:.2f} tokens/s", o["tok_per_s"].get<double>());
+    return fmt::format("K {} by {}, {}: {}", o["k"].get<int64_t>(), o["criterion"].get<std::string>(), cache, speed_text);
+}
+
+// One plan in the making: the options priced so far and the quality measured for them.
+class Planner {
+public:
+    Planner(const PlanOptions & opt, Geometry g)
+        : opt(opt), g(std::move(g)), tp(opt.throughput), L(this->g.bytes.size()),
+          budget(opt.ram_bytes > 0 ? opt.ram_bytes - opt.reserve_bytes : 0), model_digest_seen(this->g.digest),
+          model_digest_from(this->g.source) {}
+
+    void check_settings() const {
+        for (const int64_t c : opt.cache_experts) {
+            if (c < 1 || c > g.n_expert) {
+                throw Error(fmt::format("--cache-experts {}: a per-layer cache holds 1 to {} experts ({})", c,
+                                        g.n_expert, g.source));
+            }
+        }
+        if (opt.ram_bytes > 0 && budget < g.other) {
+            throw Error(
+                fmt::format("--ram {:.2f} GB minus the reserve of {:.2f} GB leaves {:.2f} GB, less than the {:.2f} GB "
+                            "of weights that are not routed experts ({})",
+                            gb(opt.ram_bytes), gb(opt.reserve_bytes), gb(budget), gb(g.other), g.source));
+        }
+        if (!opt.cache_experts.empty() && opt.cache_experts.size() != opt.misses_per_token.size()) {
+            throw Error("--cache-experts needs one size per --misses-per-token value");
         }
     }
-    const ThroughputParams & tp = opt.throughput;
-    const size_t L = g.bytes.size();
-    const double budget = opt.ram_bytes > 0 ? opt.ram_bytes - opt.reserve_bytes : 0;
-    if (opt.ram_bytes > 0 && budget < g.other) {
-        throw Error(fmt::format("--ram {:.2f} GB minus the reserve of {:.2f} GB leaves {:.2f} GB, less than the {:.2f} GB "
-                                "of weights that are not routed experts ({})",
-                                gb(opt.ram_bytes), gb(opt.reserve_bytes), gb(budget), gb(g.other), g.source));
-    }
-    if (!opt.cache_experts.empty() && opt.cache_experts.size() != opt.misses_per_token.size()) {
-        throw Error("--cache-experts needs one size per --misses-per-token value");
+
+    // Quality measured per (criterion, K), and per (criterion, K, policy, cache, λ) in the
+    // closed loop: an option that reroutes (λ > 0) has only the closed loop's KLD.
+    void read_evals() {
+        for (const auto & path : opt.evals) {
+            const json r = parse_json(read_text_file(path), path.string());
+            const JsonFields report(r, path.string());
+            if (!r.is_object() || r.value("format", json()) != "moeprune-eval") {
+                fail_file(path.string(), "is not a moeprune-eval report (\"format\")");
+            }
+            check_model(report.object("base"), "this eval report");
+            for (const JsonFields & c : report.objects("candidates")) {
+                if (c.string("kind") == "closed-loop") {
+                    auto [criterion, k] = c.has("keep") ? map_identity(c.string("keep"), c.string("keep"))
+                                                        : std::pair<std::string, int64_t>{"none", g.n_expert};
+                    if (k <= 0 || k > g.n_expert) {
+                        c.fail("keep", fmt::format("names K {}, but the model has {} experts", k, g.n_expert));
+                    }
+                    closed_kld[{criterion, k, c.string("policy"), c.integer("cache", 1, g.n_expert),
+                                c.number("lambda", 0, std::numeric_limits<double>::infinity())}] =
+                        c.object("all").number("kld_mean", 0, std::numeric_limits<double>::infinity());
+                    continue;
+                }
+                if (c.string("kind") != "keep") {
+                    continue;
+                }
+                const auto [criterion, k] = map_identity(c.has("source") ? c.string("source") : "", c.string("name"));
+                if (k > 0) {
+                    if (k < g.used || k > g.n_expert) {
+                        c.fail("name", fmt::format("names K {}, but the model has {} experts and uses {} per token", k,
+                                                   g.n_expert, g.used));
+                    }
+                    kld[{criterion, k}] =
+                        c.object("all").number("kld_mean", 0, std::numeric_limits<double>::infinity());
+                }
+            }
+            eval_inputs.push_back({{"file", path.string()}, {"digest", file_digest(path)}});
+        }
     }
 
+    // Replayed caches.
+    void read_replays() {
+        for (const auto & path : opt.replays) {
+            const json r = parse_json(read_text_file(path), path.string());
+            const JsonFields report(r, path.string());
+            if (!r.is_object() || r.value("format", json()) != "moeprune-replay") {
+                fail_file(path.string(), "is not a moeprune-replay result (\"format\")");
+            }
+            const JsonFields in = report.object("inputs");
+            const JsonFields meta = in.object("trace_meta");
+            if (meta.has("model")) {
+                check_model(meta.object("model"), "the trace this replay ran on");
+            } else {
+                std::fprintf(stderr,
+                             "moeprune plan: %s: the trace it replayed names no model (not made by moeprune collect "
+                             "or eval): it is taken to be of %s\n",
+                             path.c_str(), g.source.c_str());
+            }
+            if (size_t(in.integer("n_layer", 1, 100000)) != L) {
+                in.fail("n_layer", fmt::format("is {}: it replays {} MoE layers, the plan's model has {}",
+                                               in.integer("n_layer", 1, 100000), in.integer("n_layer", 1, 100000), L));
+            }
+            if (in.integer("n_expert", 1, 65536) != g.n_expert) {
+                in.fail("n_expert", fmt::format("is {}: the plan's model has {} experts",
+                                                in.integer("n_expert", 1, 65536), g.n_expert));
+            }
+            const std::string keep = in.has("keep") ? in.string("keep") : "";
+            auto [criterion, k] =
+                keep.empty() ? std::pair<std::string, int64_t>{"none", g.n_expert} : map_identity(keep, keep);
+            if (in.has("n_expert_after_keep")) {
+                k = in.integer("n_expert_after_keep", g.used, g.n_expert);
+            }
+            if (k < g.used || k > g.n_expert) {
+                in.fail("keep", fmt::format("keeps {} experts, but the model has {} and uses {} per token", k,
+                                            g.n_expert, g.used));
+            }
+            const bool global = in.has("cache_scope") && in.string("cache_scope") == "global";
+            planned.insert({criterion, k});
+            const double max_count = std::numeric_limits<double>::infinity();
+            for (const JsonFields & rec : report.objects("records")) {
+                const std::string policy = rec.string("policy");
+                const auto & known = policy_names();
+                if (std::find(known.begin(), known.end(), policy) == known.end()) {
+                    rec.fail("policy", fmt::format("is \"{}\", not a cache policy of this moeprune", policy));
+                }
+                const int64_t slot_max = global ? k * int64_t(L) : k;
+                const std::vector<int64_t> slots = rec.integers("slots", 1, slot_max);
+                if (slots.empty() || (!global && slots.size() != 1 && slots.size() != L) ||
+                    (global && slots.size() != 1)) {
+                    rec.fail("slots", fmt::format("holds {} sizes: one, or one per MoE layer ({}) of a per-layer cache",
+                                                  slots.size(), L));
+                }
+                double resident = g.other;
+                if (global) {
+                    resident += double(slots[0]) * g.mean();
+                } else {
+                    for (size_t l = 0; l < L; ++l) {
+                        resident += double(slots.size() == 1 ? slots[0] : slots[l]) * g.bytes[l];
+                    }
+                }
+                const double misses = rec.number("misses_per_token", 0, max_count);
+                double bytes = misses * g.mean();
+                double rounds = double(L) * std::ceil(misses / double(L) / tp.queue_depth);
+                if (rec.has("misses_per_token_per_layer") && rec.any("misses_per_token_per_layer").is_array()) {
+                    const std::vector<double> per_layer = rec.numbers("misses_per_token_per_layer", 0, max_count);
+                    if (per_layer.size() == L) {
+                        bytes = rounds = 0;
+                        for (size_t l = 0; l < L; ++l) {
+                            bytes += per_layer[l] * g.bytes[l];
+                            rounds += std::ceil(per_layer[l] / tp.queue_depth);
+                        }
+                    }
+                }
+                if (rec.has("read_rounds_per_token")) {
+                    rounds = rec.number("read_rounds_per_token", 0, max_count);
+                }
+                const double lambda = rec.has("lambda") ? rec.number("lambda", 0, max_count) : 0.0;
+                const int64_t cache = rec.has("cache") ? rec.integer("cache", 1, slot_max) : slots[0];
+                json o = {{"k", k},
+                          {"criterion", criterion},
+                          {"cache_experts", cache},
+                          {"cache_scope", global ? "global" : "per-layer"},
+                          {"policy", policy},
+                          {"lambda", lambda},
+                          {"routed_bytes", double(k) * g.sum()},
+                          {"resident_bytes", resident},
+                          {"misses_per_token", misses},
+                          {"read_bytes_per_token", bytes},
+                          {"tok_per_s", tok_per_s(token_seconds({bytes, rounds, 0}, L, tp))},
+                          {"source", "replay " + path.string()}};
+                if (rec.has("cliff") && rec.boolean("cliff")) {
+                    o["note"] = "global cache smaller than one token's experts";
+                }
+                add(std::move(o));
+            }
+            replay_inputs.push_back({{"file", path.string()}, {"digest", file_digest(path)}});
+        }
+    }
+
+    // Every K: all of it resident, and the caches given by hand.
+    void add_given_options() {
+        std::set<int64_t> ks(opt.ks.begin(), opt.ks.end());
+        for (const auto & [key, v] : kld) {
+            ks.insert(key.second);
+        }
+        for (const auto & key : planned) {
+            ks.insert(key.second);
+        }
+        if (ks.empty()) {
+            throw Error("nothing to plan: give -k, a --replay result or an --eval report");
+        }
+        for (const int64_t k : ks) {
+            if (k < g.used || k > g.n_expert) {
+                throw Error(fmt::format("-k {}: K must be between the experts used per token ({}) and the experts ({})",
+                                        k, g.used, g.n_expert));
+            }
+            std::set<std::string> criteria;
+            for (const auto & [key, v] : kld) {
+                if (key.second == k) {
+                    criteria.insert(key.first);
+                }
+            }
+            for (const auto & key : planned) {
+                if (key.second == k) {
+                    criteria.insert(key.first);
+                }
+            }
+            if (criteria.empty()) {
+                criteria.insert(k == g.n_expert ? "none" : "any");
+            }
+            for (const std::string & c : criteria) {
+                add({{"k", k},
+                     {"criterion", c},
+                     {"cache_experts", k},
+                     {"cache_scope", "per-layer"},
+                     {"policy", "resident"},
+                     {"lambda", 0.0},
+                     {"routed_bytes", double(k) * g.sum()},
+                     {"resident_bytes", g.other + double(k) * g.sum()},
+                     {"misses_per_token", 0.0},
+                     {"read_bytes_per_token", 0.0},
+                     {"tok_per_s", tok_per_s(token_seconds({}, L, tp))},
+                     {"source", "every kept expert in RAM"}});
+                for (size_t i = 0; i < opt.misses_per_token.size(); ++i) {
+                    const double m = opt.misses_per_token[i];
+                    const double bytes = m * g.mean();
+                    const double rounds = m > 0 ? double(L) * std::ceil(m / double(L) / tp.queue_depth) : 0;
+                    const json cache = opt.cache_experts.empty() ? json(nullptr) : json(opt.cache_experts[i]);
+                    add({{"k", k},
+                         {"criterion", c},
+                         {"cache_experts", cache},
+                         {"cache_scope", "per-layer"},
+                         {"policy", "given"},
+                         {"lambda", 0.0},
+                         {"routed_bytes", double(k) * g.sum()},
+                         {"resident_bytes",
+                          cache.is_null() ? json(nullptr) : json(g.other + double(opt.cache_experts[i]) * g.sum())},
+                         {"misses_per_token", m},
+                         {"read_bytes_per_token", bytes},
+                         {"tok_per_s", tok_per_s(token_seconds({bytes, rounds, 0}, L, tp))},
+                         {"source", "--misses-per-token"}});
+                }
+            }
+        }
+    }
+
+    // Pareto front of tokens/s (higher; null is unbounded) against KLD (lower).
+    json pareto_front() const {
+        std::vector<size_t> order;
+        for (size_t i = 0; i < options.size(); ++i) {
+            if (!options[i]["kld_mean"].is_null() && !options[i]["bound"].get<bool>()) {
+                order.push_back(i);
+            }
+        }
+        std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+            if (speed(options[a]) != speed(options[b])) {
+                return speed(options[a]) > speed(options[b]);
+            }
+            return options[a]["kld_mean"].get<double>() < options[b]["kld_mean"].get<double>();
+        });
+        json pareto = json::array();
+        double best_kld = std::numeric_limits<double>::infinity();
+        for (const size_t i : order) {
+            if (options[i]["kld_mean"].get<double>() < best_kld) {
+                best_kld = options[i]["kld_mean"].get<double>();
+                pareto.push_back(i);
+            }
+        }
+        return pareto;
+    }
+
+    std::pair<json, std::string> recommend(const json & pareto) const {
+        json recommended = nullptr;
+        std::string why;
+        if (!pareto.empty()) {
+            if (opt.max_kld) {
+                for (const json & i : pareto) {
+                    const json & o = options[i.get<size_t>()];
+                    if (o["kld_mean"].get<double>() <= *opt.max_kld) {
+                        recommended = i;
+                        why = fmt::format("the fastest option with mean KLD within --max-kld {}: {}, mean KLD {:.4g}{}",
+                                          *opt.max_kld, describe(o), o["kld_mean"].get<double>(),
+                                          o["kld_measured"].get<bool>() ? "" : " (interpolated)");
+                        break;
+                    }
+                }
+                if (recommended.is_null()) {
+                    why = fmt::format("no feasible option has mean KLD within --max-kld {}", *opt.max_kld);
+                }
+            } else {
+                const double fastest = speed(options[pareto[0].get<size_t>()]);
+                for (const json & i : pareto) {
+                    const json & o = options[i.get<size_t>()];
+                    // The front is in falling speed and falling KLD: keep the last that is fast enough.
+                    if (speed(o) >= opt.speed_share * fastest) {
+                        recommended = i;
+                    }
+                }
+                const json & o = options[recommended.get<size_t>()];
+                why = fmt::format(
+                    "the lowest mean KLD ({:.4g}{}) among options within {:.0f}% of the fastest feasible speed: {}",
+                    o["kld_mean"].get<double>(), o["kld_measured"].get<bool>() ? "" : ", interpolated",
+                    100 * opt.speed_share, describe(o));
+            }
+        } else if (!options.empty()) {
+            size_t best = 0;
+            for (size_t i = 1; i < options.size(); ++i) {
+                if (options[i]["bound"].get<bool>()) {
+                    continue;
+                }
+                if (options[best]["bound"].get<bool>() || speed(options[i]) > speed(options[best]) ||
+                    (speed(options[i]) == speed(options[best]) &&
+                     options[i]["k"].get<int64_t>() > options[best]["k"].get<int64_t>())) {
+                    best = i;
+                }
+            }
+            recommended = best;
+            why = "no quality was measured (no --eval): the fastest option that fits, " + describe(options[best]) +
+                  "; measure its KLD before trusting it";
+        } else {
+            why = "no option fits in the RAM budget";
+        }
+        if (!recommended.is_null() && budget > 0) {
+            const json & o = options[recommended.get<size_t>()];
+            if (!o["resident_bytes"].is_null()) {
+                why += fmt::format("; {:.2f} GB resident of the {:.2f} GB budget",
+                                   gb(o["resident_bytes"].get<double>()), gb(budget));
+            }
+        }
+        return {recommended, why};
+    }
+
+    json to_plan_json(const json & pareto, const json & recommended, const std::string & why) const {
+        json layer_bytes = json::array();
+        for (const double b : g.bytes) {
+            layer_bytes.push_back(b);
+        }
+        json throughput_inputs = to_json(tp);
+        throughput_inputs["model"] =
+            "t = compute + layers * sync + read_bytes / ssd + rounds * latency; tokens/s = 1 / t";
+        return {{"format", "moeprune-plan"},
+                {"version", 1},
+                {"inputs",
+                 {{"geometry",
+                   {{"source", g.source},
+                    {"model_digest", g.digest.empty() ? json(nullptr) : json(g.digest)},
+                    {"moe_layers", L},
+                    {"experts", g.n_expert},
+                    {"used", g.used},
+                    {"expert_bytes", layer_bytes},
+                    {"routed_bytes_all", g.sum() * double(g.n_expert)},
+                    {"other_bytes", g.other_known ? json(g.other) : json(nullptr)}}},
+                  {"ram_bytes", opt.ram_bytes > 0 ? json(opt.ram_bytes) : json(nullptr)},
+                  {"reserve_bytes", opt.reserve_bytes},
+                  {"budget_bytes", budget > 0 ? json(budget) : json(nullptr)},
+                  {"throughput", throughput_inputs},
+                  {"replays", replay_inputs},
+                  {"evals", eval_inputs},
+                  {"misses_per_token", opt.misses_per_token},
+                  {"cache_experts", opt.cache_experts},
+                  {"max_kld", opt.max_kld ? json(*opt.max_kld) : json(nullptr)},
+                  {"speed_share", opt.speed_share}}},
+                {"options", options},
+                {"infeasible", infeasible},
+                {"pareto", pareto},
+                {"recommended", recommended},
+                {"why", why}};
+    }
+
+private:
     // Which model every input was measured on: the plan's model by content, or, planned
     // by hand, the first input that names one.
-    std::string model_digest_seen = g.digest;
-    std::string model_digest_from = g.source;
-    const auto check_model = [&](const JsonFields & identity, const char * what) {
+    void check_model(const JsonFields & identity, const char * what) {
         if (!identity.has("digest")) {
-            identity.fail("digest", std::string("is missing: which model ") + what +
-                                        " was measured on cannot be checked (made by an older moeprune? measure it again)");
+            identity.fail("digest",
+                          std::string("is missing: which model ") + what +
+                              " was measured on cannot be checked (made by an older moeprune? measure it again)");
         }
         const std::string d = identity.string("digest");
         if (model_digest_seen.empty()) {
@@ -216,53 +555,17 @@ json make_plan(const PlanOptions & opt) {
                                                 model_digest_from, model_digest_seen));
         }
         if (identity.has("n_expert") && identity.integer("n_expert", 1, 65536) != g.n_expert) {
-            identity.fail("n_expert", fmt::format("is {}: {} was measured on a model of another shape than {} ({} experts)",
-                                                  identity.integer("n_expert", 1, 65536), what, g.source, g.n_expert));
+            identity.fail("n_expert",
+                          fmt::format("is {}: {} was measured on a model of another shape than {} ({} experts)",
+                                      identity.integer("n_expert", 1, 65536), what, g.source, g.n_expert));
         }
-    };
-
-    // Quality measured per (criterion, K), and per (criterion, K, policy, cache, λ) in the
-    // closed loop: an option that reroutes (λ > 0) has only the closed loop's KLD.
-    std::map<std::pair<std::string, int64_t>, double> kld;
-    using ClosedKey = std::tuple<std::string, int64_t, std::string, int64_t, double>;
-    std::map<ClosedKey, double> closed_kld;
-    json eval_inputs = json::array();
-    for (const auto & path : opt.evals) {
-        const json r = parse_json(read_text_file(path), path.string());
-        const JsonFields report(r, path.string());
-        if (!r.is_object() || r.value("format", json()) != "moeprune-eval") {
-            fail_file(path.string(), "is not a moeprune-eval report (\"format\")");
-        }
-        check_model(report.object("base"), "this eval report");
-        for (const JsonFields & c : report.objects("candidates")) {
-            if (c.string("kind") == "closed-loop") {
-                auto [criterion, k] = c.has("keep") ? map_identity(c.string("keep"), c.string("keep"))
-                                                    : std::pair<std::string, int64_t>{"none", g.n_expert};
-                if (k <= 0 || k > g.n_expert) {
-                    c.fail("keep", fmt::format("names K {}, but the model has {} experts", k, g.n_expert));
-                }
-                closed_kld[{criterion, k, c.string("policy"), c.integer("cache", 1, g.n_expert),
-                            c.number("lambda", 0, std::numeric_limits<double>::infinity())}] =
-                    c.object("all").number("kld_mean", 0, std::numeric_limits<double>::infinity());
-                continue;
-            }
-            if (c.string("kind") != "keep") {
-                continue;
-            }
-            const auto [criterion, k] = map_identity(c.has("source") ? c.string("source") : "", c.string("name"));
-            if (k > 0) {
-                if (k < g.used || k > g.n_expert) {
-                    c.fail("name", fmt::format("names K {}, but the model has {} experts and uses {} per token", k,
-                                               g.n_expert, g.used));
-                }
-                kld[{criterion, k}] = c.object("all").number("kld_mean", 0, std::numeric_limits<double>::infinity());
-            }
-        }
-        eval_inputs.push_back({{"file", path.string()}, {"digest", file_digest(path)}});
     }
-    const auto kld_of = [&](const std::string & criterion, int64_t k) -> std::pair<json, bool> {
+
+    // Measured KLD of (criterion, K), or interpolated linearly in K between the nearest
+    // measured Ks of the same criterion; the flag says which.
+    std::pair<json, bool> kld_of(const std::string & criterion, int64_t k) const {
         if (k == g.n_expert) {
-            return {0.0, true};  // nothing removed: the base itself
+            return {0.0, true}; // nothing removed: the base itself
         }
         if (auto it = kld.find({criterion, k}); it != kld.end()) {
             return {it->second, true};
@@ -281,18 +584,16 @@ json make_plan(const PlanOptions & opt) {
             }
         }
         if (!hi && lo && k < g.n_expert) {
-            hi = {g.n_expert, 0.0};  // the unpruned model is the base itself
+            hi = {g.n_expert, 0.0}; // the unpruned model is the base itself
         }
         if (lo && hi) {
             const double f = double(k - lo->first) / double(hi->first - lo->first);
             return {lo->second + f * (hi->second - lo->second), false};
         }
         return {nullptr, false};
-    };
+    }
 
-    json options = json::array();
-    uint64_t infeasible = 0;
-    const auto add = [&](json o) {
+    void add(json o) {
         const json & resident = o["resident_bytes"];
         o["feasible"] = budget <= 0 || resident.is_null() || resident.get<double>() <= budget;
         if (!o["feasible"].get<bool>()) {
@@ -300,10 +601,11 @@ json make_plan(const PlanOptions & opt) {
             return;
         }
         // Belady needs the future: a bound to compare with, never a choice.
-        o["bound"] = o["policy"] == "belady";
+        o["bound"] = policy_reads_future(o["policy"].get<std::string>());
         const double lambda = o["lambda"].get<double>();
         if (lambda > 0) {
-            const ClosedKey key{o["criterion"].get<std::string>(), o["k"].get<int64_t>(), o["policy"].get<std::string>(),
+            const ClosedKey key{o["criterion"].get<std::string>(), o["k"].get<int64_t>(),
+                                o["policy"].get<std::string>(),
                                 o["cache_experts"].is_null() ? -1 : o["cache_experts"].get<int64_t>(), lambda};
             const auto it = o["cache_scope"] == "per-layer" ? closed_kld.find(key) : closed_kld.end();
             o["kld_mean"] = it == closed_kld.end() ? json(nullptr) : json(it->second);
@@ -320,279 +622,35 @@ json make_plan(const PlanOptions & opt) {
             o["kld_loop"] = "open";
         }
         options.push_back(std::move(o));
-    };
+    }
 
-    // Replayed caches.
+    const PlanOptions & opt;
+    const Geometry g;
+    const ThroughputParams & tp;
+    const size_t L;
+    const double budget;
+    std::string model_digest_seen, model_digest_from;
+    std::map<std::pair<std::string, int64_t>, double> kld;
+    using ClosedKey = std::tuple<std::string, int64_t, std::string, int64_t, double>;
+    std::map<ClosedKey, double> closed_kld;
     std::set<std::pair<std::string, int64_t>> planned;
-    json replay_inputs = json::array();
-    for (const auto & path : opt.replays) {
-        const json r = parse_json(read_text_file(path), path.string());
-        const JsonFields report(r, path.string());
-        if (!r.is_object() || r.value("format", json()) != "moeprune-replay") {
-            fail_file(path.string(), "is not a moeprune-replay result (\"format\")");
-        }
-        const JsonFields in = report.object("inputs");
-        const JsonFields meta = in.object("trace_meta");
-        if (meta.has("model")) {
-            check_model(meta.object("model"), "the trace this replay ran on");
-        } else {
-            std::fprintf(stderr, "moeprune plan: %s: the trace it replayed names no model (not made by moeprune collect "
-                                 "or eval): it is taken to be of %s\n", path.c_str(), g.source.c_str());
-        }
-        if (size_t(in.integer("n_layer", 1, 100000)) != L) {
-            in.fail("n_layer", fmt::format("is {}: it replays {} MoE layers, the plan's model has {}", in.integer("n_layer", 1, 100000),
-                                           in.integer("n_layer", 1, 100000), L));
-        }
-        if (in.integer("n_expert", 1, 65536) != g.n_expert) {
-            in.fail("n_expert", fmt::format("is {}: the plan's model has {} experts", in.integer("n_expert", 1, 65536), g.n_expert));
-        }
-        const std::string keep = in.has("keep") ? in.string("keep") : "";
-        auto [criterion, k] = keep.empty() ? std::pair<std::string, int64_t>{"none", g.n_expert} : map_identity(keep, keep);
-        if (in.has("n_expert_after_keep")) {
-            k = in.integer("n_expert_after_keep", g.used, g.n_expert);
-        }
-        if (k < g.used || k > g.n_expert) {
-            in.fail("keep", fmt::format("keeps {} experts, but the model has {} and uses {} per token", k, g.n_expert, g.used));
-        }
-        const bool global = in.has("cache_scope") && in.string("cache_scope") == "global";
-        planned.insert({criterion, k});
-        const double max_count = std::numeric_limits<double>::infinity();
-        for (const JsonFields & rec : report.objects("records")) {
-            const std::string policy = rec.string("policy");
-            const auto & known = policy_names();
-            if (std::find(known.begin(), known.end(), policy) == known.end()) {
-                rec.fail("policy", fmt::format("is \"{}\", not a cache policy of this moeprune", policy));
-            }
-            const int64_t slot_max = global ? k * int64_t(L) : k;
-            const std::vector<int64_t> slots = rec.integers("slots", 1, slot_max);
-            if (slots.empty() || (!global && slots.size() != 1 && slots.size() != L) || (global && slots.size() != 1)) {
-                rec.fail("slots", fmt::format("holds {} sizes: one, or one per MoE layer ({}) of a per-layer cache", slots.size(), L));
-            }
-            double resident = g.other;
-            if (global) {
-                resident += double(slots[0]) * g.mean();
-            } else {
-                for (size_t l = 0; l < L; ++l) {
-                    resident += double(slots.size() == 1 ? slots[0] : slots[l]) * g.bytes[l];
-                }
-            }
-            const double misses = rec.number("misses_per_token", 0, max_count);
-            double bytes = misses * g.mean();
-            double rounds = double(L) * std::ceil(misses / double(L) / tp.queue_depth);
-            if (rec.has("misses_per_token_per_layer") && rec.any("misses_per_token_per_layer").is_array()) {
-                const std::vector<double> per_layer = rec.numbers("misses_per_token_per_layer", 0, max_count);
-                if (per_layer.size() == L) {
-                    bytes = rounds = 0;
-                    for (size_t l = 0; l < L; ++l) {
-                        bytes += per_layer[l] * g.bytes[l];
-                        rounds += std::ceil(per_layer[l] / tp.queue_depth);
-                    }
-                }
-            }
-            if (rec.has("read_rounds_per_token")) {
-                rounds = rec.number("read_rounds_per_token", 0, max_count);
-            }
-            const double lambda = rec.has("lambda") ? rec.number("lambda", 0, max_count) : 0.0;
-            const int64_t cache = rec.has("cache") ? rec.integer("cache", 1, slot_max) : slots[0];
-            json o = {{"k", k},
-                      {"criterion", criterion},
-                      {"cache_experts", cache},
-                      {"cache_scope", global ? "global" : "per-layer"},
-                      {"policy", policy},
-                      {"lambda", lambda},
-                      {"routed_bytes", double(k) * g.sum()},
-                      {"resident_bytes", resident},
-                      {"misses_per_token", misses},
-                      {"read_bytes_per_token", bytes},
-                      {"tok_per_s", tok_per_s(token_seconds(bytes, rounds, L, tp))},
-                      {"source", "replay " + path.string()}};
-            if (rec.has("cliff") && rec.boolean("cliff")) {
-                o["note"] = "global cache smaller than one token's experts";
-            }
-            add(std::move(o));
-        }
-        replay_inputs.push_back({{"file", path.string()}, {"digest", file_digest(path)}});
-    }
+    json options = json::array();
+    uint64_t infeasible = 0;
+    json eval_inputs = json::array(), replay_inputs = json::array();
+};
 
-    // Every K: all of it resident, and the caches given by hand.
-    std::set<int64_t> ks(opt.ks.begin(), opt.ks.end());
-    for (const auto & [key, v] : kld) {
-        ks.insert(key.second);
-    }
-    for (const auto & key : planned) {
-        ks.insert(key.second);
-    }
-    if (ks.empty()) {
-        throw Error("nothing to plan: give -k, a --replay result or an --eval report");
-    }
-    for (const int64_t k : ks) {
-        if (k < g.used || k > g.n_expert) {
-            throw Error(fmt::format("-k {}: K must be between the experts used per token ({}) and the experts ({})", k, g.used, g.n_expert));
-        }
-        std::set<std::string> criteria;
-        for (const auto & [key, v] : kld) {
-            if (key.second == k) {
-                criteria.insert(key.first);
-            }
-        }
-        for (const auto & key : planned) {
-            if (key.second == k) {
-                criteria.insert(key.first);
-            }
-        }
-        if (criteria.empty()) {
-            criteria.insert(k == g.n_expert ? "none" : "any");
-        }
-        for (const std::string & c : criteria) {
-            add({{"k", k},
-                 {"criterion", c},
-                 {"cache_experts", k},
-                 {"cache_scope", "per-layer"},
-                 {"policy", "resident"},
-                 {"lambda", 0.0},
-                 {"routed_bytes", double(k) * g.sum()},
-                 {"resident_bytes", g.other + double(k) * g.sum()},
-                 {"misses_per_token", 0.0},
-                 {"read_bytes_per_token", 0.0},
-                 {"tok_per_s", tok_per_s(token_seconds(0, 0, L, tp))},
-                 {"source", "every kept expert in RAM"}});
-            for (size_t i = 0; i < opt.misses_per_token.size(); ++i) {
-                const double m = opt.misses_per_token[i];
-                const double bytes = m * g.mean();
-                const double rounds = m > 0 ? double(L) * std::ceil(m / double(L) / tp.queue_depth) : 0;
-                const json cache = opt.cache_experts.empty() ? json(nullptr) : json(opt.cache_experts[i]);
-                add({{"k", k},
-                     {"criterion", c},
-                     {"cache_experts", cache},
-                     {"cache_scope", "per-layer"},
-                     {"policy", "given"},
-                     {"lambda", 0.0},
-                     {"routed_bytes", double(k) * g.sum()},
-                     {"resident_bytes", cache.is_null() ? json(nullptr) : json(g.other + double(opt.cache_experts[i]) * g.sum())},
-                     {"misses_per_token", m},
-                     {"read_bytes_per_token", bytes},
-                     {"tok_per_s", tok_per_s(token_seconds(bytes, rounds, L, tp))},
-                     {"source", "--misses-per-token"}});
-            }
-        }
-    }
+} // namespace
 
-    // Pareto front of tokens/s (higher; null is unbounded) against KLD (lower).
-    const auto speed = [&](const json & o) {
-        return o["tok_per_s"].is_null() ? std::numeric_limits<double>::infinity() : o["tok_per_s"].get<double>();
-    };
-    std::vector<size_t> order;
-    for (size_t i = 0; i < options.size(); ++i) {
-        if (!options[i]["kld_mean"].is_null() && !options[i]["bound"].get<bool>()) {
-            order.push_back(i);
-        }
-    }
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-        if (speed(options[a]) != speed(options[b])) {
-            return speed(options[a]) > speed(options[b]);
-        }
-        return options[a]["kld_mean"].get<double>() < options[b]["kld_mean"].get<double>();
-    });
-    json pareto = json::array();
-    double best_kld = std::numeric_limits<double>::infinity();
-    for (const size_t i : order) {
-        if (options[i]["kld_mean"].get<double>() < best_kld) {
-            best_kld = options[i]["kld_mean"].get<double>();
-            pareto.push_back(i);
-        }
-    }
-
-    json recommended = nullptr;
-    std::string why;
-    const auto describe = [&](const json & o) {
-        const std::string cache = o["policy"] == "resident" ? "all kept experts resident"
-                                  : o["cache_experts"].is_null()
-                                      ? std::string(o["policy"].get<std::string>())
-                                      : fmt::format("{} cache of {} experts{}, λ {}", o["policy"].get<std::string>(),
-                                                    o["cache_experts"].get<int64_t>(), o["cache_scope"] == "global" ? " (global)" : " per layer",
-                                                    o["lambda"].get<double>());
-        const std::string speed_text = o["tok_per_s"].is_null() ? "unbounded tokens/s (no time per token in the model)"
-                                                                : fmt::format("{:.2f} tokens/s", o["tok_per_s"].get<double>());
-        return fmt::format("K {} by {}, {}: {}", o["k"].get<int64_t>(), o["criterion"].get<std::string>(), cache, speed_text);
-    };
-    if (!pareto.empty()) {
-        if (opt.max_kld) {
-            for (const json & i : pareto) {
-                const json & o = options[i.get<size_t>()];
-                if (o["kld_mean"].get<double>() <= *opt.max_kld) {
-                    recommended = i;
-                    why = fmt::format("the fastest option with mean KLD within --max-kld {}: {}, mean KLD {:.4g}{}", *opt.max_kld,
-                                      describe(o), o["kld_mean"].get<double>(), o["kld_measured"].get<bool>() ? "" : " (interpolated)");
-                    break;
-                }
-            }
-            if (recommended.is_null()) {
-                why = fmt::format("no feasible option has mean KLD within --max-kld {}", *opt.max_kld);
-            }
-        } else {
-            const double fastest = speed(options[pareto[0].get<size_t>()]);
-            for (const json & i : pareto) {
-                const json & o = options[i.get<size_t>()];
-                if (speed(o) >= opt.speed_share * fastest) {
-                    recommended = i;  // the front is in falling speed and falling KLD: keep the last that is fast enough
-                }
-            }
-            const json & o = options[recommended.get<size_t>()];
-            why = fmt::format("the lowest mean KLD ({:.4g}{}) among options within {:.0f}% of the fastest feasible speed: {}",
-                              o["kld_mean"].get<double>(), o["kld_measured"].get<bool>() ? "" : ", interpolated",
-                              100 * opt.speed_share, describe(o));
-        }
-    } else if (!options.empty()) {
-        size_t best = 0;
-        for (size_t i = 1; i < options.size(); ++i) {
-            if (options[i]["bound"].get<bool>()) {
-                continue;
-            }
-            if (options[best]["bound"].get<bool>() || speed(options[i]) > speed(options[best]) ||
-                (speed(options[i]) == speed(options[best]) && options[i]["k"].get<int64_t>() > options[best]["k"].get<int64_t>())) {
-                best = i;
-            }
-        }
-        recommended = best;
-        why = "no quality was measured (no --eval): the fastest option that fits, " + describe(options[best]) +
-              "; measure its KLD before trusting it";
-    } else {
-        why = "no option fits in the RAM budget";
-    }
-    if (!recommended.is_null() && budget > 0) {
-        const json & o = options[recommended.get<size_t>()];
-        if (!o["resident_bytes"].is_null()) {
-            why += fmt::format("; {:.2f} GB resident of the {:.2f} GB budget", gb(o["resident_bytes"].get<double>()), gb(budget));
-        }
-    }
-
-    json layer_bytes = json::array();
-    for (const double b : g.bytes) {
-        layer_bytes.push_back(b);
-    }
-    json throughput_inputs = to_json(tp);
-    throughput_inputs["model"] = "t = compute + layers * sync + read_bytes / ssd + rounds * latency; tokens/s = 1 / t";
-    return {{"format", "moeprune-plan"},
-            {"version", 1},
-            {"inputs",
-             {{"geometry", {{"source", g.source}, {"model_digest", g.digest.empty() ? json(nullptr) : json(g.digest)}, {"moe_layers", L}, {"experts", g.n_expert}, {"used", g.used},
-                            {"expert_bytes", layer_bytes}, {"routed_bytes_all", g.sum() * double(g.n_expert)},
-                            {"other_bytes", g.other_known ? json(g.other) : json(nullptr)}}},
-              {"ram_bytes", opt.ram_bytes > 0 ? json(opt.ram_bytes) : json(nullptr)},
-              {"reserve_bytes", opt.reserve_bytes},
-              {"budget_bytes", budget > 0 ? json(budget) : json(nullptr)},
-              {"throughput", throughput_inputs},
-              {"replays", replay_inputs},
-              {"evals", eval_inputs},
-              {"misses_per_token", opt.misses_per_token},
-              {"cache_experts", opt.cache_experts},
-              {"max_kld", opt.max_kld ? json(*opt.max_kld) : json(nullptr)},
-              {"speed_share", opt.speed_share}}},
-            {"options", options},
-            {"infeasible", infeasible},
-            {"pareto", pareto},
-            {"recommended", recommended},
-            {"why", why}};
+json make_plan(const PlanOptions & opt) {
+    check_plan_options(opt);
+    Planner planner(opt, geometry(opt));
+    planner.check_settings();
+    planner.read_evals();
+    planner.read_replays();
+    planner.add_given_options();
+    const json pareto = planner.pareto_front();
+    const auto [recommended, why] = planner.recommend(pareto);
+    return planner.to_plan_json(pareto, recommended, why);
 }
 
 std::string plan_text(const json & plan) {

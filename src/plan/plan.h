@@ -3,7 +3,7 @@
 // measured (replay sweeps, eval reports), every feasible (K, criterion, cache, policy, λ)
 // with its bytes, misses, tokens/s and KLD, the Pareto front of speed against quality,
 // and one recommendation with the reason. Unknown numbers stay null, never invented.
-#include "replay/replay.h"
+#include "sim/throughput.h"
 
 #include <nlohmann/json.hpp>
 

@@ -1,12 +1,12 @@
 #include "replay/replay.h"
-#include "replay/moce.h"
+#include "sim/moce.h"
 #include "core/atomic_file.h"
 #include "core/errors.h"
 #include "core/parallel.h"
 #include "formats/keep_map.h"
 #include "formats/trace.h"
-#include "gguf/model_file.h"
-#include "inspect/inspect.h"
+#include "model/model_file.h"
+#include "model/inspect.h"
 
 #include <fmt/format.h>
 
@@ -44,30 +44,13 @@ PhaseCounts ReplayRecord::total() const {
     return t;
 }
 
-json to_json(const PolicyParams & p) {
-    return {{"ema_decay", p.ema_decay},
-            {"near_pick", p.near_pick},
-            {"lfru_half_life", p.lfru_half_life},
-            {"slru_protected", p.slru_protected},
-            {"s3fifo_small", p.s3fifo_small}};
-}
-
-json to_json(const ThroughputParams & p) {
-    return {{"ssd_gbps", p.ssd_gbps},
-            {"read_latency_us", p.read_latency_us},
-            {"queue_depth", p.queue_depth},
-            {"compute_ms", p.compute_ms},
-            {"sync_us", p.sync_us}};
-}
-
 double tokens_per_second(const PhaseCounts & c, int n_layer, const ThroughputParams & p) {
     if (c.tokens == 0) {
         return 0.0;
     }
-    const double tokens = double(c.tokens), bw = p.ssd_gbps * 1e9, compute = p.compute_ms * 1e-3;
-    const double io = (c.exposed_bytes / bw + double(c.rounds) * p.read_latency_us * 1e-6) / tokens;
-    const double staged = c.prefetch_bytes / (bw * tokens);
-    const double t = compute + n_layer * p.sync_us * 1e-6 + io + std::max(0.0, staged - compute);
+    const double tokens = double(c.tokens);
+    const double t = token_seconds({c.exposed_bytes / tokens, double(c.rounds) / tokens, c.prefetch_bytes / tokens},
+                                   size_t(n_layer), p);
     return t > 0 ? 1.0 / t : std::numeric_limits<double>::infinity();
 }
 
@@ -241,7 +224,7 @@ public:
            int n_ids, const KeySchedule * keys = nullptr)
         : s_(s), opt_(opt), lambda_(c.lambda), slots_(slots),
           policy_(make_policy(c.policy, n_ids, slots, s.params, future, keys)), credits_candidates_(
-              c.policy == "near-pick-ema" || c.policy == "inverse-router-ema"),
+              policy_credits_candidates(c.policy)),
           plain_(lambda_ == 0.0 && !credits_candidates_), in_union_(size_t(n_ids), 0) {}
 
     void reset() { policy_->reset(); }
@@ -457,7 +440,7 @@ void replay_all_sizes(const Setup & s, const ReplayOptions & opt, uint32_t l, co
         slots.push_back(configs[c].slots[l]);
     }
     const auto stack = make_stack_policy(policy, s.n_expert, *std::max_element(slots.begin(), slots.end()), s.params, future);
-    const bool credits = policy == "near-pick-ema" || policy == "inverse-router-ema";
+    const bool credits = policy_credits_candidates(policy);
     std::vector<int32_t> depth(size_t(s.k));
     for (uint64_t t = 0; t < s.meta.size(); ++t) {
         if (session_resets_at(s, opt, t)) {
@@ -532,15 +515,11 @@ std::vector<double> expert_bytes_from_model(const GgufModel & model, const Trace
         fail_file(path.string(), fmt::format("has {} experts per layer but the trace has {}: another model", r.n_expert,
                                              h.n_expert));
     }
-    std::vector<int> moe_layers;
     std::map<int, uint64_t> bytes;
     for (const LayerInfo & li : r.layers) {
-        if (!li.nextn) {
-            moe_layers.push_back(li.layer);
-        }
         bytes[li.layer] = li.expert_bytes;
     }
-    const std::vector<int> layers = model_layers_of_trace(h, moe_layers);
+    const std::vector<int> layers = model_layers_of_trace(h, r.routed_layers());
     if (layers.size() != h.n_layer) {
         fail_file(path.string(), fmt::format("has {} MoE layers but the trace has {}", layers.size(), h.n_layer));
     }
@@ -627,43 +606,30 @@ std::vector<Config> make_configs(const ReplayOptions & opt, const Setup & s, jso
 
 } // namespace
 
-ReplayReport run_replay(const ReplayOptions & opt, const std::vector<std::filesystem::path> & outputs) {
-    std::optional<GgufModel> model;
-    std::vector<std::filesystem::path> inputs{opt.trace, opt.keep};
-    if (!opt.model.empty()) {
-        model = GgufModel::open(opt.model);
-        inputs.insert(inputs.end(), model->shard_paths().begin(), model->shard_paths().end());
-    }
-    refuse_output_clashes(outputs, inputs);
-    const TraceReader reader = TraceReader::open(opt.trace);
-    const TraceHeader & h = reader.header();
-    Setup s;
-    s.reader = &reader;
-    s.origin = opt.trace.string();
-    s.n_layer = h.n_layer;
-    ReplayReport rep;
-    rep.n_layer = int(h.n_layer);
-    rep.trace_tokens = reader.n_tokens();
-    s.k = opt.k;
-    if (s.k == 0) {
+namespace {
+
+// Experts per token: --k, or the trace's meta.n_expert_used.
+int experts_per_token(const ReplayOptions & opt, const TraceHeader & h, const std::string & origin) {
+    int k = opt.k;
+    if (k == 0) {
         if (!h.meta.contains("n_expert_used") || !h.meta["n_expert_used"].is_number_integer()) {
-            fail_file(s.origin, "does not record n_expert_used in its meta; give --k");
+            fail_file(origin, "does not record n_expert_used in its meta; give --k");
         }
         const json & used = h.meta["n_expert_used"];
         if (used.is_number_unsigned() ? used.get<uint64_t>() > h.top_m : used.get<int64_t>() < 1) {
-            fail_file(s.origin, fmt::format("meta.n_expert_used is {}, not from 1 to the top {} candidates the trace holds",
+            fail_file(origin, fmt::format("meta.n_expert_used is {}, not from 1 to the top {} candidates the trace holds",
                                             used.dump(), h.top_m));
         }
-        s.k = used.get<int>();
+        k = used.get<int>();
     }
-    if (s.k <= 0 || uint32_t(s.k) > h.top_m || s.k > 255) {
-        fail_file(s.origin, fmt::format("k = {} but the trace holds the top {} candidates per token", s.k, h.top_m));
+    if (k <= 0 || uint32_t(k) > h.top_m || k > 255) {
+        fail_file(origin, fmt::format("k = {} but the trace holds the top {} candidates per token", k, h.top_m));
     }
-    rep.k = s.k;
-    s.j = moce_j(opt.j, s.k);
-    if (s.j < 0) {
-        throw Error(fmt::format("--j must be >= 0, got {}", s.j));
-    }
+    return k;
+}
+
+void check_replay_options(const ReplayOptions & opt, const Setup & s, const TraceReader & reader) {
+    const TraceHeader & h = reader.header();
     refuse_inert_moce(s.j, s.k, opt.lambdas);
     if (opt.warmup >= reader.n_tokens()) {
         fail_file(s.origin, fmt::format("has {} tokens, not more than the warm-up of {}: nothing would be counted",
@@ -697,53 +663,37 @@ ReplayReport run_replay(const ReplayOptions & opt, const std::vector<std::filesy
         fail_file(s.origin, fmt::format("has {} experts per layer; --prefetch counts expert pairs and supports up to {}",
                                         h.n_expert, kMaxPrefetchExperts));
     }
+}
+
+// The keep map read and checked once, its survivors renumbered per trace layer as in the
+// sliced model.
+KeepMap apply_keep_map(const ReplayOptions & opt, const TraceHeader & h, Setup & s) {
     KeepMap km;
     s.n_expert = int(h.n_expert);
-    if (!opt.keep.empty()) {
-        km = read_keep_map(opt.keep);
-        if (km.n_expert != 0 && km.n_expert != int64_t(h.n_expert)) {
-            fail_file(opt.keep.string(), fmt::format("made for {} experts per layer, the trace has {}", km.n_expert,
-                                                     h.n_expert));
-        }
-        km.n_expert = h.n_expert;
-        validate_keep_map(km, opt.keep.string());  // now also ids against the trace's experts
-        if (km.k < s.k) {
-            fail_file(opt.keep.string(), fmt::format("keeps {} experts per layer, fewer than the {} each token uses", km.k,
-                                                     s.k));
-        }
-        for (const std::vector<int32_t> * ids : keep_per_trace_layer(km, h, opt.keep.string())) {
-            std::vector<int32_t> m(h.n_expert, -1);
-            for (size_t i = 0; i < ids->size(); ++i) {
-                m[size_t((*ids)[i])] = int32_t(i);
-            }
-            s.old_to_new.push_back(std::move(m));
-        }
-        s.n_expert = int(km.k);
+    if (opt.keep.empty()) {
+        return km;
     }
-    if (!opt.model.empty()) {
-        s.expert_bytes = expert_bytes_from_model(*model, h);
-    } else if (opt.expert_mb > 0) {
-        s.expert_bytes.assign(h.n_layer, opt.expert_mb * 1e6);
+    km = read_keep_map(opt.keep);
+    if (km.n_expert != 0 && km.n_expert != int64_t(h.n_expert)) {
+        fail_file(opt.keep.string(), fmt::format("made for {} experts per layer, the trace has {}", km.n_expert,
+                                                 h.n_expert));
     }
-    s.params = opt.params;
-    s.params.requests_per_token = opt.global ? int(h.n_layer) : 1;
-    const bool any_moce = std::any_of(opt.lambdas.begin(), opt.lambdas.end(), [](double l) { return l > 0; });
-    s.keep_candidates = any_moce || std::any_of(opt.policies.begin(), opt.policies.end(), [](const std::string & p) {
-                            return p == "near-pick-ema" || p == "inverse-router-ema";
-                        });
-    s.moce_prior = any_moce && opt.moce == "prior";
+    km.n_expert = h.n_expert;
+    validate_keep_map(km, opt.keep.string());  // now also ids against the trace's experts
+    require_top_k_room(km, opt.keep.string(), s.k);
+    for (const std::vector<int32_t> * ids : keep_per_trace_layer(km, h, opt.keep.string())) {
+        std::vector<int32_t> m(h.n_expert, -1);
+        for (size_t i = 0; i < ids->size(); ++i) {
+            m[size_t((*ids)[i])] = int32_t(i);
+        }
+        s.old_to_new.push_back(std::move(m));
+    }
+    s.n_expert = int(km.k);
+    return km;
+}
 
-    json skipped = json::array();
-    bool mixed_sizes = false;
-    double min_bytes = 0, max_bytes = 0;
-    const std::vector<Config> configs = make_configs(opt, s, skipped, mixed_sizes, min_bytes, max_bytes);
-    AccessSequence no_future;
-    no_future.index_next_uses(1);
-    for (const Config & c : configs) {
-        make_policy(c.policy, s.n_expert, c.slots[0], s.params, &no_future);  // bad names and knobs fail before any work
-    }
-
-    s.meta = reader.token_meta();
+// Prefill tokens grouped into batches of --prefill-union, within one sequence.
+void mark_prefill_batches(const ReplayOptions & opt, Setup & s) {
     const uint64_t n_tok = s.meta.size();
     s.batch_first.resize(n_tok);
     s.batch_last.assign(n_tok, 1);
@@ -761,25 +711,15 @@ ReplayReport run_replay(const ReplayOptions & opt, const std::vector<std::filesy
             s.batch_last[t - 1] = 0;
         }
     }
-    const int n_predict = opt.prefetch ? (opt.prefetch_n > 0 ? opt.prefetch_n : s.k) : 0;
-    if (n_predict > 255) {
-        throw Error(fmt::format("--prefetch-n {} is more than 255", n_predict));
-    }
-    const bool offline = std::any_of(configs.begin(), configs.end(), [](const Config & c) {
-        return policy_reads_future(c.policy);
-    });
-    // Requests depend on the cache size only where a prefill batch's union is split.
-    const auto future_key = [&](int slots) { return opt.prefill_union > 0 ? slots : 0; };
-    const auto session_reset = [&](uint64_t t) { return session_resets_at(s, opt, t); };
+}
 
-    // counts[c][phase], merged from every cache.
-    std::vector<std::array<PhaseCounts, 2>> counts(configs.size());
-    std::mutex counts_mutex;
-    // The configurations of each stack-algorithm policy whose requests do not depend on
-    // the cache, where enough sizes share one pass (per-layer caches). The pass scans
-    // the stack down to each chosen expert, as deep as the largest size, about as long
-    // as one heap update per 32 positions measures (bench/replay.sh): a few sizes far
-    // apart (thousands of storage objects) run faster one cache each.
+// The configurations of each stack-algorithm policy whose requests do not depend on
+// the cache, where enough sizes share one pass (per-layer caches). The pass scans
+// the stack down to each chosen expert, as deep as the largest size, about as long
+// as one heap update per 32 positions measures (bench/replay.sh): a few sizes far
+// apart (thousands of storage objects) run faster one cache each.
+std::map<std::string, std::vector<size_t>> stack_passes(const ReplayOptions & opt, const std::vector<Config> & configs,
+                                                        int n_predict) {
     std::map<std::string, std::vector<size_t>> all_sizes;
     if (!opt.global && opt.prefill_union == 0 && n_predict == 0) {
         for (size_t c = 0; c < configs.size(); ++c) {
@@ -795,121 +735,156 @@ ReplayReport run_replay(const ReplayOptions & opt, const std::vector<std::filesy
             return group.second.size() < 2 || size_t(largest) > 32 * group.second.size();
         });
     }
+    return all_sizes;
+}
+
+using Counts = std::vector<std::array<PhaseCounts, 2>>;  // [config][phase]
+
+// Requests depend on the cache size only where a prefill batch's union is split.
+int future_key(const ReplayOptions & opt, int slots) { return opt.prefill_union > 0 ? slots : 0; }
+
+// Per-layer caches: layers in parallel, each configuration through every token of a
+// layer before the next.
+Counts replay_per_layer(const ReplayOptions & opt, const Setup & s, const std::vector<Config> & configs, int n_predict) {
+    const TraceHeader & h = s.reader->header();
+    const uint64_t n_tok = s.meta.size();
+    const bool offline = std::any_of(configs.begin(), configs.end(), [](const Config & c) {
+        return policy_reads_future(c.policy);
+    });
+    const auto session_reset = [&](uint64_t t) { return session_resets_at(s, opt, t); };
+    const auto all_sizes = stack_passes(opt, configs, n_predict);
     std::vector<char> in_all_sizes(configs.size(), 0);
     for (const auto & [policy, members] : all_sizes) {
         for (size_t c : members) {
             in_all_sizes[c] = 1;
         }
     }
-
-    if (!opt.global) {
-        run_parallel(h.n_layer, opt.threads, [&](unsigned l) {
-            const LayerData d = load_layer(s, l);
-            Predictions pred;
-            if (n_predict > 0 && l > 0) {
-                pred = predict_layer(load_layer(s, l - 1), d, s.k, s.n_expert, n_predict, opt.prefetch_train);
-            }
-            std::map<int, AccessSequence> futures;
-            if (offline) {
-                for (const Config & c : configs) {
-                    if (policy_reads_future(c.policy) && !futures.count(future_key(c.slots[l]))) {
-                        futures.emplace(future_key(c.slots[l]), unbiased_requests(s, {&d}, c.slots[l]));
-                    }
-                }
-            }
-            // An ema-family policy routed without looking at the cache sees the same
-            // requests at every cache size: its scores and keys are computed once here.
-            std::map<std::string, KeySchedule> schedules;
-            if (opt.prefill_union == 0) {
-                std::map<std::string, int> sizes;
-                for (size_t c = 0; c < configs.size(); ++c) {
-                    sizes[configs[c].policy] += configs[c].lambda == 0.0 && !in_all_sizes[c] &&
-                                                policy_takes_key_schedule(configs[c].policy);
-                }
-                for (const auto & [policy, n] : sizes) {
-                    if (n < 2) {
-                        continue;
-                    }
-                    const bool credits = policy == "near-pick-ema" || policy == "inverse-router-ema";
-                    schedules.emplace(policy, build_key_schedule(policy, s.n_expert, s.params, n_tok, [&](uint64_t t, bool & reset) {
-                        reset = session_reset(t);
-                        if (!credits) {
-                            return Request{d.unbiased_of(t, s.k), {}, {}};
-                        }
-                        return Request{d.unbiased_of(t, s.k), {d.cand.data() + t * d.width, d.n_cand[t]},
-                                       {d.logit.data() + t * d.width, d.n_cand[t]}};
-                    }));
-                }
-            }
-            std::vector<std::array<PhaseCounts, 2>> local(configs.size());
-            for (const auto & [policy, members] : all_sizes) {
-                const auto f = futures.find(0);
-                replay_all_sizes(s, opt, l, d, configs, members, f == futures.end() ? nullptr : &f->second, local);
-            }
-            // One configuration through every token before the next: its cache state stays
-            // in the core's own caches while the layer's requests stream past.
-            for (size_t c = 0; c < configs.size(); ++c) {
-                if (in_all_sizes[c]) {
-                    continue;
-                }
-                const auto f = futures.find(future_key(configs[c].slots[l]));
-                const auto ks = configs[c].lambda == 0.0 ? schedules.find(configs[c].policy) : schedules.end();
-                Runner runner(s, opt, configs[c], configs[c].slots[l], f == futures.end() ? nullptr : &f->second, s.n_expert,
-                              ks == schedules.end() ? nullptr : &ks->second);
-                for (uint64_t t = 0; t < n_tok; ++t) {
-                    if (session_reset(t)) {
-                        runner.reset();
-                    }
-                    const std::span<const int32_t> predicted =
-                        pred.n && !s.batched[t] ? pred.of(t) : std::span<const int32_t>{};
-                    runner.token(t, l, d, 0, predicted, local[c][phase_index(s, t)]);
-                }
-            }
-            std::lock_guard<std::mutex> lock(counts_mutex);
-            for (size_t c = 0; c < configs.size(); ++c) {
-                counts[c][0].add(local[c][0]);
-                counts[c][1].add(local[c][1]);
-            }
-        });
-    } else {
-        std::vector<LayerData> layers(h.n_layer);
-        run_parallel(h.n_layer, opt.threads, [&](unsigned l) { layers[l] = load_layer(s, l); });
-        std::vector<Predictions> preds(h.n_layer);
-        if (n_predict > 0) {
-            run_parallel(h.n_layer - 1, opt.threads, [&](unsigned i) {
-                preds[i + 1] = predict_layer(layers[i], layers[i + 1], s.k, s.n_expert, n_predict, opt.prefetch_train);
-            });
-        }
-        std::vector<const LayerData *> all;
-        for (const LayerData & d : layers) {
-            all.push_back(&d);
+    Counts counts(configs.size());
+    std::mutex counts_mutex;
+    run_parallel(h.n_layer, opt.threads, [&](unsigned l) {
+        const LayerData d = load_layer(s, l);
+        Predictions pred;
+        if (n_predict > 0 && l > 0) {
+            pred = predict_layer(load_layer(s, l - 1), d, s.k, s.n_expert, n_predict, opt.prefetch_train);
         }
         std::map<int, AccessSequence> futures;
-        for (const Config & c : configs) {
-            if (policy_reads_future(c.policy) && !futures.count(future_key(c.slots[0]))) {
-                futures.emplace(future_key(c.slots[0]), unbiased_requests(s, all, c.slots[0]));
+        if (offline) {
+            for (const Config & c : configs) {
+                if (policy_reads_future(c.policy) && !futures.count(future_key(opt, c.slots[l]))) {
+                    futures.emplace(future_key(opt, c.slots[l]), unbiased_requests(s, {&d}, c.slots[l]));
+                }
             }
         }
-        run_parallel(unsigned(configs.size()), opt.threads, [&](unsigned c) {
-            const auto f = futures.find(future_key(configs[c].slots[0]));
-            Runner runner(s, opt, configs[c], configs[c].slots[0], f == futures.end() ? nullptr : &f->second, s.n_expert * int(h.n_layer));
-            std::array<PhaseCounts, 2> local{};
+        // An ema-family policy routed without looking at the cache sees the same
+        // requests at every cache size: its scores and keys are computed once here.
+        std::map<std::string, KeySchedule> schedules;
+        if (opt.prefill_union == 0) {
+            std::map<std::string, int> sizes;
+            for (size_t c = 0; c < configs.size(); ++c) {
+                sizes[configs[c].policy] += configs[c].lambda == 0.0 && !in_all_sizes[c] &&
+                                            policy_takes_key_schedule(configs[c].policy);
+            }
+            for (const auto & [policy, n] : sizes) {
+                if (n < 2) {
+                    continue;
+                }
+                const bool credits = policy_credits_candidates(policy);
+                schedules.emplace(policy, build_key_schedule(policy, s.n_expert, s.params, n_tok, [&](uint64_t t, bool & reset) {
+                    reset = session_reset(t);
+                    if (!credits) {
+                        return Request{d.unbiased_of(t, s.k), {}, {}};
+                    }
+                    return Request{d.unbiased_of(t, s.k), {d.cand.data() + t * d.width, d.n_cand[t]},
+                                   {d.logit.data() + t * d.width, d.n_cand[t]}};
+                }));
+            }
+        }
+        std::vector<std::array<PhaseCounts, 2>> local(configs.size());
+        for (const auto & [policy, members] : all_sizes) {
+            const auto f = futures.find(0);
+            replay_all_sizes(s, opt, l, d, configs, members, f == futures.end() ? nullptr : &f->second, local);
+        }
+        // One configuration through every token before the next: its cache state stays
+        // in the core's own caches while the layer's requests stream past.
+        for (size_t c = 0; c < configs.size(); ++c) {
+            if (in_all_sizes[c]) {
+                continue;
+            }
+            const auto f = futures.find(future_key(opt, configs[c].slots[l]));
+            const auto ks = configs[c].lambda == 0.0 ? schedules.find(configs[c].policy) : schedules.end();
+            Runner runner(s, opt, configs[c], configs[c].slots[l], f == futures.end() ? nullptr : &f->second, s.n_expert,
+                          ks == schedules.end() ? nullptr : &ks->second);
             for (uint64_t t = 0; t < n_tok; ++t) {
                 if (session_reset(t)) {
                     runner.reset();
                 }
-                for (uint32_t l = 0; l < h.n_layer; ++l) {
-                    const std::span<const int32_t> predicted =
-                        preds[l].n && !s.batched[t] ? preds[l].of(t) : std::span<const int32_t>{};
-                    runner.token(t, l, layers[l], int32_t(l) * s.n_expert, predicted,
-                                 local[phase_index(s, t)]);
-                }
+                const std::span<const int32_t> predicted =
+                    pred.n && !s.batched[t] ? pred.of(t) : std::span<const int32_t>{};
+                runner.token(t, l, d, 0, predicted, local[c][phase_index(s, t)]);
             }
-            std::lock_guard<std::mutex> lock(counts_mutex);
-            counts[c][0].add(local[0]);
-            counts[c][1].add(local[1]);
+        }
+        std::lock_guard<std::mutex> lock(counts_mutex);
+        for (size_t c = 0; c < configs.size(); ++c) {
+            counts[c][0].add(local[c][0]);
+            counts[c][1].add(local[c][1]);
+        }
+    });
+    return counts;
+}
+
+// One cache shared by all layers: configurations in parallel, each through every token
+// and layer.
+Counts replay_global(const ReplayOptions & opt, const Setup & s, const std::vector<Config> & configs, int n_predict) {
+    const TraceHeader & h = s.reader->header();
+    const uint64_t n_tok = s.meta.size();
+    const auto session_reset = [&](uint64_t t) { return session_resets_at(s, opt, t); };
+    Counts counts(configs.size());
+    std::mutex counts_mutex;
+    std::vector<LayerData> layers(h.n_layer);
+    run_parallel(h.n_layer, opt.threads, [&](unsigned l) { layers[l] = load_layer(s, l); });
+    std::vector<Predictions> preds(h.n_layer);
+    if (n_predict > 0) {
+        run_parallel(h.n_layer - 1, opt.threads, [&](unsigned i) {
+            preds[i + 1] = predict_layer(layers[i], layers[i + 1], s.k, s.n_expert, n_predict, opt.prefetch_train);
         });
     }
+    std::vector<const LayerData *> all;
+    for (const LayerData & d : layers) {
+        all.push_back(&d);
+    }
+    std::map<int, AccessSequence> futures;
+    for (const Config & c : configs) {
+        if (policy_reads_future(c.policy) && !futures.count(future_key(opt, c.slots[0]))) {
+            futures.emplace(future_key(opt, c.slots[0]), unbiased_requests(s, all, c.slots[0]));
+        }
+    }
+    run_parallel(unsigned(configs.size()), opt.threads, [&](unsigned c) {
+        const auto f = futures.find(future_key(opt, configs[c].slots[0]));
+        Runner runner(s, opt, configs[c], configs[c].slots[0], f == futures.end() ? nullptr : &f->second, s.n_expert * int(h.n_layer));
+        std::array<PhaseCounts, 2> local{};
+        for (uint64_t t = 0; t < n_tok; ++t) {
+            if (session_reset(t)) {
+                runner.reset();
+            }
+            for (uint32_t l = 0; l < h.n_layer; ++l) {
+                const std::span<const int32_t> predicted =
+                    preds[l].n && !s.batched[t] ? preds[l].of(t) : std::span<const int32_t>{};
+                runner.token(t, l, layers[l], int32_t(l) * s.n_expert, predicted,
+                             local[phase_index(s, t)]);
+            }
+        }
+        std::lock_guard<std::mutex> lock(counts_mutex);
+        counts[c][0].add(local[0]);
+        counts[c][1].add(local[1]);
+    });
+    return counts;
+}
+
+std::vector<ReplayRecord> records_of(const ReplayOptions & opt, const Setup & s, const std::vector<Config> & configs,
+                                     const Counts & counts) {
+    const TraceHeader & h = s.reader->header();
+    const uint64_t n_tok = s.meta.size();
+    std::vector<ReplayRecord> records;
     for (size_t c = 0; c < configs.size(); ++c) {
         ReplayRecord rec;
         rec.policy = configs[c].policy;
@@ -924,9 +899,68 @@ ReplayReport run_replay(const ReplayOptions & opt, const std::vector<std::filesy
         for (uint64_t t = opt.warmup; t < n_tok; ++t) {
             ++(phase_index(s, t) ? rec.decode : rec.prefill).tokens;
         }
-        rep.records.push_back(std::move(rec));
+        records.push_back(std::move(rec));
     }
+    return records;
+}
 
+} // namespace
+
+ReplayReport run_replay(const ReplayOptions & opt, const std::vector<std::filesystem::path> & outputs) {
+    std::optional<GgufModel> model;
+    std::vector<std::filesystem::path> inputs{opt.trace, opt.keep};
+    if (!opt.model.empty()) {
+        model = GgufModel::open(opt.model);
+        inputs.insert(inputs.end(), model->shard_paths().begin(), model->shard_paths().end());
+    }
+    refuse_output_clashes(outputs, inputs);
+    const TraceReader reader = TraceReader::open(opt.trace);
+    const TraceHeader & h = reader.header();
+    Setup s;
+    s.reader = &reader;
+    s.origin = opt.trace.string();
+    s.n_layer = h.n_layer;
+    s.k = experts_per_token(opt, h, s.origin);
+    s.j = moce_j(opt.j, s.k);
+    if (s.j < 0) {
+        throw Error(fmt::format("--j must be >= 0, got {}", s.j));
+    }
+    check_replay_options(opt, s, reader);
+    const KeepMap km = apply_keep_map(opt, h, s);
+    if (!opt.model.empty()) {
+        s.expert_bytes = expert_bytes_from_model(*model, h);
+    } else if (opt.expert_mb > 0) {
+        s.expert_bytes.assign(h.n_layer, opt.expert_mb * 1e6);
+    }
+    s.params = opt.params;
+    s.params.requests_per_token = opt.global ? int(h.n_layer) : 1;
+    const bool any_moce = std::any_of(opt.lambdas.begin(), opt.lambdas.end(), [](double l) { return l > 0; });
+    s.keep_candidates = any_moce || std::any_of(opt.policies.begin(), opt.policies.end(), policy_credits_candidates);
+    s.moce_prior = any_moce && opt.moce == "prior";
+
+    json skipped = json::array();
+    bool mixed_sizes = false;
+    double min_bytes = 0, max_bytes = 0;
+    const std::vector<Config> configs = make_configs(opt, s, skipped, mixed_sizes, min_bytes, max_bytes);
+    AccessSequence no_future;
+    no_future.index_next_uses(1);
+    for (const Config & c : configs) {
+        make_policy(c.policy, s.n_expert, c.slots[0], s.params, &no_future);  // bad names and knobs fail before any work
+    }
+    s.meta = reader.token_meta();
+    mark_prefill_batches(opt, s);
+    const int n_predict = opt.prefetch ? (opt.prefetch_n > 0 ? opt.prefetch_n : s.k) : 0;
+    if (n_predict > 255) {
+        throw Error(fmt::format("--prefetch-n {} is more than 255", n_predict));
+    }
+    const Counts counts =
+        opt.global ? replay_global(opt, s, configs, n_predict) : replay_per_layer(opt, s, configs, n_predict);
+
+    ReplayReport rep;
+    rep.n_layer = int(h.n_layer);
+    rep.trace_tokens = reader.n_tokens();
+    rep.k = s.k;
+    rep.records = records_of(opt, s, configs, counts);
     rep.bytes_known = !s.expert_bytes.empty();
     rep.inputs = {{"trace", opt.trace.string()},
                   {"trace_format", reader.format()},

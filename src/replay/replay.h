@@ -4,7 +4,8 @@
 // optionally biased toward cached experts (MoCE), is requested from a cache run by an
 // eviction policy; misses are what storage must serve. Every configuration advances
 // in one pass over a layer's tokens, layers in parallel. Semantics: docs/replay.md.
-#include "replay/policy.h"
+#include "sim/policy.h"
+#include "sim/throughput.h"
 
 #include <nlohmann/json.hpp>
 
@@ -15,14 +16,6 @@
 #include <vector>
 
 namespace moeprune {
-
-struct ThroughputParams {
-    double ssd_gbps = 6.8;        // sequential read bandwidth, 10^9 bytes/s
-    double read_latency_us = 80;  // per round of reads
-    int queue_depth = 32;         // reads in flight per round
-    double compute_ms = 0;        // per token, all layers
-    double sync_us = 0;           // per layer and token
-};
 
 struct ReplayOptions {
     std::filesystem::path trace;
@@ -81,10 +74,6 @@ ReplayReport run_replay(const ReplayOptions & opt, const std::vector<std::filesy
 nlohmann::json to_json(const ReplayReport & r);
 std::string to_text(const ReplayReport & r);
 std::string to_csv(const ReplayReport & r);
-
-// The settings as every result file records them (replay, eval, plan).
-nlohmann::json to_json(const PolicyParams & p);
-nlohmann::json to_json(const ThroughputParams & p);
 
 // tokens/s from a record's counters under the model of docs/replay.md.
 double tokens_per_second(const PhaseCounts & c, int n_layer, const ThroughputParams & p);

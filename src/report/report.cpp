@@ -2,6 +2,8 @@
 #include "core/atomic_file.h"
 #include "core/errors.h"
 #include "core/json.h"
+#include "formats/keep_map.h"
+#include "sim/policy.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -73,12 +75,8 @@ std::pair<std::string, int64_t> map_name(const std::string & path, int64_t n_exp
     if (path.empty()) {
         return {"none", n_expert};
     }
-    const std::string stem = fs::path(path).stem().string();
-    const auto dash = stem.rfind("-k");
-    if (dash == std::string::npos) {
-        return {stem, 0};
-    }
-    return {stem.substr(0, dash), std::stoll(stem.substr(dash + 2))};
+    const KeepMapName n = parse_keep_map_name(path);
+    return {n.criterion, n.k};
 }
 
 json chart(const std::string & title, const json & values, json spec) {
@@ -104,119 +102,184 @@ std::string table(const std::vector<std::pair<std::string, std::string>> & rows)
 
 fs::path chart_library_dir() { return fs::path(MOEPRUNE_VEGA_DIR); }
 
-std::vector<fs::path> write_report(const ReportInputs & in) {
-    const json corpus = load(in.corpus), select = load(in.select), eval = load(in.eval), plan = load(in.plan);
-    const int64_t n_expert = plan["inputs"]["geometry"]["experts"].get<int64_t>();
+namespace {
 
-    // Quality: KLD per criterion, K and domain.
+// The run's figures as rows, the form the charts, the CSV files and report.json share.
+struct ReportRows {
+    json kld = json::array(), layers = json::array(), replay = json::array(), closed = json::array(),
+         plan = json::array(), corpus = json::array();
+    json throughput_inputs;   // the replays' throughput settings; null without replays
+};
+
+const std::vector<std::string> kClosedColumns = {"map", "policy", "cache", "lambda", "kld_mean", "same_top1",
+                                                 "misses_per_token", "open_loop_misses_per_token", "tok_per_s",
+                                                 "open_loop_tok_per_s"};
+
+// Quality: KLD per criterion, K and domain.
+json kld_rows(const json & eval, int64_t n_expert) {
     json kld_rows = json::array();
-    for (const json & c : eval["candidates"]) {
-        if (c["kind"] != "keep") {
+    for (const json & c : eval.at("candidates")) {
+        if (c.at("kind") != "keep") {
             continue;
         }
         const auto name = map_name(c.value("source", ""), n_expert);
         const std::string & criterion = name.first;
         const auto k = name.second;
         const auto row = [&](const std::string & domain, const json & st) {
-            kld_rows.push_back({{"criterion", criterion}, {"k", k}, {"domain", domain}, {"kld_mean", st["kld_mean"]},
-                                {"kld_p99", st["kld_p99"]}, {"same_top1", st["same_top1"]}, {"tokens", st["tokens"]}});
+            kld_rows.push_back({{"criterion", criterion},
+                                {"k", k},
+                                {"domain", domain},
+                                {"kld_mean", st.at("kld_mean")},
+                                {"kld_p99", st.at("kld_p99")},
+                                {"same_top1", st.at("same_top1")},
+                                {"tokens", st.at("tokens")}});
         };
-        row("all", c["all"]);
-        for (const auto & [d, st] : c["domains"].items()) {
+        row("all", c.at("all"));
+        for (const auto & [d, st] : c.at("domains").items()) {
             row(d, st);
         }
     }
+    return kld_rows;
+}
 
-    // Per layer: kept share (statistics and held out) and substitution.
+// Per layer: kept share (statistics and held out) and substitution.
+json layer_rows(const json & select) {
     json layer_rows = json::array();
-    for (const json & r : select["results"]) {
-        const std::string map = fmt::format("{}-k{}", r["metric"].get<std::string>(), r["k"].get<int64_t>());
+    for (const json & r : select.at("results")) {
+        const std::string map = keep_map_label(r.at("metric").get<std::string>(), r.at("k").get<int64_t>());
         std::map<int, json> screen;
         if (r.contains("screen")) {
-            for (const json & l : r["screen"].value("layers", json::array())) {
-                screen[l["layer"].get<int>()] = l;
+            for (const json & l : r.at("screen").value("layers", json::array())) {
+                screen[l.at("layer").get<int>()] = l;
             }
         }
-        for (const json & l : r["layers"]) {
-            const int layer = l["layer"].get<int>();
-            json row = {{"map", map}, {"criterion", r["metric"]}, {"k", r["k"]}, {"layer", layer},
-                        {"kept_reap_share", l["reap_share"]}, {"kept_count_share", l["count_share"]},
+        for (const json & l : r.at("layers")) {
+            const int layer = l.at("layer").get<int>();
+            json row = {{"map", map},
+                        {"criterion", r.at("metric")},
+                        {"k", r.at("k")},
+                        {"layer", layer},
+                        {"kept_reap_share", l.at("reap_share")},
+                        {"kept_count_share", l.at("count_share")},
                         {"heldout_reap_share", l.value("heldout", json::object()).value("reap_share", json(nullptr))},
-                        {"replaced_share", nullptr}, {"moved_mass", nullptr}};
+                        {"replaced_share", nullptr},
+                        {"moved_mass", nullptr}};
             if (screen.count(layer)) {
-                row["replaced_share"] = screen[layer]["replaced_share"];
-                row["moved_mass"] = screen[layer]["moved_mass"];
+                row["replaced_share"] = screen[layer].at("replaced_share");
+                row["moved_mass"] = screen[layer].at("moved_mass");
             }
             layer_rows.push_back(row);
         }
     }
+    return layer_rows;
+}
 
-    // Caches: misses/token per policy and size, for every map, with Belady as the bound.
-    json replay_rows = json::array();
-    json throughput_inputs;
-    for (const fs::path & p : in.replays) {
+// Caches: misses/token per policy and size, for every map, with Belady as the bound.
+json replay_rows(const std::vector<fs::path> & replays, int64_t n_expert, json & throughput_inputs) {
+    json rows = json::array();
+    for (const fs::path & p : replays) {
         const json r = load(p);
-        const json & inputs = r["inputs"];
-        const auto [criterion, k] = map_name(inputs.value("keep", json(nullptr)).is_string() ? inputs["keep"].get<std::string>() : "",
-                                             n_expert);
-        throughput_inputs = inputs.value("throughput", json(nullptr));
-        for (const json & rec : r["records"]) {
-            replay_rows.push_back({{"map", criterion == "none" ? std::string("unpruned") : fmt::format("{}-k{}", criterion, k)},
-                                   {"criterion", criterion}, {"k", k}, {"policy", rec["policy"]}, {"cache", rec["slots"][0]},
-                                   {"lambda", rec["lambda"]}, {"misses_per_token", rec["misses_per_token"]},
-                                   {"hit_rate", rec["hit_rate"]}, {"tokens_per_s", rec.value("tokens_per_s", json(nullptr))},
-                                   {"bound", rec["policy"] == "belady" ? "Belady (offline bound)" : "online policy"}});
-        }
-    }
-
-    // Cache-aware routing (λ > 0) in the closed loop, beside the open-loop replay of the
-    // same tokens: the difference is the open-loop error.
-    json closed_rows = json::array();
-    for (const fs::path & p : in.closed_loop_evals) {
-        const json r = load(p);
-        for (const json & c : r["candidates"]) {
-            if (c["kind"] != "closed-loop") {
-                continue;
+        with_json_errors(p.string(), [&] {
+            const json & inputs = r.at("inputs");
+            const json & keep = inputs.value("keep", json(nullptr));
+            const auto [criterion, k] = map_name(keep.is_string() ? keep.get<std::string>() : "", n_expert);
+            throughput_inputs = inputs.value("throughput", json(nullptr));
+            for (const json & rec : r.at("records")) {
+                const std::string policy = rec.at("policy").get<std::string>();
+                rows.push_back({{"map", criterion == "none" ? std::string("unpruned") : keep_map_label(criterion, k)},
+                                {"criterion", criterion},
+                                {"k", k},
+                                {"policy", policy},
+                                {"cache", rec.at("slots").at(0)},
+                                {"lambda", rec.at("lambda")},
+                                {"misses_per_token", rec.at("misses_per_token")},
+                                {"hit_rate", rec.at("hit_rate")},
+                                {"tokens_per_s", rec.value("tokens_per_s", json(nullptr))},
+                                {"bound", policy_reads_future(policy) ? "Belady (offline bound)" : "online policy"}});
             }
-            const auto [criterion, k] = map_name(c.value("keep", json(nullptr)).is_string() ? c["keep"].get<std::string>() : "",
-                                                 n_expert);
-            const json & all = c["all"];
-            closed_rows.push_back({{"map", criterion == "none" ? std::string("unpruned") : fmt::format("{}-k{}", criterion, k)},
-                                   {"criterion", criterion}, {"k", k}, {"policy", c["policy"]}, {"cache", c["cache"]},
-                                   {"lambda", c["lambda"]}, {"kld_mean", all["kld_mean"]}, {"same_top1", all["same_top1"]},
-                                   {"misses_per_token", all["misses_per_token"]},
-                                   {"open_loop_misses_per_token", all["open_loop_misses_per_token"]},
-                                   {"tok_per_s", all["tok_per_s"]}, {"open_loop_tok_per_s", all["open_loop_tok_per_s"]}});
-        }
+        });
     }
+    return rows;
+}
 
-    // The plan's options, with the front and the recommendation marked.
+// Cache-aware routing (λ > 0) in the closed loop, beside the open-loop replay of the
+// same tokens: the difference is the open-loop error.
+json closed_loop_rows(const std::vector<fs::path> & evals, int64_t n_expert) {
+    json rows = json::array();
+    for (const fs::path & p : evals) {
+        const json r = load(p);
+        with_json_errors(p.string(), [&] {
+            for (const json & c : r.at("candidates")) {
+                if (c.at("kind") != "closed-loop") {
+                    continue;
+                }
+                const json & keep = c.value("keep", json(nullptr));
+                const auto [criterion, k] = map_name(keep.is_string() ? keep.get<std::string>() : "", n_expert);
+                const json & all = c.at("all");
+                rows.push_back({{"map", criterion == "none" ? std::string("unpruned") : keep_map_label(criterion, k)},
+                                {"criterion", criterion},
+                                {"k", k},
+                                {"policy", c.at("policy")},
+                                {"cache", c.at("cache")},
+                                {"lambda", c.at("lambda")},
+                                {"kld_mean", all.at("kld_mean")},
+                                {"same_top1", all.at("same_top1")},
+                                {"misses_per_token", all.at("misses_per_token")},
+                                {"open_loop_misses_per_token", all.at("open_loop_misses_per_token")},
+                                {"tok_per_s", all.at("tok_per_s")},
+                                {"open_loop_tok_per_s", all.at("open_loop_tok_per_s")}});
+            }
+        });
+    }
+    return rows;
+}
+
+// The plan's options, with the front and the recommendation marked.
+json plan_rows(const json & plan) {
     json plan_rows = json::array();
     std::set<size_t> front;
-    for (const json & i : plan["pareto"]) {
+    for (const json & i : plan.at("pareto")) {
         front.insert(i.get<size_t>());
     }
-    for (size_t i = 0; i < plan["options"].size(); ++i) {
-        const json & o = plan["options"][i];
+    for (size_t i = 0; i < plan.at("options").size(); ++i) {
+        const json & o = plan.at("options")[i];
         json row = o;
         row["option"] = i;
-        row["resident_gb"] = o["resident_bytes"].is_null() ? json(nullptr) : json(o["resident_bytes"].get<double>() / 1e9);
+        row["resident_gb"] =
+            o.at("resident_bytes").is_null() ? json(nullptr) : json(o.at("resident_bytes").get<double>() / 1e9);
         row["pareto"] = front.count(i) > 0;
-        row["recommended"] = !plan["recommended"].is_null() && plan["recommended"].get<size_t>() == i;
-        row["label"] = fmt::format("{} K{} {} {}", o["criterion"].get<std::string>(), o["k"].get<int64_t>(), o["policy"].get<std::string>(),
-                                   o["cache_experts"].is_null() ? std::string("-") : o["cache_experts"].dump());
+        row["recommended"] = !plan.at("recommended").is_null() && plan.at("recommended").get<size_t>() == i;
+        row["label"] = fmt::format("{} K{} {} {}", o.at("criterion").get<std::string>(), o.at("k").get<int64_t>(),
+                                   o.at("policy").get<std::string>(),
+                                   o.at("cache_experts").is_null() ? std::string("-") : o.at("cache_experts").dump());
         plan_rows.push_back(row);
     }
 
-    // Corpus composition.
+    return plan_rows;
+}
+
+// Corpus composition.
+json corpus_rows(const json & corpus) {
     json corpus_rows = json::array();
-    for (const json & d : corpus["domains"]) {
+    for (const json & d : corpus.at("domains")) {
         for (const char * side : {"calib", "eval"}) {
-            corpus_rows.push_back({{"domain", d["domain"]}, {"side", side}, {"tokens", d[side]["tokens"]},
-                                   {"target_share", d[side]["target_share"]}, {"share", d[side]["share"]}});
+            corpus_rows.push_back({{"domain", d.at("domain")},
+                                   {"side", side},
+                                   {"tokens", d[side].at("tokens")},
+                                   {"target_share", d[side].at("target_share")},
+                                   {"share", d[side].at("share")}});
         }
     }
 
+    return corpus_rows;
+}
+
+json charts_of(const ReportRows & rows) {
+    const json & kld_rows = rows.kld;
+    const json & layer_rows = rows.layers;
+    const json & replay_rows = rows.replay;
+    const json & plan_rows = rows.plan;
+    const json & corpus_rows = rows.corpus;
     json charts = json::object();
     charts["kld_vs_k"] = chart("Mean KLD against the original model, by K and criterion (per domain)", kld_rows,
                                {{"mark", {{"type", "line"}, {"point", true}}},
@@ -268,47 +331,33 @@ std::vector<fs::path> write_report(const ReportInputs & in) {
                                           {"encoding", {{"x", {{"field", "tokens"}, {"type", "quantitative"}}},
                                                         {"y", {{"field", "side"}, {"type", "nominal"}}},
                                                         {"color", {{"field", "domain"}, {"type", "nominal"}}}}}});
+    return charts;
+}
 
-    // CSV next to the report.
-    const fs::path data_dir = in.run_dir / "report";
+// CSV next to the report.
+void write_csvs(const fs::path & run_dir, const ReportRows & rows, std::vector<fs::path> & written) {
+    const fs::path data_dir = run_dir / "report";
     fs::create_directories(data_dir);
-    std::vector<fs::path> written;
-    const auto csv = [&](const std::string & name, const json & rows, const std::vector<std::string> & cols) {
-        write_file_atomic(data_dir / name, to_csv(rows, cols));
+    const auto csv = [&](const std::string & name, const json & table, const std::vector<std::string> & cols) {
+        write_file_atomic(data_dir / name, to_csv(table, cols));
         written.push_back(data_dir / name);
     };
-    csv("kld.csv", kld_rows, {"criterion", "k", "domain", "kld_mean", "kld_p99", "same_top1", "tokens"});
-    csv("layers.csv", layer_rows, {"map", "criterion", "k", "layer", "kept_reap_share", "kept_count_share", "heldout_reap_share",
-                                   "replaced_share", "moved_mass"});
-    csv("replay.csv", replay_rows, {"map", "criterion", "k", "policy", "cache", "lambda", "misses_per_token", "hit_rate", "tokens_per_s"});
-    csv("plan.csv", plan_rows, {"option", "k", "criterion", "policy", "cache_experts", "cache_scope", "lambda", "routed_bytes",
-                                "resident_bytes", "misses_per_token", "tok_per_s", "kld_mean", "kld_measured", "pareto", "recommended"});
-    csv("corpus.csv", corpus_rows, {"domain", "side", "tokens", "target_share", "share"});
-    const std::vector<std::string> closed_columns = {"map", "policy", "cache", "lambda", "kld_mean", "same_top1",
-                                                     "misses_per_token", "open_loop_misses_per_token", "tok_per_s",
-                                                     "open_loop_tok_per_s"};
-    if (!closed_rows.empty()) {
-        csv("closed_loop.csv", closed_rows, closed_columns);
+    csv("kld.csv", rows.kld, {"criterion", "k", "domain", "kld_mean", "kld_p99", "same_top1", "tokens"});
+    csv("layers.csv", rows.layers, {"map", "criterion", "k", "layer", "kept_reap_share", "kept_count_share",
+                                    "heldout_reap_share", "replaced_share", "moved_mass"});
+    csv("replay.csv", rows.replay,
+        {"map", "criterion", "k", "policy", "cache", "lambda", "misses_per_token", "hit_rate", "tokens_per_s"});
+    csv("plan.csv", rows.plan, {"option", "k", "criterion", "policy", "cache_experts", "cache_scope", "lambda",
+                                "routed_bytes", "resident_bytes", "misses_per_token", "tok_per_s", "kld_mean",
+                                "kld_measured", "pareto", "recommended"});
+    csv("corpus.csv", rows.corpus, {"domain", "side", "tokens", "target_share", "share"});
+    if (!rows.closed.empty()) {
+        csv("closed_loop.csv", rows.closed, kClosedColumns);
     }
+}
 
-    const json leak = corpus["leak_check"];
-    const json report = {{"format", "moeprune-report"},
-                         {"version", 1},
-                         {"config", in.config},
-                         {"recommendation", {{"option", plan["recommended"]}, {"why", plan["why"]}}},
-                         {"corpus", {{"domains", corpus["domains"]}, {"leak_check", leak}, {"dedupe", corpus["dedupe"]},
-                                     {"boilerplate", corpus["boilerplate"]}, {"outputs", corpus["outputs"]}}},
-                         {"kld", kld_rows},
-                         {"layers", layer_rows},
-                         {"replay", replay_rows},
-                         {"plan", plan},
-                         {"throughput", throughput_inputs},
-                         {"closed_loop", closed_rows.empty() ? json(nullptr) : closed_rows},
-                         {"charts", charts}};
-    write_file_atomic(in.run_dir / "report.json", report.dump(1) + "\n");
-    written.push_back(in.run_dir / "report.json");
-
-    // The HTML: the chart library inlined, every spec with its data.
+// The chart library inlined into the page.
+std::string chart_scripts() {
     std::string libs;
     for (const char * f : {"vega.min.js", "vega-lite.min.js", "vega-embed.min.js"}) {
         const fs::path p = chart_library_dir() / f;
@@ -322,10 +371,46 @@ std::vector<fs::path> write_report(const ReportInputs & in) {
         }
         libs += "<script>" + js + "</script>\n";
     }
-    const json & ti = throughput_inputs.is_null() ? plan["inputs"]["throughput"] : throughput_inputs;
-    const json & geo = plan["inputs"]["geometry"];
+    return libs;
+}
+
+std::string closed_loop_section(const json & closed_rows) {
+    std::string body = "<h2>Open- vs closed-loop cache routing</h2>\n";
+    if (closed_rows.empty()) {
+        body += "<p>Not measured in this run (no λ > 0 asked for): every cache figure here is open-loop (the trace was "
+                "recorded with the unbiased router).</p>\n";
+    } else {
+        body += "<p>Cache-aware routing (λ > 0) measured in the closed loop: the model routed with its cache, KLD against "
+                "the unbiased base, misses beside the open-loop replay of the base pass's trace (report/closed_loop.csv). "
+                "The plan gives these options only their closed-loop KLD.</p>\n<table><tr>";
+        for (const std::string & col : kClosedColumns) {
+            body += "<th>" + html_escape(col) + "</th>";
+        }
+        body += "</tr>";
+        for (const json & row : closed_rows) {
+            body += "<tr>";
+            for (const std::string & col : kClosedColumns) {
+                const json & v = row[col];
+                body += "<td>" + html_escape(v.is_string() ? v.get<std::string>()
+                                             : v.is_number_float() ? fmt::format("{:.4g}", v.get<double>()) : v.dump()) + "</td>";
+            }
+            body += "</tr>";
+        }
+        body += "</table>\n";
+    }
+    return body;
+}
+
+// The HTML: the chart library inlined, every spec with its data.
+std::string report_html(const ReportInputs & in, const json & plan, const json & corpus, const ReportRows & rows,
+                        const json & charts) {
+    const std::string libs = chart_scripts();
+    const json & leak = corpus.at("leak_check");
+    const json & throughput_inputs = rows.throughput_inputs;
+    const json & ti = throughput_inputs.is_null() ? plan.at("inputs").at("throughput") : throughput_inputs;
+    const json & geo = plan.at("inputs").at("geometry");
     std::string body;
-    body += "<h1>moeprune run report</h1>\n<p class=\"why\"><b>Recommended:</b> " + html_escape(plan["why"].get<std::string>()) + "</p>\n";
+    body += "<h1>moeprune run report</h1>\n<p class=\"why\"><b>Recommended:</b> " + html_escape(plan.at("why").get<std::string>()) + "</p>\n";
     const auto section = [&](const std::string & id, const std::string & title, const std::string & note) {
         body += "<h2>" + html_escape(title) + "</h2>\n";
         if (!note.empty()) {
@@ -338,47 +423,25 @@ std::vector<fs::path> write_report(const ReportInputs & in) {
     section("substitution_per_layer", "Substitution per layer", "");
     section("misses_vs_cache", "Expert cache", "Replayed on the held-out router trace (report/replay.csv).");
     section("speed_vs_ram", "Speed, RAM and quality", "From the plan (plan/plan.json, report/plan.csv).");
-    body += "<h2>Open- vs closed-loop cache routing</h2>\n";
-    if (closed_rows.empty()) {
-        body += "<p>Not measured in this run (no λ > 0 asked for): every cache figure here is open-loop (the trace was "
-                "recorded with the unbiased router).</p>\n";
-    } else {
-        body += "<p>Cache-aware routing (λ > 0) measured in the closed loop: the model routed with its cache, KLD against "
-                "the unbiased base, misses beside the open-loop replay of the base pass's trace (report/closed_loop.csv). "
-                "The plan gives these options only their closed-loop KLD.</p>\n<table><tr>";
-        for (const std::string & col : closed_columns) {
-            body += "<th>" + html_escape(col) + "</th>";
-        }
-        body += "</tr>";
-        for (const json & row : closed_rows) {
-            body += "<tr>";
-            for (const std::string & col : closed_columns) {
-                const json & v = row[col];
-                body += "<td>" + html_escape(v.is_string() ? v.get<std::string>()
-                                             : v.is_number_float() ? fmt::format("{:.4g}", v.get<double>()) : v.dump()) + "</td>";
-            }
-            body += "</tr>";
-        }
-        body += "</table>\n";
-    }
+    body += closed_loop_section(rows.closed);
     section("corpus_composition", "Corpus", "");
     body += "<h3>Leak check (eval against calib)</h3>\n" +
-            table({{"exact duplicates", leak["exact"].dump()}, {"near duplicates", leak["near"].dump()},
-                   {"documents sharing a long n-gram", leak["shared_ngrams"].dump()}, {"groups on both sides", leak["shared_groups"].dump()},
-                   {"clean", leak["clean"].dump()}}) +
+            table({{"exact duplicates", leak.at("exact").dump()}, {"near duplicates", leak.at("near").dump()},
+                   {"documents sharing a long n-gram", leak.at("shared_ngrams").dump()}, {"groups on both sides", leak.at("shared_groups").dump()},
+                   {"clean", leak.at("clean").dump()}}) +
             "\n";
     body += "<h2>Throughput model inputs</h2>\n" +
-            table({{"model geometry", geo["source"].get<std::string>()},
-                   {"MoE layers", geo["moe_layers"].dump()},
-                   {"experts, used per token", geo["experts"].dump() + ", " + geo["used"].dump()},
-                   {"bytes of one expert (first layer)", geo["expert_bytes"][0].dump()},
-                   {"other weights (bytes)", geo["other_bytes"].dump()},
-                   {"RAM budget (bytes)", plan["inputs"]["budget_bytes"].dump()},
+            table({{"model geometry", geo.at("source").get<std::string>()},
+                   {"MoE layers", geo.at("moe_layers").dump()},
+                   {"experts, used per token", geo.at("experts").dump() + ", " + geo.at("used").dump()},
+                   {"bytes of one expert (first layer)", geo.at("expert_bytes")[0].dump()},
+                   {"other weights (bytes)", geo.at("other_bytes").dump()},
+                   {"RAM budget (bytes)", plan.at("inputs").at("budget_bytes").dump()},
                    {"SSD GB/s", ti.value("ssd_gbps", json(nullptr)).dump()},
                    {"read latency (us)", ti.value("read_latency_us", json(nullptr)).dump()},
                    {"queue depth", ti.value("queue_depth", json(nullptr)).dump()},
                    {"compute per token (ms)", ti.value("compute_ms", json(nullptr)).dump()},
-                   {"formula", plan["inputs"]["throughput"]["model"].get<std::string>()}}) +
+                   {"formula", plan.at("inputs").at("throughput").at("model").get<std::string>()}}) +
             "\n<h2>Settings</h2>\n<pre>" + html_escape(in.config) + "</pre>\n";
     const std::string specs = charts.dump(-1, ' ', false, json::error_handler_t::replace);
     std::string page = "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>moeprune report</title>\n<style>"
@@ -399,6 +462,50 @@ Promise.all(Object.entries(specs).map(([id, spec]) =>
 </script>
 </body></html>
 )JS";
+    return page;
+}
+
+} // namespace
+
+std::vector<fs::path> write_report(const ReportInputs & in) {
+    const json corpus = load(in.corpus), select = load(in.select), eval = load(in.eval), plan = load(in.plan);
+    const int64_t n_expert = with_json_errors(
+        in.plan.string(), [&] { return plan.at("inputs").at("geometry").at("experts").get<int64_t>(); });
+    // A stage output without a field the report reads is refused naming the file.
+    ReportRows rows;
+    rows.kld = with_json_errors(in.eval.string(), [&] { return kld_rows(eval, n_expert); });
+    rows.layers = with_json_errors(in.select.string(), [&] { return layer_rows(select); });
+    rows.replay = replay_rows(in.replays, n_expert, rows.throughput_inputs);
+    rows.closed = closed_loop_rows(in.closed_loop_evals, n_expert);
+    rows.plan = with_json_errors(in.plan.string(), [&] { return plan_rows(plan); });
+    rows.corpus = with_json_errors(in.corpus.string(), [&] { return corpus_rows(corpus); });
+    const json charts = charts_of(rows);
+    std::vector<fs::path> written;
+    write_csvs(in.run_dir, rows, written);
+    const json report = with_json_errors(fmt::format("{} or {}", in.plan.string(), in.corpus.string()), [&] {
+        const json & leak = corpus.at("leak_check");
+        return json{{"format", "moeprune-report"},
+                    {"version", 1},
+                    {"config", in.config},
+                    {"recommendation", {{"option", plan.at("recommended")}, {"why", plan.at("why")}}},
+                    {"corpus",
+                     {{"domains", corpus.at("domains")},
+                      {"leak_check", leak},
+                      {"dedupe", corpus.at("dedupe")},
+                      {"boilerplate", corpus.at("boilerplate")},
+                      {"outputs", corpus.at("outputs")}}},
+                    {"kld", rows.kld},
+                    {"layers", rows.layers},
+                    {"replay", rows.replay},
+                    {"plan", plan},
+                    {"throughput", rows.throughput_inputs},
+                    {"closed_loop", rows.closed.empty() ? json(nullptr) : rows.closed},
+                    {"charts", charts}};
+    });
+    write_file_atomic(in.run_dir / "report.json", report.dump(1) + "\n");
+    written.push_back(in.run_dir / "report.json");
+    const std::string page = with_json_errors(fmt::format("{} or {}", in.plan.string(), in.corpus.string()),
+                                              [&] { return report_html(in, plan, corpus, rows, charts); });
     write_file_atomic(in.run_dir / "report.html", page);
     written.push_back(in.run_dir / "report.html");
     return written;

@@ -10,11 +10,11 @@
 #include "eval/eval.h"
 #include "formats/keep_map.h"
 #include "formats/stats.h"
-#include "gguf/model_file.h"
-#include "inspect/inspect.h"
+#include "model/model_file.h"
+#include "model/inspect.h"
 #include "plan/plan.h"
-#include "replay/moce.h"
-#include "replay/policy.h"
+#include "sim/moce.h"
+#include "sim/policy.h"
 #include "replay/replay.h"
 #include "report/report.h"
 #include "select/select.h"
@@ -310,9 +310,11 @@ std::string run_config_toml(const RunConfig & c) {
     return s;
 }
 
-std::string run_pipeline(const RunOptions & opt) {
+namespace {
+
+// The settings checked before anything is written; returns the model's geometry.
+InspectReport check_run_options(const RunOptions & opt) {
     const RunConfig & c = opt.config;
-    const fs::path & dir = opt.run_dir;
     if (c.model.empty() || c.corpus.empty() || c.ks.empty()) {
         throw Error("moeprune run needs a model (-m), a corpus (--corpus) and expert counts (-k)");
     }
@@ -327,7 +329,7 @@ std::string run_pipeline(const RunOptions & opt) {
             throw Error(fmt::format("cache share {} is not in (0, 1]", s));
         }
     }
-    const InspectReport model = inspect_model(GgufModel::open(c.model), {});
+    InspectReport model = inspect_model(GgufModel::open(c.model), {});
     if (!model.problems.empty()) {
         fail_file(c.model.string(), "inspect finds problems: " + model.problems.front());
     }
@@ -339,11 +341,12 @@ std::string run_pipeline(const RunOptions & opt) {
                                     double(model.other_bytes) / 1e9, c.model.string()));
         }
     }
-    create_output_dir(dir);
-    refuse_output_clashes({dir / "run.toml"}, {c.model});
-    write_file_atomic(dir / "run.toml", run_config_toml(c));
+    return model;
+}
 
-    // The corpus spec, from a manifest or from sources.
+// The corpus spec, from a manifest or from sources, with run.toml's overrides; and every
+// file it reads.
+CorpusSpec corpus_spec(const RunConfig & c, std::vector<fs::path> & inputs) {
     CorpusSpec spec;
     const bool manifest = c.corpus.size() == 1 && c.corpus[0].find('=') == std::string::npos;
     if (manifest) {
@@ -360,20 +363,71 @@ std::string run_pipeline(const RunOptions & opt) {
     if (!(spec.eval_share > 0 && spec.eval_share < 1)) {
         throw Error("eval_share must be in (0, 1): the held-out side feeds eval and replay");
     }
-    std::vector<fs::path> corpus_inputs{c.model};
+    inputs = {c.model};
     if (manifest) {
-        corpus_inputs.push_back(c.corpus[0]);
+        inputs.push_back(c.corpus[0]);
     }
     for (const SourceSpec & s : spec.sources) {
         for (const fs::path & p : expand_source_path(s, spec.base_dir)) {
-            corpus_inputs.push_back(p);
+            inputs.push_back(p);
         }
     }
+    return spec;
+}
 
-    const size_t n_stages = c.slice.empty() ? run_stages().size() - 1 : run_stages().size();
-    Runner run(dir, opt.from, n_stages);
-    const fs::path calib = dir / "corpus" / "calib.jsonl", eval_text = dir / "corpus" / "eval.jsonl",
-                   corpus_report = dir / "corpus" / "corpus.json";
+// Where every stage writes, so later stages name their inputs before earlier ones run.
+struct RunPaths {
+    explicit RunPaths(const fs::path & dir) : dir(dir) {}
+    fs::path dir;
+    fs::path calib = dir / "corpus" / "calib.jsonl", eval_text = dir / "corpus" / "eval.jsonl",
+             corpus_report = dir / "corpus" / "corpus.json";
+    fs::path stats = dir / "collect" / "stats.json", heldout = dir / "heldout" / "stats.json",
+             trace = dir / "heldout" / "router.trace";
+    fs::path maps_dir = dir / "select" / "maps", select_json = dir / "select" / "select.json";
+    fs::path eval_json = dir / "eval" / "eval.json";
+    fs::path plan_json = dir / "plan" / "plan.json";
+    fs::path replay_of(const fs::path & map) const {
+        return dir / "replay" / (map.empty() ? "none.json" : map.filename().string());
+    }
+    fs::path closed_eval_of(const fs::path & map) const {
+        return dir / "eval" / ("closed-" + (map.empty() ? std::string("none.json") : map.filename().string()));
+    }
+};
+
+// The keep maps of the run and what every later stage derives from them.
+struct RunMaps {
+    std::vector<fs::path> maps;       // select's, by name
+    std::vector<fs::path> all;        // the unpruned model (empty path) first, then maps
+    std::vector<fs::path> closed_evals;
+    std::vector<fs::path> replays;
+    std::vector<double> rerouting;    // lambdas > 0
+    std::vector<std::string> online;  // policies a runtime can follow
+};
+
+// Per-layer cache sizes of a map (the unpruned model for an empty path): shares of K.
+std::vector<int> map_caches(const RunConfig & c, const InspectReport & model, const fs::path & m) {
+    const int64_t k = m.empty() ? model.n_expert : read_keep_map(m).k;
+    std::set<int> caches;
+    for (const double s : c.cache_shares) {
+        caches.insert(int(std::max<int64_t>(model.n_expert_used, std::llround(s * double(k)))));
+    }
+    return std::vector<int>(caches.begin(), caches.end());
+}
+
+ThroughputParams throughput_of(const RunConfig & c) {
+    ThroughputParams tp;
+    tp.ssd_gbps = c.ssd;
+    tp.read_latency_us = c.read_latency_us;
+    tp.queue_depth = c.queue_depth;
+    tp.compute_ms = c.compute_ms;
+    tp.sync_us = c.sync_us;
+    return tp;
+}
+
+void corpus_stage(Runner & run, const RunConfig & c, const RunPaths & at) {
+    std::vector<fs::path> corpus_inputs;
+    const CorpusSpec spec = corpus_spec(c, corpus_inputs);
+    const fs::path & dir = at.dir;
     run.stage("corpus", {{"corpus", c.corpus}, {"seed", spec.seed}, {"eval_share", spec.eval_share},
                          {"tokens", spec.tokens ? json(*spec.tokens) : json(nullptr)}, {"doc_tokens", spec.doc_tokens}},
               corpus_inputs, [&] {
@@ -383,181 +437,168 @@ std::string run_pipeline(const RunOptions & opt) {
                   o.out_dir = dir / "corpus";
                   o.threads = c.threads;
                   build_corpus(o);
-                  return std::vector<fs::path>{calib, eval_text, corpus_report};
+                  return std::vector<fs::path>{at.calib, at.eval_text, at.corpus_report};
               });
 
-    // Statistics on calib; statistics and the router trace on the held-out side.
-    const int trace_top = int(std::min<int64_t>(c.trace_top, model.n_expert));
-    const auto collect_stage = [&](const std::string & name, const fs::path & text, const fs::path & out, const fs::path & trace) {
-        json settings = {{"ctx", c.ctx}};
-        if (!trace.empty()) {
-            settings["trace_top"] = trace_top;
-        }
-        run.stage(name, settings, {c.model, text}, [&] {
-            CollectOptions o;
-            o.model = c.model;
-            o.corpus = text;
-            o.output = out;
-            o.trace = trace;
-            o.trace_top = trace_top;
-            o.ctx = c.ctx;
-            o.threads = c.threads;
-            o.save_every = c.save_every;
-            o.progress = opt.progress;
-            // A checkpoint left by a killed run continues (collect refuses one of other
-            // inputs or settings by name); anything else starts over.
-            std::error_code ec;
-            o.resume = o.save_every > 0 && fs::exists(collect_checkpoint_path(out), ec);
-            if (!o.resume) {
-                fs::remove(collect_checkpoint_path(out), ec);
-                fs::remove(out, ec);
-                if (!trace.empty()) {
-                    fs::remove(trace, ec);
-                }
-            }
-            collect(o);
-            std::vector<fs::path> outs{out};
-            if (!trace.empty()) {
-                outs.push_back(trace);
-            }
-            return outs;
-        });
-    };
-    const fs::path stats = dir / "collect" / "stats.json", heldout = dir / "heldout" / "stats.json",
-                   trace = dir / "heldout" / "router.trace";
-    collect_stage("collect", calib, stats, {});
-    collect_stage("heldout", eval_text, heldout, trace);
+}
 
-    // Keep maps of every criterion and K.
-    const fs::path maps_dir = dir / "select" / "maps";
-    run.stage("select", {{"k", c.ks}, {"criteria", c.criteria}}, {stats, heldout, trace}, [&] {
-        std::error_code ec;
-        fs::remove_all(maps_dir, ec);
-        SelectOptions o;
-        o.stats = stats;
-        o.ks = c.ks;
-        o.metrics = c.criteria;
-        o.out_dir = maps_dir;
-        o.heldout = heldout;
+// Statistics on calib; statistics and the router trace on the held-out side.
+void collect_stage(Runner & run, const RunOptions & opt, const InspectReport & model, const std::string & name,
+                   const fs::path & text, const fs::path & out, const fs::path & trace) {
+    const RunConfig & c = opt.config;
+    const int trace_top = int(std::min<int64_t>(c.trace_top, model.n_expert));
+    json settings = {{"ctx", c.ctx}};
+    if (!trace.empty()) {
+        settings["trace_top"] = trace_top;
+    }
+    run.stage(name, settings, {c.model, text}, [&] {
+        CollectOptions o;
+        o.model = c.model;
+        o.corpus = text;
+        o.output = out;
         o.trace = trace;
-        const SelectReport r = run_select(o, {dir / "select" / "select.json"});
-        write_file_atomic(dir / "select" / "select.json", r.json.dump(1) + "\n");
-        write_file_atomic(dir / "select" / "select.txt", r.text);
-        std::vector<fs::path> outs = r.written;
-        outs.push_back(dir / "select" / "select.json");
+        o.trace_top = trace_top;
+        o.ctx = c.ctx;
+        o.threads = c.threads;
+        o.save_every = c.save_every;
+        o.progress = opt.progress;
+        // A checkpoint left by a killed run continues (collect refuses one of other
+        // inputs or settings by name); anything else starts over.
+        std::error_code ec;
+        o.resume = o.save_every > 0 && fs::exists(collect_checkpoint_path(out), ec);
+        if (!o.resume) {
+            fs::remove(collect_checkpoint_path(out), ec);
+            fs::remove(out, ec);
+            if (!trace.empty()) {
+                fs::remove(trace, ec);
+            }
+        }
+        collect(o);
+        std::vector<fs::path> outs{out};
+        if (!trace.empty()) {
+            outs.push_back(trace);
+        }
         return outs;
     });
-    const std::vector<fs::path> maps = json_files(maps_dir);
+}
 
-    // Every map and the unpruned model, each with its per-layer cache sizes (shares of K).
-    std::vector<fs::path> all_maps{fs::path()};
-    all_maps.insert(all_maps.end(), maps.begin(), maps.end());
-    const auto map_caches = [&](const fs::path & m) {
-        const int64_t k = m.empty() ? model.n_expert : read_keep_map(m).k;
-        std::set<int> caches;
-        for (const double s : c.cache_shares) {
-            caches.insert(int(std::max<int64_t>(model.n_expert_used, std::llround(s * double(k)))));
-        }
-        return std::vector<int>(caches.begin(), caches.end());
-    };
+// Keep maps of every criterion and K.
+void select_stage(Runner & run, const RunConfig & c, const RunPaths & at) {
+    run.stage("select", {{"k", c.ks}, {"criteria", c.criteria}}, {at.stats, at.heldout, at.trace}, [&] {
+        std::error_code ec;
+        fs::remove_all(at.maps_dir, ec);
+        SelectOptions o;
+        o.stats = at.stats;
+        o.ks = c.ks;
+        o.metrics = c.criteria;
+        o.out_dir = at.maps_dir;
+        o.heldout = at.heldout;
+        o.trace = at.trace;
+        const SelectReport r = run_select(o, {at.select_json});
+        write_file_atomic(at.select_json, r.json.dump(1) + "\n");
+        write_file_atomic(at.dir / "select" / "select.txt", r.text);
+        std::vector<fs::path> outs = r.written;
+        outs.push_back(at.select_json);
+        return outs;
+    });
+}
 
-    // Quality of every map, masked in the original model, on the held-out text. Cache-aware
-    // routing (λ > 0) changes the output too: its KLD is measured in the closed loop, per
-    // map with the caches replay uses, for every online policy.
-    std::vector<double> rerouting;
-    std::copy_if(c.lambdas.begin(), c.lambdas.end(), std::back_inserter(rerouting), [](double l) { return l > 0; });
-    std::vector<std::string> online;
-    std::copy_if(c.policies.begin(), c.policies.end(), std::back_inserter(online),
+RunMaps run_maps(const RunConfig & c, const RunPaths & at) {
+    RunMaps m;
+    m.maps = json_files(at.maps_dir);
+    m.all = {fs::path()};
+    m.all.insert(m.all.end(), m.maps.begin(), m.maps.end());
+    std::copy_if(c.lambdas.begin(), c.lambdas.end(), std::back_inserter(m.rerouting), [](double l) { return l > 0; });
+    std::copy_if(c.policies.begin(), c.policies.end(), std::back_inserter(m.online),
                  [](const std::string & p) { return !policy_reads_future(p); });
-    std::vector<fs::path> closed_evals;
-    if (!rerouting.empty() && !online.empty()) {
-        for (const fs::path & m : all_maps) {
-            closed_evals.push_back(dir / "eval" / ("closed-" + (m.empty() ? std::string("none.json") : m.filename().string())));
+    if (!m.rerouting.empty() && !m.online.empty()) {
+        for (const fs::path & map : m.all) {
+            m.closed_evals.push_back(at.closed_eval_of(map));
         }
     }
-    const fs::path eval_json = dir / "eval" / "eval.json";
-    std::vector<fs::path> eval_inputs{c.model, eval_text};
-    eval_inputs.insert(eval_inputs.end(), maps.begin(), maps.end());
+    for (const fs::path & map : m.all) {
+        m.replays.push_back(at.replay_of(map));
+    }
+    return m;
+}
+
+// Quality of every map, masked in the original model, on the held-out text. Cache-aware
+// routing (λ > 0) changes the output too: its KLD is measured in the closed loop, per
+// map with the caches replay uses, for every online policy.
+void eval_stage(Runner & run, const RunOptions & opt, const InspectReport & model, const RunPaths & at,
+                const RunMaps & m) {
+    const RunConfig & c = opt.config;
+    std::vector<fs::path> eval_inputs{c.model, at.eval_text};
+    eval_inputs.insert(eval_inputs.end(), m.maps.begin(), m.maps.end());
     json eval_settings = {{"ctx", c.ctx}};
-    if (!closed_evals.empty()) {
-        eval_settings["closed_loop"] = {{"policies", online}, {"cache_shares", c.cache_shares}, {"lambdas", rerouting},
+    if (!m.closed_evals.empty()) {
+        eval_settings["closed_loop"] = {{"policies", m.online}, {"cache_shares", c.cache_shares}, {"lambdas", m.rerouting},
                                         {"moce_j", moce_j({}, int(model.n_expert_used))}};
     }
     run.stage("eval", eval_settings, eval_inputs, [&] {
         EvalOptions o;
         o.model = c.model;
-        o.corpus = eval_text;
-        o.keeps = maps;
+        o.corpus = at.eval_text;
+        o.keeps = m.maps;
         o.ctx = c.ctx;
         o.threads = c.threads;
-        o.json_out = eval_json;
+        o.json_out = at.eval_json;
         o.progress = opt.progress;
         run_eval(o);
-        std::vector<fs::path> written{eval_json};
-        for (size_t i = 0; i < closed_evals.size(); ++i) {
+        std::vector<fs::path> written{at.eval_json};
+        for (size_t i = 0; i < m.closed_evals.size(); ++i) {
             EvalOptions k = o;
-            k.keeps = all_maps[i].empty() ? std::vector<fs::path>{} : std::vector<fs::path>{all_maps[i]};
-            k.closed_loop_full_model = all_maps[i].empty();
-            k.cache_policies = online;
-            k.caches = map_caches(all_maps[i]);
-            k.lambdas = rerouting;
-            k.json_out = closed_evals[i];
+            k.keeps = m.all[i].empty() ? std::vector<fs::path>{} : std::vector<fs::path>{m.all[i]};
+            k.closed_loop_full_model = m.all[i].empty();
+            k.cache_policies = m.online;
+            k.caches = map_caches(c, model, m.all[i]);
+            k.lambdas = m.rerouting;
+            k.json_out = m.closed_evals[i];
             run_eval(k);
-            written.push_back(closed_evals[i]);
+            written.push_back(m.closed_evals[i]);
         }
         return written;
     });
+}
 
-    // Caches for every map (and the unpruned model) on the held-out trace.
-    ThroughputParams tp;
-    tp.ssd_gbps = c.ssd;
-    tp.read_latency_us = c.read_latency_us;
-    tp.queue_depth = c.queue_depth;
-    tp.compute_ms = c.compute_ms;
-    tp.sync_us = c.sync_us;
-    const json tp_json = {{"ssd", c.ssd}, {"read_latency_us", c.read_latency_us}, {"queue_depth", c.queue_depth},
-                          {"compute_ms", c.compute_ms}, {"sync_us", c.sync_us}};
-    std::vector<fs::path> replay_inputs{c.model, trace};
-    replay_inputs.insert(replay_inputs.end(), maps.begin(), maps.end());
-    const auto replay_out = [&](const fs::path & map) { return dir / "replay" / (map.empty() ? "none.json" : map.filename().string()); };
-    std::vector<fs::path> replays{replay_out({})};
-    for (const fs::path & m : maps) {
-        replays.push_back(replay_out(m));
-    }
+// Caches for every map (and the unpruned model) on the held-out trace.
+void replay_stage(Runner & run, const RunConfig & c, const InspectReport & model, const RunPaths & at,
+                  const RunMaps & m) {
+    std::vector<fs::path> replay_inputs{c.model, at.trace};
+    replay_inputs.insert(replay_inputs.end(), m.maps.begin(), m.maps.end());
     // MoCE's J is replay's default; a stage replayed before it was k - 1 for k <= 2 is stale.
     run.stage("replay", {{"policies", c.policies}, {"cache_shares", c.cache_shares}, {"lambdas", c.lambdas},
-                         {"moce_j", moce_j({}, int(model.n_expert_used))}, {"throughput", tp_json}},
+                         {"moce_j", moce_j({}, int(model.n_expert_used))}, {"throughput", to_json(throughput_of(c))}},
               replay_inputs, [&] {
                   std::error_code ec;
-                  for (const fs::path & old : json_files(dir / "replay")) {
+                  for (const fs::path & old : json_files(at.dir / "replay")) {
                       fs::remove(old, ec);
                   }
                   std::vector<fs::path> written;
-                  for (const fs::path & m : all_maps) {
+                  for (const fs::path & map : m.all) {
                       ReplayOptions o;
-                      o.trace = trace;
-                      o.keep = m;
+                      o.trace = at.trace;
+                      o.keep = map;
                       o.policies = c.policies;
-                      o.caches = map_caches(m);
+                      o.caches = map_caches(c, model, map);
                       o.model = c.model;
                       o.lambdas = c.lambdas;
                       o.threads = c.threads;
-                      o.throughput = tp;
-                      const fs::path out = replay_out(m);
+                      o.throughput = throughput_of(c);
+                      const fs::path out = at.replay_of(map);
                       const ReplayReport r = run_replay(o, {out});
                       write_file_atomic(out, to_json(r).dump(1) + "\n");
                       written.push_back(out);
                   }
                   return written;
               });
+}
 
-    // The plan.
-    const fs::path plan_json = dir / "plan" / "plan.json";
-    std::vector<fs::path> plan_inputs{c.model, eval_json};
-    plan_inputs.insert(plan_inputs.end(), closed_evals.begin(), closed_evals.end());
-    plan_inputs.insert(plan_inputs.end(), replays.begin(), replays.end());
-    json recommendation;
-    run.stage("plan", {{"k", c.ks}, {"ram", c.ram}, {"reserve", c.reserve}, {"throughput", tp_json},
+void plan_stage(Runner & run, const RunConfig & c, const RunPaths & at, const RunMaps & m) {
+    std::vector<fs::path> plan_inputs{c.model, at.eval_json};
+    plan_inputs.insert(plan_inputs.end(), m.closed_evals.begin(), m.closed_evals.end());
+    plan_inputs.insert(plan_inputs.end(), m.replays.begin(), m.replays.end());
+    run.stage("plan", {{"k", c.ks}, {"ram", c.ram}, {"reserve", c.reserve}, {"throughput", to_json(throughput_of(c))},
                        {"max_kld", c.max_kld ? json(*c.max_kld) : json(nullptr)}},
               plan_inputs, [&] {
                   PlanOptions o;
@@ -565,63 +606,91 @@ std::string run_pipeline(const RunOptions & opt) {
                   o.ks = c.ks;
                   o.ram_bytes = c.ram.empty() ? 0 : parse_size(c.ram, "ram");
                   o.reserve_bytes = parse_size(c.reserve, "reserve");
-                  o.throughput = tp;
-                  o.replays = replays;
-                  o.evals = {eval_json};
-                  o.evals.insert(o.evals.end(), closed_evals.begin(), closed_evals.end());
+                  o.throughput = throughput_of(c);
+                  o.replays = m.replays;
+                  o.evals = {at.eval_json};
+                  o.evals.insert(o.evals.end(), m.closed_evals.begin(), m.closed_evals.end());
                   o.max_kld = c.max_kld;
                   const json plan = make_plan(o);
-                  write_file_atomic(plan_json, plan.dump(1) + "\n");
-                  write_file_atomic(dir / "plan" / "plan.txt", plan_text(plan));
-                  return std::vector<fs::path>{plan_json, dir / "plan" / "plan.txt"};
+                  write_file_atomic(at.plan_json, plan.dump(1) + "\n");
+                  write_file_atomic(at.dir / "plan" / "plan.txt", plan_text(plan));
+                  return std::vector<fs::path>{at.plan_json, at.dir / "plan" / "plan.txt"};
               });
+}
 
-    // The report.
+void report_stage(Runner & run, const RunConfig & c, const RunPaths & at, const RunMaps & m) {
     ReportInputs ri;
-    ri.run_dir = dir;
+    ri.run_dir = at.dir;
     ri.config = run_config_toml(c);
-    ri.corpus = corpus_report;
-    ri.select = dir / "select" / "select.json";
-    ri.eval = eval_json;
-    ri.replays = replays;
-    ri.closed_loop_evals = closed_evals;
-    ri.plan = plan_json;
-    std::vector<fs::path> report_inputs{corpus_report, ri.select, eval_json, plan_json};
-    report_inputs.insert(report_inputs.end(), replays.begin(), replays.end());
-    report_inputs.insert(report_inputs.end(), closed_evals.begin(), closed_evals.end());
+    ri.corpus = at.corpus_report;
+    ri.select = at.select_json;
+    ri.eval = at.eval_json;
+    ri.replays = m.replays;
+    ri.closed_loop_evals = m.closed_evals;
+    ri.plan = at.plan_json;
+    std::vector<fs::path> report_inputs{at.corpus_report, ri.select, at.eval_json, at.plan_json};
+    report_inputs.insert(report_inputs.end(), m.replays.begin(), m.replays.end());
+    report_inputs.insert(report_inputs.end(), m.closed_evals.begin(), m.closed_evals.end());
     run.stage("report", {{"report_version", 2}}, report_inputs, [&] { return write_report(ri); });
+}
 
-    const json plan = parse_json(read_text_file(plan_json), plan_json.string());
+// The maps to slice: every one, or the recommended option's; returns what the summary
+// adds.
+std::string slice_stage(Runner & run, const RunConfig & c, const RunPaths & at, const RunMaps & m, const json & plan) {
+    std::vector<fs::path> chosen;
+    if (c.slice == "all") {
+        chosen = m.maps;
+    } else if (!plan.at("recommended").is_null()) {
+        const json & o = plan.at("options").at(plan.at("recommended").get<size_t>());
+        const fs::path map = at.maps_dir / keep_map_file_name(o.at("criterion").get<std::string>(), o.at("k").get<int64_t>());
+        if (fs::exists(map)) {
+            chosen.push_back(map);
+        }
+    }
+    std::vector<fs::path> slice_inputs{c.model, at.plan_json};
+    slice_inputs.insert(slice_inputs.end(), chosen.begin(), chosen.end());
+    run.stage("slice", {{"slice", c.slice}}, slice_inputs, [&] {
+        std::vector<fs::path> out;
+        for (const fs::path & map : chosen) {
+            SliceOptions o;
+            o.model = c.model;
+            o.keep = map;
+            o.output = at.dir / "slice" / (map.stem().string() + ".gguf");
+            slice_model(o);
+            out.push_back(o.output);
+        }
+        return out;
+    });
+    return chosen.empty() ? "\nslice: the recommended option keeps every expert or names no keep map; nothing to slice" : "";
+}
+
+} // namespace
+
+std::string run_pipeline(const RunOptions & opt) {
+    const RunConfig & c = opt.config;
+    const fs::path & dir = opt.run_dir;
+    const InspectReport model = check_run_options(opt);
+    create_output_dir(dir);
+    refuse_output_clashes({dir / "run.toml"}, {c.model});
+    write_file_atomic(dir / "run.toml", run_config_toml(c));
+
+    const RunPaths at(dir);
+    const size_t n_stages = c.slice.empty() ? run_stages().size() - 1 : run_stages().size();
+    Runner run(dir, opt.from, n_stages);
+    corpus_stage(run, c, at);
+    collect_stage(run, opt, model, "collect", at.calib, at.stats, {});
+    collect_stage(run, opt, model, "heldout", at.eval_text, at.heldout, at.trace);
+    select_stage(run, c, at);
+    const RunMaps maps = run_maps(c, at);
+    eval_stage(run, opt, model, at, maps);
+    replay_stage(run, c, model, at, maps);
+    plan_stage(run, c, at, maps);
+    report_stage(run, c, at, maps);
+
+    const json plan = parse_json(read_text_file(at.plan_json), at.plan_json.string());
     std::string summary = "recommended: " + plan.value("why", std::string("-"));
-
     if (!c.slice.empty()) {
-        std::vector<fs::path> chosen;
-        if (c.slice == "all") {
-            chosen = maps;
-        } else if (!plan["recommended"].is_null()) {
-            const json & o = plan["options"][plan["recommended"].get<size_t>()];
-            const fs::path m = maps_dir / fmt::format("{}-k{}.json", o["criterion"].get<std::string>(), o["k"].get<int64_t>());
-            if (fs::exists(m)) {
-                chosen.push_back(m);
-            }
-        }
-        std::vector<fs::path> slice_inputs{c.model, plan_json};
-        slice_inputs.insert(slice_inputs.end(), chosen.begin(), chosen.end());
-        run.stage("slice", {{"slice", c.slice}}, slice_inputs, [&] {
-            std::vector<fs::path> out;
-            for (const fs::path & m : chosen) {
-                SliceOptions o;
-                o.model = c.model;
-                o.keep = m;
-                o.output = dir / "slice" / (m.stem().string() + ".gguf");
-                slice_model(o);
-                out.push_back(o.output);
-            }
-            return out;
-        });
-        if (chosen.empty()) {
-            summary += "\nslice: the recommended option keeps every expert or names no keep map; nothing to slice";
-        }
+        summary += with_json_errors(at.plan_json.string(), [&] { return slice_stage(run, c, at, maps, plan); });
     }
     return summary + "\nreport: " + (dir / "report.html").string();
 }

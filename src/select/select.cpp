@@ -1,13 +1,11 @@
 #include "select/select.h"
+#include "select/criteria/criteria.h"
 #include "core/atomic_file.h"
 #include "core/errors.h"
 #include "formats/trace.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-
-#include <boost/math/distributions/normal.hpp>
-#include <boost/math/distributions/students_t.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -19,104 +17,15 @@ namespace moeprune {
 
 using nlohmann::json;
 
-const std::vector<std::string> & select_metrics() {
-    static const std::vector<std::string> names = {"freq", "soft-freq", "reap",   "reap-sum",   "ean",
-                                                   "ean-sum", "reap-lcb", "hybrid", "domain-max", "domain-mix"};
+std::vector<std::string> select_metrics() {
+    std::vector<std::string> names;
+    for (const Criterion & c : criteria()) {
+        names.push_back(c.name);
+    }
     return names;
 }
 
 namespace {
-
-// Rank percentile of every expert in [0, 1], tied experts sharing their mean rank, so
-// one outlier moves no other expert's value.
-std::vector<double> rank_percentiles(const std::vector<double> & v) {
-    const size_t n = v.size();
-    std::vector<size_t> order(n);
-    std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return v[a] < v[b]; });
-    std::vector<double> pct(n, 0.0);
-    for (size_t i = 0; i < n;) {
-        size_t j = i;
-        while (j + 1 < n && v[order[j + 1]] == v[order[i]]) {
-            ++j;
-        }
-        const double mean_rank = 0.5 * double(i + j);
-        for (size_t t = i; t <= j; ++t) {
-            pct[order[t]] = n > 1 ? mean_rank / double(n - 1) : 1.0;
-        }
-        i = j + 1;
-    }
-    return pct;
-}
-
-// Averages of rank percentiles are ratios of small integers; rounding them to 1e-12
-// makes equal averages ties however the sum was rounded, so the tie-break decides.
-LcbParams lcb_of(const SelectOptions & o) { return {o.lcb_z, o.lcb_prior}; }
-
-std::vector<double> on_grid(std::vector<double> v) {
-    for (double & x : v) {
-        x = std::round(x * 1e12) / 1e12;
-    }
-    return v;
-}
-
-// The layer's pooled squared coefficient of variation of g·‖f‖ within an expert (over
-// experts with two hits or more): REAP values scale with the expert, so the spread a
-// rare expert is assumed to have is this share of its own mean. Without any such
-// expert, 1 (a spread as large as the mean).
-double pooled_cv2(const LayerStats & L) {
-    double ss = 0, df = 0;
-    for (size_t e = 0; e < L.n_expert(); ++e) {
-        const double c = double(L.count[e]);
-        const double m = c > 0 ? L.reap_sum[e] / c : 0.0;
-        if (c >= 2 && m > 0) {
-            ss += std::max(0.0, L.reap_sq_sum[e] - c * m * m) / (m * m);
-            df += c - 1;
-        }
-    }
-    return df > 0 ? ss / df : 1.0;
-}
-
-std::vector<double> base_scores(const LayerStats & L, const std::string & metric, const LcbParams & lcb) {
-    const size_t n = L.n_expert();
-    std::vector<double> s(n, 0.0);
-    const double cv2 = metric == "reap-lcb" ? pooled_cv2(L) : 0.0;
-    // --lcb-z names a confidence level through the normal quantile (1.96: 97.5% one-sided).
-    const double confidence = boost::math::cdf(boost::math::normal(), lcb.z);
-    for (size_t e = 0; e < n; ++e) {
-        const double c = double(L.count[e]);
-        if (metric == "freq") {
-            s[e] = c;
-        } else if (metric == "soft-freq") {
-            s[e] = L.prob_sum[e];
-        } else if (metric == "reap") {
-            s[e] = c > 0 ? L.reap_sum[e] / c : 0.0;
-        } else if (metric == "reap-sum") {
-            s[e] = L.reap_sum[e];
-        } else if (metric == "ean") {
-            s[e] = c > 0 ? L.ean_sum[e] / c : 0.0;
-        } else if (metric == "ean-sum") {
-            s[e] = L.ean_sum[e];
-        } else if (metric == "reap-lcb") {
-            if (c == 0) {
-                continue;
-            }
-            const double mean = L.reap_sum[e] / c;
-            const double sample_var = c >= 2 ? std::max(0.0, (L.reap_sq_sum[e] - c * mean * mean) / (c - 1)) : 0.0;
-            // A few agreeing values say little about the spread: the variance is shrunk
-            // toward the layer's (relative) pooled one with `prior` pseudo-observations.
-            const double var = ((c - 1) * sample_var + lcb.prior * cv2 * mean * mean) / (c - 1 + lcb.prior);
-            const double t = lcb.z > 0 ? boost::math::quantile(boost::math::students_t(std::max(1.0, c - 1)), confidence)
-                                       : 0.0;
-            s[e] = std::max(0.0, mean - t * std::sqrt(var / c));
-        } else {
-            throw Error(fmt::format("\"{}\" is not a per-expert criterion (known: freq, soft-freq, reap, reap-sum, ean, "
-                                    "ean-sum, reap-lcb)",
-                                    metric));
-        }
-    }
-    return s;
-}
 
 std::string gating_of(const SaliencyStats & s) { return s.settings.value("gating", std::string("softmax")); }
 
@@ -214,50 +123,7 @@ std::vector<std::vector<int32_t>> super_experts(const SaliencyStats & s) {
 
 std::vector<double> criterion_scores(const SaliencyStats & s, size_t layer, const std::string & metric,
                                      const SelectOptions & opt) {
-    const LayerStats & L = s.layers[layer];
-    if (metric == "hybrid") {
-        std::vector<double> h(L.n_expert(), 0.0);
-        for (const std::string & m : opt.hybrid_of) {
-            const std::vector<double> pct = rank_percentiles(base_scores(L, m, lcb_of(opt)));
-            for (size_t e = 0; e < h.size(); ++e) {
-                h[e] += pct[e] / double(opt.hybrid_of.size());
-            }
-        }
-        return on_grid(h);
-    }
-    if (metric == "domain-max" || metric == "domain-mix") {
-        if (s.domains.empty()) {
-            throw Error(fmt::format("{} needs per-domain statistics: collect a corpus whose documents carry \"domain\"",
-                                    metric));
-        }
-        std::vector<double> out(L.n_expert(), 0.0);
-        if (metric == "domain-mix") {
-            if (opt.domain_weights.empty()) {
-                throw Error("domain-mix needs --domain-weights NAME=W,...");
-            }
-            for (const auto & [name, w] : opt.domain_weights) {
-                if (!s.domains.count(name)) {
-                    throw Error(fmt::format("--domain-weights names domain \"{}\", which the statistics do not have", name));
-                }
-            }
-        }
-        for (const auto & [name, d] : s.domains) {
-            if (d.n_tokens == 0) {
-                continue;
-            }
-            const std::vector<double> pct = rank_percentiles(base_scores(d.layers[layer], opt.domain_metric, lcb_of(opt)));
-            const auto w = opt.domain_weights.find(name);
-            for (size_t e = 0; e < out.size(); ++e) {
-                if (metric == "domain-max") {
-                    out[e] = std::max(out[e], pct[e]);
-                } else if (w != opt.domain_weights.end()) {
-                    out[e] += w->second * pct[e];
-                }
-            }
-        }
-        return on_grid(out);
-    }
-    return base_scores(L, metric, lcb_of(opt));
+    return criterion(metric).scores({s, layer, s.layers[layer], opt});
 }
 
 void validate_stats_for_selection(const SaliencyStats & s, const std::string & origin, const std::vector<int64_t> & ks) {
@@ -424,7 +290,9 @@ SubstitutionScreen substitution_screen(const std::filesystem::path & trace_path,
     return sc;
 }
 
-SelectReport run_select(const SelectOptions & opt, const std::vector<std::filesystem::path> & outputs) {
+namespace {
+
+void check_select_options(const SelectOptions & opt, const std::vector<std::filesystem::path> & outputs) {
     if (opt.ks.empty() || opt.metrics.empty()) {
         throw Error("give -k and --metric");
     }
@@ -441,27 +309,37 @@ SelectReport run_select(const SelectOptions & opt, const std::vector<std::filesy
     if (!opt.out_dir.empty()) {
         for (const std::string & metric : opt.metrics) {
             for (int64_t k : opt.ks) {
-                all_outputs.push_back(opt.out_dir / fmt::format("{}-k{}.json", metric, k));
+                all_outputs.push_back(opt.out_dir / keep_map_file_name(metric, k));
             }
         }
     }
     refuse_output_clashes(all_outputs, {opt.stats, opt.heldout, opt.trace});
     for (const std::string & m : opt.metrics) {
-        if (std::find(select_metrics().begin(), select_metrics().end(), m) == select_metrics().end()) {
-            throw Error(fmt::format("unknown metric \"{}\" (known: {})", m, fmt::join(select_metrics(), ", ")));
-        }
+        criterion(m);
     }
     for (const std::string & m : opt.hybrid_of) {
-        base_scores(LayerStats(1), m, lcb_of(opt));  // rejects criteria hybrid cannot combine
+        per_expert_criterion(m, "--hybrid-of");
     }
-    base_scores(LayerStats(1), opt.domain_metric, lcb_of(opt));
-    const SaliencyStats s = read_stats(opt.stats);
-    validate_stats_for_selection(s, opt.stats.string(), opt.ks);
+    per_expert_criterion(opt.domain_metric, "--domain-metric");
+}
+
+struct SelectInputs {
+    SaliencyStats stats;
     std::optional<SaliencyStats> held;
+    int64_t groups = 1;
+    std::vector<std::vector<int32_t>> supers;   // per stats layer: kept in every map
+    std::vector<int64_t> ks;                    // ascending, distinct
+};
+
+SelectInputs read_select_inputs(const SelectOptions & opt) {
+    SelectInputs in;
+    in.stats = read_stats(opt.stats);
+    const SaliencyStats & s = in.stats;
+    validate_stats_for_selection(s, opt.stats.string(), opt.ks);
     if (!opt.heldout.empty()) {
-        held = read_stats(opt.heldout);
-        validate_stats_for_selection(*held, opt.heldout.string(), opt.ks);
-        if (held->n_layer != s.n_layer || held->n_expert != s.n_expert || held->model != s.model) {
+        in.held = read_stats(opt.heldout);
+        validate_stats_for_selection(*in.held, opt.heldout.string(), opt.ks);
+        if (in.held->n_layer != s.n_layer || in.held->n_expert != s.n_expert || in.held->model != s.model) {
             fail_file(opt.heldout.string(), "describes another model than " + opt.stats.string());
         }
     }
@@ -479,148 +357,219 @@ SelectReport run_select(const SelectOptions & opt, const std::vector<std::filesy
             fail_file(opt.trace.string(), "holds no tokens: there is nothing to screen the keep maps with");
         }
     }
-    const int64_t groups = s.model.value("expert_group_count", int64_t(1));
-    const std::vector<std::vector<int32_t>> supers =
-        opt.protect_super ? super_experts(s) : std::vector<std::vector<int32_t>>(s.layers.size());
+    in.groups = s.model.value("expert_group_count", int64_t(1));
+    in.supers = opt.protect_super ? super_experts(s) : std::vector<std::vector<int32_t>>(s.layers.size());
+    in.ks = opt.ks;
+    std::sort(in.ks.begin(), in.ks.end());
+    in.ks.erase(std::unique(in.ks.begin(), in.ks.end()), in.ks.end());
+    return in;
+}
 
-    SelectReport rep;
-    json results = json::array();
-    std::map<std::pair<std::string, int64_t>, KeepMap> maps;
-    std::vector<int64_t> ks = opt.ks;
-    std::sort(ks.begin(), ks.end());
-    ks.erase(std::unique(ks.begin(), ks.end()), ks.end());
-    rep.text = fmt::format("{} layers x {} experts (top-{}), {} tokens{}\n", s.n_layer, s.n_expert, s.n_expert_used,
-                           s.n_tokens, held ? fmt::format("; held out: {} tokens", held->n_tokens) : "");
-    rep.text += fmt::format("{:<11} {:>5} {:>8} {:>8} {:>8} {:>9} {:>6} {:>6}{}{}\n", "metric", "K", "count%", "reap%", "prob%",
-                            "min hits", "<100", fmt::format("<{}", opt.rare_hits), held ? fmt::format(" {:>9} {:>9}", "ho reap%", "ho prob%") : "",
-                            opt.trace.empty() ? "" : fmt::format(" {:>9} {:>7} {:>8} {:>8}", "replaced%", "moved", "sub rank", "ran out"));
-    if (!opt.out_dir.empty()) {
-        create_output_dir(opt.out_dir);
-    }
-    std::string rare_notes;
-    for (const std::string & metric : opt.metrics) {
-        std::vector<std::vector<double>> scores;
-        for (size_t l = 0; l < s.layers.size(); ++l) {
-            scores.push_back(criterion_scores(s, l, metric, opt));
+std::string table_header(const SelectOptions & opt, const SelectInputs & in) {
+    const SaliencyStats & s = in.stats;
+    const bool held = in.held.has_value();
+    return fmt::format("{} layers x {} experts (top-{}), {} tokens{}\n", s.n_layer, s.n_expert, s.n_expert_used,
+                       s.n_tokens, held ? fmt::format("; held out: {} tokens", in.held->n_tokens) : "") +
+           fmt::format("{:<11} {:>5} {:>8} {:>8} {:>8} {:>9} {:>6} {:>6}{}{}\n", "metric", "K", "count%", "reap%", "prob%",
+                       "min hits", "<100", fmt::format("<{}", opt.rare_hits),
+                       held ? fmt::format(" {:>9} {:>9}", "ho reap%", "ho prob%") : "",
+                       opt.trace.empty() ? "" : fmt::format(" {:>9} {:>7} {:>8} {:>8}", "replaced%", "moved", "sub rank",
+                                                            "ran out"));
+}
+
+// One criterion's map at one K, with its retention, screen, table row and the note on
+// rarely routed experts it kept.
+struct MapResult {
+    KeepMap km;
+    json result;
+    std::string row, rare_note;
+};
+
+MapResult make_map(const SelectOptions & opt, const SelectInputs & in, const std::string & metric,
+                   const std::vector<std::vector<double>> & scores, int64_t k) {
+    const SaliencyStats & s = in.stats;
+    const std::optional<SaliencyStats> & held = in.held;
+    MapResult m;
+    KeepMap & km = m.km;
+    km.n_expert = s.n_expert;
+    km.k = k;
+    km.metric = metric;
+    km.source = {{"stats", opt.stats.string()},
+                 {"n_tokens", s.n_tokens},
+                 {"model", s.model},
+                 {"protect_super", opt.protect_super}};
+    km.source.update(criterion(metric).settings(opt));
+    std::vector<Retention> per_layer, held_layers;
+    json layers = json::array();
+    for (size_t l = 0; l < s.layers.size(); ++l) {
+        const std::vector<int32_t> kept = select_layer(s.layers[l], scores[l], k, in.supers[l], in.groups);
+        km.layers[model_layer(s, l)] = kept;
+        per_layer.push_back(retention(s.layers[l], kept, model_layer(s, l), uint64_t(opt.rare_hits)));
+        json jl = retention_json(per_layer.back());
+        jl["layer"] = model_layer(s, l);
+        if (held) {
+            held_layers.push_back(retention(held->layers[l], kept, model_layer(s, l), uint64_t(opt.rare_hits)));
+            jl["heldout"] = retention_json(held_layers.back());
         }
-        for (int64_t k : ks) {
-            KeepMap km;
-            km.n_expert = s.n_expert;
-            km.k = k;
-            km.metric = metric;
-            km.source = {{"stats", opt.stats.string()},
-                         {"n_tokens", s.n_tokens},
-                         {"model", s.model},
-                         {"protect_super", opt.protect_super}};
-            if (metric == "hybrid") {
-                km.source["hybrid_of"] = opt.hybrid_of;
-            } else if (metric.rfind("domain-", 0) == 0) {
-                km.source["domain_metric"] = opt.domain_metric;
-                km.source["domain_weights"] = opt.domain_weights;
-            } else if (metric == "reap-lcb") {
-                km.source["z"] = opt.lcb_z;
-                km.source["prior"] = opt.lcb_prior;
-            }
-            std::vector<Retention> per_layer, held_layers;
-            json layers = json::array();
-            for (size_t l = 0; l < s.layers.size(); ++l) {
-                const std::vector<int32_t> kept = select_layer(s.layers[l], scores[l], k, supers[l], groups);
-                km.layers[model_layer(s, l)] = kept;
-                per_layer.push_back(retention(s.layers[l], kept, model_layer(s, l), uint64_t(opt.rare_hits)));
-                json jl = retention_json(per_layer.back());
-                jl["layer"] = model_layer(s, l);
-                if (held) {
-                    held_layers.push_back(retention(held->layers[l], kept, model_layer(s, l), uint64_t(opt.rare_hits)));
-                    jl["heldout"] = retention_json(held_layers.back());
-                }
-                layers.push_back(jl);
-            }
-            const Retention w = whole_model(per_layer);
-            json r = {{"metric", metric}, {"k", k}, {"whole", retention_json(w)}, {"layers", layers}};
-            std::string row = fmt::format("{:<11} {:>5} {:>8.2f} {:>8.2f} {:>8.2f} {:>9} {:>6} {:>6}", metric, k,
-                                          100 * w.count_share, 100 * w.reap_share, 100 * w.prob_share, w.min_kept_count,
-                                          w.kept_under_100, w.kept_rare);
-            if (held) {
-                const Retention hw = whole_model(held_layers);
-                r["whole"]["heldout"] = retention_json(hw);
-                row += fmt::format(" {:>9.2f} {:>9.2f}", 100 * hw.reap_share, 100 * hw.prob_share);
-            }
-            if (!opt.trace.empty()) {
-                const SubstitutionScreen sc = substitution_screen(opt.trace, km, int(s.n_expert_used), opt.trace_examples);
-                const double replaced = sc.slots ? double(sc.replaced) / double(sc.slots) : 0;
-                const double moved = sc.token_layers ? sc.moved_mass / double(sc.token_layers) : 0;
-                const double rank = sc.substitutes ? sc.substitute_rank / double(sc.substitutes) : 0;
-                r["screen"] = {{"token_layers", sc.token_layers},
-                               {"replaced_share", replaced},
-                               {"moved_mass", moved},
-                               {"substitute_rank", rank},
-                               {"ran_out", sc.ran_out},
-                               {"ran_out_examples", sc.ran_out_examples},
-                               {"layers", sc.layers}};
-                row += fmt::format(" {:>9.2f} {:>7.4f} {:>8.2f} {:>8}", 100 * replaced, moved, rank, sc.ran_out);
-            }
-            rep.text += row + "\n";
-            if (w.kept_rare > 0) {
-                std::string which;
-                for (size_t i = 0; i < std::min<size_t>(w.rare.size(), 6); ++i) {
-                    which += fmt::format("{}blk.{} e{} ({} hits)", i ? ", " : "", w.rare[i][0].get<int>(),
-                                         w.rare[i][1].get<int>(), w.rare[i][2].get<uint64_t>());
-                }
-                rare_notes += fmt::format("  {} K={}: {} kept experts with fewer than {} hits: {}{}{}\n", metric, k,
-                                          w.kept_rare, opt.rare_hits, which, w.rare.size() > 6 ? ", ..." : "",
-                                          metric == "reap" ? " (reap, the published mean, trusts rare experts by design)"
-                                          : metric == "hybrid" ? " (hybrid inherits part of it from reap)" : "");
-            }
-            if (!opt.out_dir.empty()) {
-                const std::filesystem::path file = opt.out_dir / fmt::format("{}-k{}.json", metric, k);
-                write_keep_map(file, km);
-                rep.written.push_back(file);
-                r["file"] = file.string();
-            }
-            results.push_back(r);
-            maps[{metric, k}] = std::move(km);
+        layers.push_back(jl);
+    }
+    const Retention w = whole_model(per_layer);
+    json r = {{"metric", metric}, {"k", k}, {"whole", retention_json(w)}, {"layers", layers}};
+    m.row = fmt::format("{:<11} {:>5} {:>8.2f} {:>8.2f} {:>8.2f} {:>9} {:>6} {:>6}", metric, k, 100 * w.count_share,
+                        100 * w.reap_share, 100 * w.prob_share, w.min_kept_count, w.kept_under_100, w.kept_rare);
+    if (held) {
+        const Retention hw = whole_model(held_layers);
+        r["whole"]["heldout"] = retention_json(hw);
+        m.row += fmt::format(" {:>9.2f} {:>9.2f}", 100 * hw.reap_share, 100 * hw.prob_share);
+    }
+    if (!opt.trace.empty()) {
+        const SubstitutionScreen sc = substitution_screen(opt.trace, km, int(s.n_expert_used), opt.trace_examples);
+        const double replaced = sc.slots ? double(sc.replaced) / double(sc.slots) : 0;
+        const double moved = sc.token_layers ? sc.moved_mass / double(sc.token_layers) : 0;
+        const double rank = sc.substitutes ? sc.substitute_rank / double(sc.substitutes) : 0;
+        r["screen"] = {{"token_layers", sc.token_layers},
+                       {"replaced_share", replaced},
+                       {"moved_mass", moved},
+                       {"substitute_rank", rank},
+                       {"ran_out", sc.ran_out},
+                       {"ran_out_examples", sc.ran_out_examples},
+                       {"layers", sc.layers}};
+        m.row += fmt::format(" {:>9.2f} {:>7.4f} {:>8.2f} {:>8}", 100 * replaced, moved, rank, sc.ran_out);
+    }
+    if (w.kept_rare > 0) {
+        std::string which;
+        for (size_t i = 0; i < std::min<size_t>(w.rare.size(), 6); ++i) {
+            which += fmt::format("{}blk.{} e{} ({} hits)", i ? ", " : "", w.rare[i][0].get<int>(),
+                                 w.rare[i][1].get<int>(), w.rare[i][2].get<uint64_t>());
         }
+        m.rare_note =
+            fmt::format("  {} K={}: {} kept experts with fewer than {} hits: {}{}{}\n", metric, k, w.kept_rare,
+                        opt.rare_hits, which, w.rare.size() > 6 ? ", ..." : "", criterion(metric).rare_note);
     }
-    if (!rare_notes.empty()) {
-        rep.text += "\nkept on little evidence:\n" + rare_notes;
-    }
-    // Whether a criterion's maps nest (K1 ⊂ K2 ⊂ ...), and how much criteria agree.
+    m.result = std::move(r);
+    return m;
+}
+
+// Whether a criterion's maps nest (K1 ⊂ K2 ⊂ ...), and how much criteria agree.
+using MapsByName = std::map<std::pair<std::string, int64_t>, KeepMap>;
+
+json nesting_of(const MapsByName & maps, const std::vector<std::string> & metrics, const std::vector<int64_t> & ks) {
     json nesting = json::object();
-    for (const std::string & metric : opt.metrics) {
+    for (const std::string & metric : metrics) {
         bool nested = true;
         for (size_t i = 1; i < ks.size(); ++i) {
-            for (const auto & [layer, small] : maps[{metric, ks[i - 1]}].layers) {
-                const auto & big = maps[{metric, ks[i]}].layers.at(layer);
+            for (const auto & [layer, small] : maps.at({metric, ks[i - 1]}).layers) {
+                const auto & big = maps.at({metric, ks[i]}).layers.at(layer);
                 nested = nested && std::includes(big.begin(), big.end(), small.begin(), small.end());
             }
         }
         nesting[metric] = nested;
     }
+    return nesting;
+}
+
+json overlap_of(const MapsByName & maps, const std::vector<std::string> & metrics, const std::vector<int64_t> & ks) {
     json overlap = json::array();
     for (int64_t k : ks) {
-        for (size_t a = 0; a < opt.metrics.size(); ++a) {
-            for (size_t b = a + 1; b < opt.metrics.size(); ++b) {
+        for (size_t a = 0; a < metrics.size(); ++a) {
+            for (size_t b = a + 1; b < metrics.size(); ++b) {
                 double share = 0;
-                const KeepMap & ma = maps[{opt.metrics[a], k}];
-                const KeepMap & mb = maps[{opt.metrics[b], k}];
+                const KeepMap & ma = maps.at({metrics[a], k});
+                const KeepMap & mb = maps.at({metrics[b], k});
                 for (const auto & [layer, ids] : ma.layers) {
                     std::vector<int32_t> both;
                     const auto & other = mb.layers.at(layer);
                     std::set_intersection(ids.begin(), ids.end(), other.begin(), other.end(), std::back_inserter(both));
                     share += double(both.size()) / double(k) / double(ma.layers.size());
                 }
-                overlap.push_back({{"k", k}, {"a", opt.metrics[a]}, {"b", opt.metrics[b]}, {"shared", share}});
+                overlap.push_back({{"k", k}, {"a", metrics[a]}, {"b", metrics[b]}, {"shared", share}});
             }
         }
     }
+    return overlap;
+}
+
+json super_experts_json(const SelectInputs & in, size_t & n_super) {
+    const SaliencyStats & s = in.stats;
+    const auto & supers = in.supers;
     json super = json::object();
-    size_t n_super = 0;
+    n_super = 0;
     for (size_t l = 0; l < supers.size(); ++l) {
         if (!supers[l].empty()) {
             super[std::to_string(model_layer(s, l))] = supers[l];
             n_super += supers[l].size();
         }
     }
+    return super;
+}
+
+json select_json(const SelectOptions & opt, const SelectInputs & in, const json & results, const json & nesting,
+                 const json & overlap, const json & super) {
+    const SaliencyStats & s = in.stats;
+    const std::vector<int64_t> & ks = in.ks;
+    return {{"format", "moeprune-select"},
+            {"version", 1},
+            {"inputs",
+             {{"stats", opt.stats.string()},
+              {"stats_tokens", s.n_tokens},
+              {"model", s.model},
+              {"heldout", opt.heldout.empty() ? json() : json(opt.heldout.string())},
+              {"trace", opt.trace.empty() ? json() : json(opt.trace.string())},
+              {"ks", ks},
+              {"metrics", opt.metrics},
+              {"hybrid_of", opt.hybrid_of},
+              {"domain_metric", opt.domain_metric},
+              {"domain_weights", opt.domain_weights},
+              {"lcb_z", opt.lcb_z},
+              {"lcb_prior", opt.lcb_prior},
+              {"rare_hits", opt.rare_hits},
+              {"protect_super", opt.protect_super},
+              {"seed", opt.seed}}},
+            {"super_experts", super},
+            {"results", results},
+            {"nested", nesting},
+            {"overlap", overlap}};
+}
+
+} // namespace
+
+SelectReport run_select(const SelectOptions & opt, const std::vector<std::filesystem::path> & outputs) {
+    check_select_options(opt, outputs);
+    const SelectInputs in = read_select_inputs(opt);
+    SelectReport rep;
+    rep.text = table_header(opt, in);
+    if (!opt.out_dir.empty()) {
+        create_output_dir(opt.out_dir);
+    }
+    json results = json::array();
+    MapsByName maps;
+    std::string rare_notes;
+    for (const std::string & metric : opt.metrics) {
+        std::vector<std::vector<double>> scores;
+        for (size_t l = 0; l < in.stats.layers.size(); ++l) {
+            scores.push_back(criterion_scores(in.stats, l, metric, opt));
+        }
+        for (int64_t k : in.ks) {
+            MapResult m = make_map(opt, in, metric, scores, k);
+            rep.text += m.row + "\n";
+            rare_notes += m.rare_note;
+            if (!opt.out_dir.empty()) {
+                const std::filesystem::path file = opt.out_dir / keep_map_file_name(metric, k);
+                write_keep_map(file, m.km);
+                rep.written.push_back(file);
+                m.result["file"] = file.string();
+            }
+            results.push_back(std::move(m.result));
+            maps[{metric, k}] = std::move(m.km);
+        }
+    }
+    if (!rare_notes.empty()) {
+        rep.text += "\nkept on little evidence:\n" + rare_notes;
+    }
+    const json nesting = nesting_of(maps, opt.metrics, in.ks);
+    const json overlap = overlap_of(maps, opt.metrics, in.ks);
+    size_t n_super = 0;
+    const json super = super_experts_json(in, n_super);
     rep.text += "nested: ";
     for (const auto & [metric, nested] : nesting.items()) {
         rep.text += fmt::format("{}={} ", metric, nested.get<bool>() ? "yes" : "no");
@@ -629,27 +578,7 @@ SelectReport run_select(const SelectOptions & opt, const std::vector<std::filesy
     if (opt.protect_super) {
         rep.text += fmt::format("super experts kept in every map: {} ({})\n", n_super, super.dump());
     }
-    rep.json = {{"format", "moeprune-select"},
-                {"version", 1},
-                {"inputs",
-                 {{"stats", opt.stats.string()},
-                  {"stats_tokens", s.n_tokens},
-                  {"model", s.model},
-                  {"heldout", opt.heldout.empty() ? json() : json(opt.heldout.string())},
-                  {"trace", opt.trace.empty() ? json() : json(opt.trace.string())},
-                  {"ks", ks},
-                  {"metrics", opt.metrics},
-                  {"hybrid_of", opt.hybrid_of},
-                  {"domain_metric", opt.domain_metric},
-                  {"domain_weights", opt.domain_weights},
-                  {"lcb_z", opt.lcb_z},
-                  {"lcb_prior", opt.lcb_prior},
-                  {"rare_hits", opt.rare_hits},
-                  {"protect_super", opt.protect_super}}},
-                {"super_experts", super},
-                {"results", results},
-                {"nested", nesting},
-                {"overlap", overlap}};
+    rep.json = select_json(opt, in, results, nesting, overlap, super);
     return rep;
 }
 

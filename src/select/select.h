@@ -30,13 +30,11 @@ struct SelectOptions {
     int64_t rare_hits = 10;                      // the report flags kept experts with fewer hits
     bool protect_super = false;
     int trace_examples = 20;                     // ran-out tokens listed per map
+    uint64_t seed = 0;                           // random: the order's seed
 };
 
-struct LcbParams {
-    double z = 1.96, prior = 10;
-};
-
-const std::vector<std::string> & select_metrics();
+// Every criterion's name, in the registry's order (select/criteria/registry.def).
+std::vector<std::string> select_metrics();
 
 // Per-layer scores of one criterion (higher keeps); `layer` indexes stats.layers.
 std::vector<double> criterion_scores(const SaliencyStats & s, size_t layer, const std::string & metric,

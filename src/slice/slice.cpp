@@ -2,7 +2,7 @@
 #include "core/digest.h"
 #include "core/atomic_file.h"
 #include "core/errors.h"
-#include "inspect/inspect.h"
+#include "model/inspect.h"
 
 #include "gguf.h"
 
@@ -333,6 +333,113 @@ uint64_t parse_size(const std::string & text) {
     return bytes;
 }
 
+namespace {
+
+// A shard cut short keeps a readable header; catch it before writing anything.
+void refuse_truncated_shards(const GgufModel & model) {
+    std::vector<uint64_t> shard_end(model.shard_paths().size(), 0);
+    for (const TensorEntry & t : model.tensors()) {
+        shard_end[size_t(t.shard)] = std::max(shard_end[size_t(t.shard)], t.file_offset + t.nbytes);
+    }
+    for (size_t s = 0; s < shard_end.size(); ++s) {
+        const uint64_t size = fs::file_size(model.shard_paths()[s]);
+        if (size < shard_end[s]) {
+            fail_file(model.shard_paths()[s].string(), fmt::format("is truncated: its tensors end at byte {} but the file "
+                                                                   "has {} bytes",
+                                                                   shard_end[s], size));
+        }
+    }
+
+}
+
+// Every tensor's fate (dropped with an MTP layer, sliced to the kept experts, or copied)
+// into `r` and the pieces to copy into `req`.
+void plan_tensors(const GgufModel & model, const std::string & model_origin, const ModelFacts & f, const KeepMap & covered,
+                  const std::set<int> & dropped, SliceResult & r, StreamWriteRequest & req) {
+    std::vector<std::string> unsliceable;
+    for (const TensorEntry & t : model.tensors()) {
+        TensorChange c;
+        c.name = t.name;
+        c.role = t.cls.role;
+        c.n_dims = t.n_dims;
+        c.ne_before = c.ne_after = t.ne;
+        c.bytes_before = t.nbytes;
+        r.tensor_bytes_before += t.nbytes;
+        if (t.cls.layer >= 0 && dropped.count(t.cls.layer)) {
+            c.action = "drop";
+            r.tensors.push_back(c);
+            continue;
+        }
+        OutputTensor out{t.name, t.type, t.n_dims, t.ne, {}};
+        if (is_per_expert(t.cls.role)) {
+            if (t.outer_dim() != f.n_expert || t.nbytes % uint64_t(f.n_expert) != 0) {
+                fail_file(model_origin, fmt::format("{} has {} experts on its outer axis but {} says {}", t.name,
+                                                    t.outer_dim(), model.arch_key("expert_count"), f.n_expert));
+            }
+            out.pieces = kept_pieces(t.shard, t.file_offset, t.nbytes / uint64_t(f.n_expert), covered.layers.at(t.cls.layer));
+            out.ne[size_t(t.n_dims - 1)] = covered.k;
+            c.action = "slice";
+        } else {
+            if (t.cls.layer >= 0 && t.cls.role != TensorRole::Shared && looks_per_expert(t.name) &&
+                std::find(t.ne.begin(), t.ne.begin() + t.n_dims, f.n_expert) != t.ne.begin() + t.n_dims) {
+                unsliceable.push_back(t.name);
+            }
+            out.pieces = {{t.shard, t.file_offset, t.nbytes}};
+            c.action = "copy";
+        }
+        c.ne_after = out.ne;
+        for (const CopyPiece & p : out.pieces) {
+            c.bytes_after += p.bytes;
+        }
+        r.tensor_bytes_after += c.bytes_after;
+        r.tensors.push_back(c);
+        req.tensors.push_back(std::move(out));
+    }
+    if (!unsliceable.empty()) {
+        std::string list;
+        for (const auto & n : unsliceable) {
+            list += "\n  " + n;
+        }
+        fail_file(model_origin, fmt::format("these tensors look per-expert by name and have an axis of {} (the expert "
+                                            "count), but moeprune does not know how to slice them; refusing to write a "
+                                            "model llama.cpp could not load:{}",
+                                            f.n_expert, list));
+    }
+
+}
+
+// The source's metadata with the expert count cut to K, MTP layers dropped and the
+// slice's provenance (moeprune.slice.*).
+GgufPtr sliced_metadata(const GgufModel & model, const ModelFacts & f, const KeepMap & covered,
+                        const std::set<int> & dropped, const json & provenance) {
+    const KeepMap & km = covered;
+    GgufPtr kv(gguf_init_empty());
+    gguf_set_kv(kv.get(), model.meta());
+    set_int_keeping_type(kv.get(), model.arch_key("expert_count"), km.k);
+    if (!dropped.empty()) {
+        const int64_t n_block = f.n_block - int64_t(dropped.size());
+        truncate_per_layer_arrays(kv.get(), model.arch(), f.n_block, n_block);
+        set_int_keeping_type(kv.get(), model.arch_key("block_count"), n_block);
+        set_int_keeping_type(kv.get(), model.arch_key("nextn_predict_layers"), 0);
+    }
+    // Planted ids name experts of the source model; after slicing they would point at other experts.
+    gguf_remove_key(kv.get(), "moeprune.synth.planted");
+    gguf_set_val_str(kv.get(), "moeprune.slice.source", provenance["source"].get<std::string>().c_str());
+    gguf_set_val_str(kv.get(), "moeprune.slice.source_file", provenance["source_file"].get<std::string>().c_str());
+    gguf_set_val_u64(kv.get(), "moeprune.slice.source_bytes", model.file_bytes());
+    gguf_set_val_str(kv.get(), "moeprune.slice.source_digest", provenance["source_digest"].get<std::string>().c_str());
+    gguf_set_val_u32(kv.get(), "moeprune.slice.source_n_expert", uint32_t(f.n_expert));
+    gguf_set_val_u32(kv.get(), "moeprune.slice.k", uint32_t(km.k));
+    gguf_set_val_str(kv.get(), "moeprune.slice.metric", km.metric.c_str());
+    gguf_set_val_str(kv.get(), "moeprune.slice.keep_digest", provenance["keep_digest"].get<std::string>().c_str());
+    gguf_set_val_str(kv.get(), "moeprune.slice.keep", keep_map_to_json(covered).dump().c_str());
+    gguf_set_val_str(kv.get(), "moeprune.slice.mtp", provenance["mtp"].get<std::string>().c_str());
+    gguf_set_val_str(kv.get(), "moeprune.slice.version", MOEPRUNE_VERSION);
+    return kv;
+}
+
+} // namespace
+
 SliceResult slice_model(const SliceOptions & opt) {
     if (opt.imatrix.empty() != opt.imatrix_out.empty()) {
         throw Error("--imatrix and --imatrix-out go together");
@@ -366,75 +473,14 @@ SliceResult slice_model(const SliceOptions & opt) {
     check_expert_groups(f, covered, keep_origin);
     const std::set<int> dropped(r.dropped_layers.begin(), r.dropped_layers.end());
 
-    // A shard cut short keeps a readable header; catch it before writing anything.
-    std::vector<uint64_t> shard_end(model.shard_paths().size(), 0);
-    for (const TensorEntry & t : model.tensors()) {
-        shard_end[size_t(t.shard)] = std::max(shard_end[size_t(t.shard)], t.file_offset + t.nbytes);
-    }
-    for (size_t s = 0; s < shard_end.size(); ++s) {
-        const uint64_t size = fs::file_size(model.shard_paths()[s]);
-        if (size < shard_end[s]) {
-            fail_file(model.shard_paths()[s].string(), fmt::format("is truncated: its tensors end at byte {} but the file "
-                                                                   "has {} bytes",
-                                                                   shard_end[s], size));
-        }
-    }
+    refuse_truncated_shards(model);
 
     StreamWriteRequest req;
     req.sources = model.shard_paths();
     req.output = opt.output;
     req.split_max_bytes = opt.split_max_bytes;
     req.progress_label = "slice";
-    std::vector<std::string> unsliceable;
-    for (const TensorEntry & t : model.tensors()) {
-        TensorChange c;
-        c.name = t.name;
-        c.role = t.cls.role;
-        c.n_dims = t.n_dims;
-        c.ne_before = c.ne_after = t.ne;
-        c.bytes_before = t.nbytes;
-        r.tensor_bytes_before += t.nbytes;
-        if (t.cls.layer >= 0 && dropped.count(t.cls.layer)) {
-            c.action = "drop";
-            r.tensors.push_back(c);
-            continue;
-        }
-        OutputTensor out{t.name, t.type, t.n_dims, t.ne, {}};
-        if (is_per_expert(t.cls.role)) {
-            if (t.outer_dim() != f.n_expert || t.nbytes % uint64_t(f.n_expert) != 0) {
-                fail_file(model_origin, fmt::format("{} has {} experts on its outer axis but {} says {}", t.name,
-                                                    t.outer_dim(), model.arch_key("expert_count"), f.n_expert));
-            }
-            out.pieces = kept_pieces(t.shard, t.file_offset, t.nbytes / uint64_t(f.n_expert), covered.layers.at(t.cls.layer));
-            out.ne[size_t(t.n_dims - 1)] = km.k;
-            c.action = "slice";
-        } else {
-            if (t.cls.layer >= 0 && t.cls.role != TensorRole::Shared && looks_per_expert(t.name) &&
-                std::find(t.ne.begin(), t.ne.begin() + t.n_dims, f.n_expert) != t.ne.begin() + t.n_dims) {
-                unsliceable.push_back(t.name);
-            }
-            out.pieces = {{t.shard, t.file_offset, t.nbytes}};
-            c.action = "copy";
-        }
-        c.ne_after = out.ne;
-        for (const CopyPiece & p : out.pieces) {
-            c.bytes_after += p.bytes;
-        }
-        r.tensor_bytes_after += c.bytes_after;
-        r.tensors.push_back(c);
-        req.tensors.push_back(std::move(out));
-    }
-    if (!unsliceable.empty()) {
-        std::string list;
-        for (const auto & n : unsliceable) {
-            list += "\n  " + n;
-        }
-        fail_file(model_origin, fmt::format("these tensors look per-expert by name and have an axis of {} (the expert "
-                                            "count), but moeprune does not know how to slice them; refusing to write a "
-                                            "model llama.cpp could not load:{}",
-                                            f.n_expert, list));
-    }
-
+    plan_tensors(model, model_origin, f, covered, dropped, r, req);
     r.provenance = {{"source", model.get_string("general.name").value_or(opt.model.filename().string())},
                     {"source_file", opt.model.filename().string()},
                     {"source_bytes", model.file_bytes()},
@@ -445,31 +491,7 @@ SliceResult slice_model(const SliceOptions & opt) {
                     {"keep_digest", keep_map_digest(covered)},
                     {"mtp", mtp_name(opt.mtp == MtpMode::Unset && !dropped.empty() ? MtpMode::Drop : opt.mtp)},
                     {"version", MOEPRUNE_VERSION}};
-
-    GgufPtr kv(gguf_init_empty());
-    gguf_set_kv(kv.get(), model.meta());
-    set_int_keeping_type(kv.get(), model.arch_key("expert_count"), km.k);
-    if (!dropped.empty()) {
-        const int64_t n_block = f.n_block - int64_t(dropped.size());
-        truncate_per_layer_arrays(kv.get(), model.arch(), f.n_block, n_block);
-        set_int_keeping_type(kv.get(), model.arch_key("block_count"), n_block);
-        set_int_keeping_type(kv.get(), model.arch_key("nextn_predict_layers"), 0);
-    }
-    // Planted ids name experts of the source model; after slicing they would point at other experts.
-    gguf_remove_key(kv.get(), "moeprune.synth.planted");
-    gguf_set_val_str(kv.get(), "moeprune.slice.source", r.provenance["source"].get<std::string>().c_str());
-    gguf_set_val_str(kv.get(), "moeprune.slice.source_file", r.provenance["source_file"].get<std::string>().c_str());
-    gguf_set_val_u64(kv.get(), "moeprune.slice.source_bytes", model.file_bytes());
-    gguf_set_val_str(kv.get(), "moeprune.slice.source_digest", r.provenance["source_digest"].get<std::string>().c_str());
-    gguf_set_val_u32(kv.get(), "moeprune.slice.source_n_expert", uint32_t(f.n_expert));
-    gguf_set_val_u32(kv.get(), "moeprune.slice.k", uint32_t(km.k));
-    gguf_set_val_str(kv.get(), "moeprune.slice.metric", km.metric.c_str());
-    gguf_set_val_str(kv.get(), "moeprune.slice.keep_digest", r.provenance["keep_digest"].get<std::string>().c_str());
-    gguf_set_val_str(kv.get(), "moeprune.slice.keep", keep_map_to_json(covered).dump().c_str());
-    gguf_set_val_str(kv.get(), "moeprune.slice.mtp", r.provenance["mtp"].get<std::string>().c_str());
-    gguf_set_val_str(kv.get(), "moeprune.slice.version", MOEPRUNE_VERSION);
-    req.kv = std::move(kv);
-
+    req.kv = sliced_metadata(model, f, covered, dropped, r.provenance);
     std::optional<ImatrixPlan> imatrix;
     if (!opt.imatrix.empty()) {
         imatrix = plan_imatrix(opt, model, f, covered, dropped, r.provenance);

@@ -4,8 +4,8 @@
 // map's ascending id order; everything else is copied byte for byte. Planning
 // reads metadata only, so --dry-run and every refusal cost nothing.
 #include "formats/keep_map.h"
-#include "gguf/model_file.h"
-#include "gguf/stream_writer.h"
+#include "model/model_file.h"
+#include "model/stream_writer.h"
 
 #include <nlohmann/json.hpp>
 

@@ -2,7 +2,7 @@
 #include "synth/architectures.h"
 #include "core/atomic_file.h"
 #include "core/errors.h"
-#include "gguf/model_file.h"
+#include "model/model_file.h"
 
 #include "ggml-backend.h"
 #include "gguf.h"

@@ -4,8 +4,8 @@
 // sliced model). Each case records what it verified in build/arch-results/CASE.json,
 // from which scripts/arch-table.py writes docs/architectures.md.
 #include "formats/keep_map.h"
-#include "gguf/model_file.h"
-#include "inspect/inspect.h"
+#include "model/model_file.h"
+#include "model/inspect.h"
 #include "slice/slice_support.h"
 #include "support/test_support.h"
 #include "synth/architectures.h"

@@ -6,7 +6,7 @@
 #include "core/errors.h"
 #include "formats/stats.h"
 #include "formats/trace.h"
-#include "gguf/model_file.h"
+#include "model/model_file.h"
 #include "support/test_support.h"
 #include "synth/synth.h"
 

@@ -4,7 +4,7 @@
 #include "corpus/build.h"
 #include "corpus/dedupe.h"
 #include "corpus/sources.h"
-#include "llama/session.h"
+#include "engine/session.h"
 #include "support/test_support.h"
 
 #include <gtest/gtest.h>

@@ -4,7 +4,7 @@
 // recomputed here independently from what the pass saw.
 #include "eval/eval.h"
 #include "formats/trace.h"
-#include "replay/policy.h"
+#include "sim/policy.h"
 #include "replay/replay.h"
 #include "replay/reference_replay.h"
 #include "slice/slice_support.h"

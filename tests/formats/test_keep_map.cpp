@@ -97,3 +97,37 @@ TEST(KeepMap, MissingFileIsAClearError) {
         EXPECT_NE(std::string(e.what()).find("/nonexistent/keep.json"), std::string::npos);
     }
 }
+
+TEST(KeepMapName, SelectsNamesCarryCriterionAndK) {
+    EXPECT_EQ(keep_map_file_name("reap-lcb", 8), "reap-lcb-k8.json");
+    EXPECT_EQ(keep_map_label("domain-max", 224), "domain-max-k224");
+    const KeepMapName a = parse_keep_map_name("maps/reap-lcb-k8.json");
+    EXPECT_EQ(a.criterion, "reap-lcb");
+    EXPECT_EQ(a.k, 8);
+    const KeepMapName b = parse_keep_map_name(keep_map_file_name("freq", 256));
+    EXPECT_EQ(b.criterion, "freq");
+    EXPECT_EQ(b.k, 256);
+}
+
+TEST(KeepMapName, OtherNamesAreTheirStemWithoutK) {
+    // The report once threw on these: stoll after the last "-k" of "my-keep".
+    for (const std::string name : {"my-keep.json", "keep.json", "a-k.json", "x-k12y.json", "-k5.json"}) {
+        const KeepMapName n = parse_keep_map_name(name);
+        EXPECT_EQ(n.criterion, std::filesystem::path(name).stem().string()) << name;
+        EXPECT_EQ(n.k, 0) << name;
+    }
+    // More digits than any int64_t holds is no K either.
+    EXPECT_EQ(parse_keep_map_name("reap-k1234567890123456789012.json").k, 0);
+}
+
+TEST(KeepMap, RefusesFewerExpertsThanEachTokenUses) {
+    const KeepMap km = sample();
+    EXPECT_NO_THROW(require_top_k_room(km, "keep.json", 3));
+    try {
+        require_top_k_room(km, "keep.json", 4);
+        FAIL() << "a map of 3 experts accepted for top-4 routing";
+    } catch (const Error & e) {
+        EXPECT_NE(std::string(e.what()).find("keep.json"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("fewer than the 4 each token uses"), std::string::npos) << e.what();
+    }
+}

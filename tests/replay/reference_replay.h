@@ -2,7 +2,7 @@
 // The deliberately simple replay the engine is checked against: one configuration,
 // the whole trace in memory, eager decay, scans over every expert, no cleverness.
 // Semantics: docs/replay.md.
-#include "replay/policy.h"
+#include "sim/policy.h"
 
 #include <cstdint>
 #include <string>

@@ -1,7 +1,7 @@
 #include "core/errors.h"
 #include "formats/keep_map.h"
 #include "formats/trace.h"
-#include "replay/moce.h"
+#include "sim/moce.h"
 #include "replay/reference_replay.h"
 #include "replay/replay.h"
 #include "support/test_support.h"

@@ -515,3 +515,44 @@ TEST(SelectLcb, TheBoundGrowsWithEvidenceAndWithTheMean) {
         }
     }
 }
+
+TEST(Select, RandomIsASeededOrderAmongTheRoutedExperts) {
+    test::TempDir dir;
+    // 64 experts of equal standing, the last 8 never routed.
+    std::vector<ExpertSpec> spec(64, ExpertSpec{10, 5, 1.0, 0.1, 1, 1});
+    for (size_t e = 56; e < 64; ++e) {
+        spec[e] = {0, 0, 0, 0, 0, 0};
+    }
+    write_stats(dir / "s.json", stats_of({layer_of(spec), layer_of(spec)}, 280, 2));
+    const auto maps = [&](uint64_t seed, const std::string & out) {
+        SelectOptions o = options(dir / "s.json", {16, 56}, {"random", "freq"});
+        o.seed = seed;
+        o.out_dir = dir / out;
+        return run_select(o);
+    };
+    const SelectReport a = maps(7, "a"), again = maps(7, "again"), other = maps(8, "other");
+    EXPECT_EQ(kept(a, "random", 16), kept(again, "random", 16)) << "one seed, two orders";
+    EXPECT_NE(kept(a, "random", 16), kept(other, "random", 16)) << "the seed does not reach the order";
+    EXPECT_NE(kept(a, "random", 16, 0), kept(a, "random", 16, 1)) << "every layer drew the same order";
+    // Equal scores leave freq to the lowest ids; random must not.
+    EXPECT_NE(kept(a, "random", 16), kept(a, "freq", 16));
+    std::vector<int32_t> routed(56);
+    std::iota(routed.begin(), routed.end(), 0);
+    EXPECT_EQ(kept(a, "random", 56), routed) << "a never-routed expert was kept while K allowed dropping it";
+    const KeepMap km = read_keep_map(dir / "a" / "random-k16.json");
+    EXPECT_EQ(km.metric, "random");
+    EXPECT_EQ(km.source["seed"], 7);
+    EXPECT_EQ(a.json["inputs"]["seed"], 7);
+}
+
+TEST(Select, CriteriaHybridCannotCombineAreRefusedByName) {
+    test::TempDir dir;
+    write_stats(dir / "s.json", stats_of({layer_of(kSpecs)}, 100, 2));
+    SelectOptions o = options(dir / "s.json", {3}, {"hybrid"});
+    o.hybrid_of = {"reap", "random"};
+    EXPECT_NE(refusal(o).find("--hybrid-of: \"random\" is not a per-expert criterion"), std::string::npos) << refusal(o);
+    o.hybrid_of = {"reap", "soft-freq"};
+    o.domain_metric = "domain-max";
+    EXPECT_NE(refusal(o).find("--domain-metric: \"domain-max\" is not a per-expert criterion"), std::string::npos)
+        << refusal(o);
+}

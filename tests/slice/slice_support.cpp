@@ -1,6 +1,6 @@
 #include "slice/slice_support.h"
 #include "core/file_io.h"
-#include "gguf/model_file.h"
+#include "model/model_file.h"
 #include "support/test_support.h"
 
 #include "gguf.h"

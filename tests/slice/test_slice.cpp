@@ -1,6 +1,6 @@
 #include "core/file_io.h"
-#include "gguf/model_file.h"
-#include "inspect/inspect.h"
+#include "model/model_file.h"
+#include "model/inspect.h"
 #include "slice/slice_support.h"
 #include "support/test_support.h"
 #include "synth/synth.h"

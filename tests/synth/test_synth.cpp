@@ -1,6 +1,6 @@
 #include "core/errors.h"
-#include "gguf/model_file.h"
-#include "inspect/inspect.h"
+#include "model/model_file.h"
+#include "model/inspect.h"
 #include "synth/synth.h"
 #include "support/test_support.h"
 

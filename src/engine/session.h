@@ -1,0 +1,42 @@
+#pragma once
+// What every stage that runs a model through llama.cpp shares: backend set-up (with
+// RPC servers), model loading, and turning corpus documents into tokens the way the
+// model's own chat template and tokenizer do.
+#include "formats/corpus.h"
+
+#include "llama.h"
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace moeprune {
+
+using ModelPtr = std::unique_ptr<llama_model, decltype(&llama_model_free)>;
+using ContextPtr = std::unique_ptr<llama_context, decltype(&llama_free)>;
+
+// Checks every RPC endpoint's form (ggml's client aborts on one it cannot parse),
+// initializes llama.cpp's backends, registers the RPC servers and keeps llama.cpp's
+// log to errors only.
+void init_llama(const std::vector<std::string> & rpc);
+
+ModelPtr load_model(const std::filesystem::path & path, int gpu_layers);
+
+// A conversation rendered with the model's chat template; with `for_generation`, up to
+// the last user turn, followed by the assistant prompt. `where` names the document.
+std::string render_chat(const llama_model * model, const CorpusDocument & d, bool for_generation, const std::string & where);
+
+// Tokens of `text`, with the model's BOS where it adds one.
+std::vector<llama_token> tokenize(const llama_vocab * vocab, const std::string & text, bool parse_special,
+                                  const std::string & where);
+
+// The text of a document as the model reads it: plain, or rendered chat.
+std::string document_text(const llama_model * model, const CorpusDocument & d, bool for_generation,
+                          const std::string & where);
+
+// The identity of a tokenizer: every token's text and attributes and the special ids,
+// hashed ("xxh64:..."); two models tokenize alike when their digests agree.
+std::string vocab_digest(const llama_vocab * v);
+
+} // namespace moeprune
