@@ -251,11 +251,8 @@ void RouterTap::route_layer(int ordinal, ggml_tensor * topk) {
         c.tokens += ordinal == 0;
         c.picks += uint64_t(k);
         c.misses += uint64_t(misses);
-        if (misses > 0) {
-            const uint64_t q = uint64_t(config_->queue_depth);
-            c.rounds += (uint64_t(misses) + q - 1) / q;
-            c.exposed_bytes += double(misses) * (expert_bytes_.empty() ? 0.0 : expert_bytes_[size_t(ordinal)]);
-        }
+        c.add_exposed_reads(uint64_t(misses), config_->queue_depth,
+                            expert_bytes_.empty() ? 0.0 : expert_bytes_[size_t(ordinal)]);
         std::copy(row_.begin(), row_.end(), L.expected.begin() + long(tok * k));
         if (record && counting_) {
             log.push_back({window_, int32_t(pos), layer, ranked_, z_, {}});

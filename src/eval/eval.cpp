@@ -325,18 +325,21 @@ json model_identity(const InspectReport & info, const GgufModel & gguf, const st
 
 // The closed-loop candidates' cache figures, beside the open-loop replay of the base
 // pass's trace under the same configurations (on the full model or the same keep map).
-void closed_loop_figures(const EvalOptions & opt, TraceWriter & trace, AtomicOutput & trace_file,
+void closed_loop_figures(const EvalOptions & opt, const TraceInMemory & base_trace,
                          const std::vector<std::pair<fs::path, KeepMap>> & maps, std::vector<ClosedLoopRun> & runs,
                          int n_layer, int threads, EvalReport & rep, size_t first_closed) {
-    trace.close();
     std::map<int, ReplayReport> open_loop;
     for (const ClosedLoopRun & run : runs) {
         if (open_loop.count(run.map)) {
             continue;
         }
         ReplayOptions ro;
-        ro.trace = trace_file.temp_path();
-        ro.keep = run.map >= 0 ? maps[size_t(run.map)].first : fs::path();
+        ro.trace_source = &base_trace;
+        // The map as eval read and checked it once: no second read of the file.
+        if (run.map >= 0) {
+            ro.keep = maps[size_t(run.map)].first;
+            ro.keep_map = maps[size_t(run.map)].second;
+        }
         ro.policies = opt.cache_policies;
         ro.caches = opt.caches;
         ro.lambdas = opt.lambdas;
@@ -371,9 +374,6 @@ void closed_loop_figures(const EvalOptions & opt, TraceWriter & trace, AtomicOut
         st.open_loop_tok_per_s = tokens_per_second(o, ol.n_layer, opt.throughput);
         c.closed = st;
         c.routing = std::move(run.tap->log);
-    }
-    if (!opt.trace_out.empty()) {
-        trace_file.commit();
     }
 }
 
@@ -537,7 +537,8 @@ private:
     bool base_live = false;
     EvalReport rep;
     size_t first_closed = 0;
-    std::optional<AtomicOutput> trace_file;
+    std::optional<TraceInMemory> base_trace;   // the base pass's routing, replayed open-loop from memory
+    std::optional<AtomicOutput> trace_file;    // --trace-out
     std::optional<TraceWriter> trace;
     std::optional<AtomicOutput> base_out;
     std::optional<File> base_out_file;
@@ -912,11 +913,8 @@ void EvalRun::name_candidates() {
 
 // What the passes write as they go: the base pass's trace and the base of --base-out.
 void EvalRun::open_outputs() {
-    // The base pass's trace, as collect writes one; kept at --trace-out when given.
+    // The base pass's trace, as collect writes one; also written to --trace-out when given.
     if (closed_loop) {
-        trace_file.emplace(opt.trace_out.empty() ? fs::temp_directory_path() / fmt::format("moeprune-eval-{}.mptrace",
-                                                                                           opt.model.stem().string())
-                                                 : opt.trace_out);
         TraceHeader h;
         h.n_layer = uint32_t(facts.moe_layers.size());
         h.n_expert = uint32_t(info.n_expert);
@@ -926,7 +924,11 @@ void EvalRun::open_outputs() {
         h.meta = {{"n_expert_used", info.n_expert_used}, {"moe_layers", facts.moe_layers}, {"model", base_identity},
                   {"corpus", opt.corpus.string()},          {"settings", settings},
                   {"producer", "moeprune eval (base pass)"}};
-        trace.emplace(trace_file->temp_path(), h);
+        if (!opt.trace_out.empty()) {
+            trace_file.emplace(opt.trace_out);
+            trace.emplace(trace_file->temp_path(), h);
+        }
+        base_trace.emplace(std::move(h));
     }
 
     const json base_header = {{"format", "moeprune-eval-base"},
@@ -976,8 +978,12 @@ void EvalRun::observe_base(size_t wi, const Window & w) {
         meta.pos = int32_t(i);
         meta.seq = int32_t(wi);
         meta.domain = uint16_t(w.domain + 1);
-        trace->append(meta, observer->window_ids().data() + i * per_token,
-                      observer->window_logits().data() + i * per_token);
+        base_trace->append(meta, observer->window_ids().data() + i * per_token,
+                           observer->window_logits().data() + i * per_token);
+        if (trace) {
+            trace->append(meta, observer->window_ids().data() + i * per_token,
+                          observer->window_logits().data() + i * per_token);
+        }
     }
 }
 
@@ -1141,7 +1147,11 @@ void EvalRun::check_behaviour() {
 // and the base of --base-out, whole now.
 void EvalRun::finish_passes() {
     if (closed_loop) {
-        closed_loop_figures(opt, *trace, *trace_file, maps, runs, int(facts.moe_layers.size()), threads, rep, first_closed);
+        closed_loop_figures(opt, *base_trace, maps, runs, int(facts.moe_layers.size()), threads, rep, first_closed);
+        if (trace) {
+            trace->close();
+            trace_file->commit();
+        }
     }
     if (base_writer) {
         base_writer->finish();

@@ -28,23 +28,14 @@ void RouterMask::set(const KeepMap & km, const std::string & origin) {
     }
     require_top_k_room(km, origin, facts_.n_expert_used);
     if (facts_.n_groups > 1) {
-        const int64_t per_group = facts_.n_expert / facts_.n_groups;
-        for (const auto & [layer, ids] : km.layers) {
-            std::vector<int64_t> kept(size_t(facts_.n_groups), 0);
-            for (int32_t e : ids) {
-                ++kept[size_t(e / per_group)];
-            }
-            for (int64_t g = 0; g < facts_.n_groups; ++g) {
-                if (kept[size_t(g)] != km.k / facts_.n_groups) {
-                    refuse(fmt::format("layer {} keeps {} experts of group {}, not k / groups = {}", layer,
-                                       kept[size_t(g)], g, km.k / facts_.n_groups));
-                }
-            }
+        // Without a used-group count the masked router's group choice cannot be checked.
+        if (facts_.n_group_used < 1) {
+            refuse(fmt::format("the model has {} expert groups but no count of groups a token uses", facts_.n_groups));
         }
-        const int64_t kpg = km.k / facts_.n_groups;
-        if (kpg < 2 || facts_.n_group_used * kpg < facts_.n_expert_used) {
-            refuse(fmt::format("{} experts per group and {} used groups cannot hold the top-{}", kpg, facts_.n_group_used,
-                               facts_.n_expert_used));
+        const std::string problem = expert_groups_problem(
+            km, {facts_.n_expert, facts_.n_groups, facts_.n_group_used, facts_.n_expert_used});
+        if (!problem.empty()) {
+            refuse(problem);
         }
     }
     for (int layer : facts_.moe_layers) {

@@ -182,6 +182,44 @@ void require_top_k_room(const KeepMap & km, const std::string & origin, int64_t 
     }
 }
 
+std::string expert_groups_problem(const KeepMap & km, const ExpertGroups & g) {
+    if (g.n_group <= 1) {
+        return "";
+    }
+    if (km.k % g.n_group != 0) {
+        return fmt::format("keeps {} experts per layer, not a multiple of the model's {} expert groups; "
+                           "group-limited routing needs every group to keep the same number",
+                           km.k, g.n_group);
+    }
+    const int64_t per_group = km.k / g.n_group;
+    if (per_group < 2) {
+        return fmt::format("keeps {} experts per layer, {} in each of the model's {} expert groups; llama.cpp "
+                           "needs at least 2 per group (it ranks groups by their two best experts)",
+                           km.k, per_group, g.n_group);
+    }
+    if (g.n_group_used > 0 && g.n_used > g.n_group_used * per_group) {
+        return fmt::format("keeps {} experts per group, so the {} groups a token may use hold {} experts, "
+                           "fewer than the {} each token uses",
+                           per_group, g.n_group_used, g.n_group_used * per_group, g.n_used);
+    }
+    const int64_t group_size = g.n_expert / g.n_group;
+    for (const auto & [layer, ids] : km.layers) {
+        std::vector<int64_t> kept(size_t(g.n_group), 0);
+        for (int32_t id : ids) {
+            kept[size_t(id / group_size)]++;
+        }
+        for (int64_t group = 0; group < g.n_group; ++group) {
+            if (kept[size_t(group)] != per_group) {
+                return fmt::format("layer {}: expert group {} (experts {}..{}) keeps {} experts, but every one of the "
+                                   "{} groups must keep k / groups = {}",
+                                   layer, group, group * group_size, (group + 1) * group_size - 1, kept[size_t(group)],
+                                   g.n_group, per_group);
+            }
+        }
+    }
+    return "";
+}
+
 std::string keep_map_label(const std::string & criterion, int64_t k) { return fmt::format("{}-k{}", criterion, k); }
 
 std::string keep_map_file_name(const std::string & criterion, int64_t k) { return keep_map_label(criterion, k) + ".json"; }

@@ -34,6 +34,16 @@ void validate_keep_map_for_model(const KeepMap & km, const std::string & origin,
 // sliced, every token's top-k must find that many survivors.
 void require_top_k_room(const KeepMap & km, const std::string & origin, int64_t n_expert_used);
 
+// Group-limited routing (DeepSeek-V3 style): a token picks `n_group_used` of `n_group`
+// equal groups, then its top-k within them. A pruned router still does so only when
+// every group keeps k / groups experts, at least 2 (llama.cpp ranks a group by its two
+// best), and the groups a token may use hold its top-k. Returns the first rule `km`
+// breaks, or "" (also for a model without groups).
+struct ExpertGroups {
+    int64_t n_expert = 0, n_group = 0, n_group_used = 0, n_used = 0;
+};
+std::string expert_groups_problem(const KeepMap & km, const ExpertGroups & g);
+
 nlohmann::json keep_map_to_json(const KeepMap & km);
 void write_keep_map(const std::filesystem::path & path, const KeepMap & km);
 

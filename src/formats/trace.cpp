@@ -224,6 +224,40 @@ void TraceWriter::close() {
 
 float traced_logit(float logit) { return ggml_fp16_to_fp32(ggml_fp32_to_fp16(logit)); }
 
+// ---------------------------------------------------------------- in memory
+
+TraceInMemory::TraceInMemory(TraceHeader header)
+    : header_(std::move(header)), ids_(header_.n_layer), logits_(header_.n_layer) {}
+
+void TraceInMemory::append(const TraceTokenMeta & meta, const uint16_t * ids, const float * logits) {
+    const uint32_t m = header_.top_m;
+    meta_.push_back(meta);
+    for (uint32_t l = 0; l < header_.n_layer; ++l) {
+        for (uint32_t i = 0; i < m; ++i) {
+            if (ids[l * m + i] >= header_.n_expert) {
+                throw Error(fmt::format("in-memory trace: expert id {} at layer {} is not below n_expert {}",
+                                        ids[l * m + i], l, header_.n_expert));
+            }
+            ids_[l].push_back(ids[l * m + i]);
+            logits_[l].push_back(traced_logit(logits[l * m + i]));
+        }
+    }
+}
+
+void TraceInMemory::for_each_layer_chunk(uint32_t layer, const LayerChunkFn & fn) const {
+    if (layer >= header_.n_layer) {
+        throw Error(fmt::format("in-memory trace: layer {} requested but the trace has {} layers", layer,
+                                header_.n_layer));
+    }
+    // Chunks of at most 2^20 tokens: a chunk's count is 32 bits.
+    constexpr uint64_t kChunk = uint64_t(1) << 20;
+    const uint64_t m = header_.top_m;
+    for (uint64_t t0 = 0; t0 < meta_.size(); t0 += kChunk) {
+        const uint64_t n = std::min<uint64_t>(kChunk, meta_.size() - t0);
+        fn(t0, uint32_t(n), ids_[layer].data() + t0 * m, logits_[layer].data() + t0 * m);
+    }
+}
+
 // ---------------------------------------------------------------- reader
 
 TraceReader TraceReader::open(const fs::path & path) {

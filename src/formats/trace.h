@@ -79,14 +79,29 @@ private:
     std::vector<uint8_t> pending_records_;  // [token][layer] records of top_m ids then top_m f16 logits
 };
 
-class TraceReader {
+// What a replay reads of a trace: from a file (TraceReader), or from memory
+// (TraceInMemory) when the trace was made in the same process.
+class TraceSource {
+public:
+    virtual ~TraceSource() = default;
+    virtual const TraceHeader & header() const = 0;
+    virtual uint64_t n_tokens() const = 0;
+    virtual const std::string & format() const = 0;
+    virtual std::vector<TraceTokenMeta> token_meta() const = 0;
+    // One layer a chunk of tokens at a time, in token order: ids and logits are
+    // [n][top_m], logits as a trace stores them (traced_logit).
+    using LayerChunkFn = std::function<void(uint64_t first_token, uint32_t n, const uint16_t * ids, const float * logits)>;
+    virtual void for_each_layer_chunk(uint32_t layer, const LayerChunkFn & fn) const = 0;
+};
+
+class TraceReader : public TraceSource {
 public:
     static TraceReader open(const std::filesystem::path & path);
 
     const std::filesystem::path & path() const { return file_.path(); }
-    const TraceHeader & header() const { return header_; }
-    uint64_t n_tokens() const { return n_tokens_; }
-    const std::string & format() const { return format_; }   // "moeprune-trace v3" (v2, v1) or "Q4RT v1"
+    const TraceHeader & header() const override { return header_; }
+    uint64_t n_tokens() const override { return n_tokens_; }
+    const std::string & format() const override { return format_; }   // "moeprune-trace v3" (v2, v1) or "Q4RT v1"
     bool has_checksums() const { return checksums_; }
     // Version 3: the file header and its metadata JSON are checksummed too.
     bool has_header_checksum() const { return header_checksum_; }
@@ -96,13 +111,11 @@ public:
     std::vector<std::string> verify() const;
     bool truncated_tail() const { return truncated_tail_; }   // an incomplete last block was ignored
 
-    std::vector<TraceTokenMeta> token_meta() const;
+    std::vector<TraceTokenMeta> token_meta() const override;
     // One layer for all tokens: ids and logits are [n_tokens][top_m].
     void read_layer(uint32_t layer, std::vector<uint16_t> & ids, std::vector<float> & logits) const;
-    // One layer a chunk of tokens at a time (a block, or 1024 Q4RT tokens), in token
-    // order, so memory does not grow with the trace: ids and logits are [n][top_m].
-    using LayerChunkFn = std::function<void(uint64_t first_token, uint32_t n, const uint16_t * ids, const float * logits)>;
-    void for_each_layer_chunk(uint32_t layer, const LayerChunkFn & fn) const;
+    // Chunks are blocks, or 1024 Q4RT tokens, so memory does not grow with the trace.
+    void for_each_layer_chunk(uint32_t layer, const LayerChunkFn & fn) const override;
 
 private:
     explicit TraceReader(File file) : file_(std::move(file)) {}
@@ -135,6 +148,28 @@ private:
     bool checksums_ = false;
     bool header_checksum_ = false;
     std::vector<Block> blocks_;
+};
+
+// A trace kept in memory exactly as a TraceReader would give it back, for a replay in
+// the process that routed the tokens (eval's closed loop): no file written and read again.
+class TraceInMemory : public TraceSource {
+public:
+    explicit TraceInMemory(TraceHeader header);
+    // As TraceWriter::append: ids and logits are [n_layer][top_m], best candidate first.
+    void append(const TraceTokenMeta & meta, const uint16_t * ids, const float * logits);
+
+    const TraceHeader & header() const override { return header_; }
+    uint64_t n_tokens() const override { return meta_.size(); }
+    const std::string & format() const override { return format_; }
+    std::vector<TraceTokenMeta> token_meta() const override { return meta_; }
+    void for_each_layer_chunk(uint32_t layer, const LayerChunkFn & fn) const override;
+
+private:
+    TraceHeader header_;
+    std::string format_ = "moeprune-trace (in memory)";
+    std::vector<TraceTokenMeta> meta_;
+    std::vector<std::vector<uint16_t>> ids_;    // per layer: [token][top_m]
+    std::vector<std::vector<float>> logits_;    // per layer: [token][top_m], as traced_logit rounds them
 };
 
 // Writes numpy .npy files (ids, logits, token, pos, seq, domain, phase) into `dir`.

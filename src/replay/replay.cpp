@@ -22,36 +22,10 @@ namespace moeprune {
 
 using nlohmann::json;
 
-void PhaseCounts::add(const PhaseCounts & o) {
-    tokens += o.tokens;
-    picks += o.picks;
-    misses += o.misses;
-    forced_misses += o.forced_misses;
-    swaps += o.swaps;
-    moved_mass += o.moved_mass;
-    predicted += o.predicted;
-    predicted_chosen += o.predicted_chosen;
-    hidden += o.hidden;
-    prefetch_loads += o.prefetch_loads;
-    rounds += o.rounds;
-    exposed_bytes += o.exposed_bytes;
-    prefetch_bytes += o.prefetch_bytes;
-}
-
 PhaseCounts ReplayRecord::total() const {
     PhaseCounts t = prefill;
     t.add(decode);
     return t;
-}
-
-double tokens_per_second(const PhaseCounts & c, int n_layer, const ThroughputParams & p) {
-    if (c.tokens == 0) {
-        return 0.0;
-    }
-    const double tokens = double(c.tokens);
-    const double t = token_seconds({c.exposed_bytes / tokens, double(c.rounds) / tokens, c.prefetch_bytes / tokens},
-                                   size_t(n_layer), p);
-    return t > 0 ? 1.0 / t : std::numeric_limits<double>::infinity();
 }
 
 namespace {
@@ -82,7 +56,7 @@ struct Config {
 
 // What every layer of the run shares.
 struct Setup {
-    const TraceReader * reader = nullptr;
+    const TraceSource * reader = nullptr;
     std::string origin;
     int k = 0, n_expert = 0;            // n_expert: per layer, after the keep map
     int j = 0;                          // MoCE's J
@@ -210,11 +184,7 @@ Predictions predict_layer(const LayerData & prev, const LayerData & cur, int k, 
 // What storage must serve for `exposed` experts of layer l in one request: reads in
 // rounds of the queue depth.
 void count_exposed(const Setup & s, const ReplayOptions & opt, uint32_t l, uint64_t exposed, PhaseCounts & pc) {
-    if (exposed > 0) {
-        const auto depth = uint64_t(opt.throughput.queue_depth);
-        pc.rounds += (exposed + depth - 1) / depth;
-        pc.exposed_bytes += double(exposed) * (s.expert_bytes.empty() ? 0.0 : s.expert_bytes[l]);
-    }
+    pc.add_exposed_reads(exposed, opt.throughput.queue_depth, s.expert_bytes.empty() ? 0.0 : s.expert_bytes[l]);
 }
 
 // One configuration's cache (one layer's, or the global one) and its counters.
@@ -628,7 +598,7 @@ int experts_per_token(const ReplayOptions & opt, const TraceHeader & h, const st
     return k;
 }
 
-void check_replay_options(const ReplayOptions & opt, const Setup & s, const TraceReader & reader) {
+void check_replay_options(const ReplayOptions & opt, const Setup & s, const TraceSource & reader) {
     const TraceHeader & h = reader.header();
     refuse_inert_moce(s.j, s.k, opt.lambdas);
     if (opt.warmup >= reader.n_tokens()) {
@@ -665,15 +635,15 @@ void check_replay_options(const ReplayOptions & opt, const Setup & s, const Trac
     }
 }
 
-// The keep map read and checked once, its survivors renumbered per trace layer as in the
-// sliced model.
+// The keep map (read here, or given read by the caller) checked against the trace, its
+// survivors renumbered per trace layer as in the sliced model.
 KeepMap apply_keep_map(const ReplayOptions & opt, const TraceHeader & h, Setup & s) {
     KeepMap km;
     s.n_expert = int(h.n_expert);
-    if (opt.keep.empty()) {
+    if (opt.keep.empty() && !opt.keep_map) {
         return km;
     }
-    km = read_keep_map(opt.keep);
+    km = opt.keep_map ? *opt.keep_map : read_keep_map(opt.keep);
     if (km.n_expert != 0 && km.n_expert != int64_t(h.n_expert)) {
         fail_file(opt.keep.string(), fmt::format("made for {} experts per layer, the trace has {}", km.n_expert,
                                                  h.n_expert));
@@ -914,11 +884,15 @@ ReplayReport run_replay(const ReplayOptions & opt, const std::vector<std::filesy
         inputs.insert(inputs.end(), model->shard_paths().begin(), model->shard_paths().end());
     }
     refuse_output_clashes(outputs, inputs);
-    const TraceReader reader = TraceReader::open(opt.trace);
+    std::optional<TraceReader> file;
+    if (!opt.trace_source) {
+        file.emplace(TraceReader::open(opt.trace));
+    }
+    const TraceSource & reader = opt.trace_source ? *opt.trace_source : *file;
     const TraceHeader & h = reader.header();
     Setup s;
     s.reader = &reader;
-    s.origin = opt.trace.string();
+    s.origin = opt.trace_source ? std::string("the base pass's trace") : opt.trace.string();
     s.n_layer = h.n_layer;
     s.k = experts_per_token(opt, h, s.origin);
     s.j = moce_j(opt.j, s.k);
@@ -962,7 +936,7 @@ ReplayReport run_replay(const ReplayOptions & opt, const std::vector<std::filesy
     rep.k = s.k;
     rep.records = records_of(opt, s, configs, counts);
     rep.bytes_known = !s.expert_bytes.empty();
-    rep.inputs = {{"trace", opt.trace.string()},
+    rep.inputs = {{"trace", opt.trace_source ? json(nullptr) : json(opt.trace.string())},
                   {"trace_format", reader.format()},
                   {"trace_tokens", reader.n_tokens()},
                   {"trace_meta", h.meta},

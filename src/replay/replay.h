@@ -4,6 +4,8 @@
 // optionally biased toward cached experts (MoCE), is requested from a cache run by an
 // eviction policy; misses are what storage must serve. Every configuration advances
 // in one pass over a layer's tokens, layers in parallel. Semantics: docs/replay.md.
+#include "formats/keep_map.h"
+#include "formats/trace.h"
 #include "sim/policy.h"
 #include "sim/throughput.h"
 
@@ -19,7 +21,10 @@ namespace moeprune {
 
 struct ReplayOptions {
     std::filesystem::path trace;
+    const TraceSource * trace_source = nullptr;  // a trace in memory (eval's closed loop): used instead of `trace`
     std::filesystem::path keep;           // optional
+    std::optional<KeepMap> keep_map;      // read and checked by the caller (eval): used instead of reading `keep`,
+                                          // which then only names it
     std::vector<std::string> policies;
     std::vector<int> caches;              // slots per layer (per cache with global)
     std::vector<double> cache_mib;        // budgets, converted with the bytes of an expert
@@ -39,14 +44,6 @@ struct ReplayOptions {
     int threads = 0;                      // workers over layers; 0: one per core
     PolicyParams params;
     ThroughputParams throughput;
-};
-
-struct PhaseCounts {
-    uint64_t tokens = 0, picks = 0, misses = 0, forced_misses = 0, swaps = 0;
-    double moved_mass = 0;                // summed over counted (token, layer) requests
-    uint64_t predicted = 0, predicted_chosen = 0, hidden = 0, prefetch_loads = 0, rounds = 0;
-    double exposed_bytes = 0, prefetch_bytes = 0;
-    void add(const PhaseCounts & o);
 };
 
 struct ReplayRecord {
@@ -74,8 +71,5 @@ ReplayReport run_replay(const ReplayOptions & opt, const std::vector<std::filesy
 nlohmann::json to_json(const ReplayReport & r);
 std::string to_text(const ReplayReport & r);
 std::string to_csv(const ReplayReport & r);
-
-// tokens/s from a record's counters under the model of docs/replay.md.
-double tokens_per_second(const PhaseCounts & c, int n_layer, const ThroughputParams & p);
 
 } // namespace moeprune

@@ -1,6 +1,7 @@
 #include "sim/throughput.h"
 
 #include <algorithm>
+#include <limits>
 
 namespace moeprune {
 
@@ -9,6 +10,40 @@ double token_seconds(const TokenTraffic & io, size_t n_layer, const ThroughputPa
     const double read = io.exposed_bytes / bw + io.rounds * p.read_latency_us * 1e-6;
     const double staged = io.prefetched_bytes / bw;
     return compute + double(n_layer) * p.sync_us * 1e-6 + read + std::max(0.0, staged - compute);
+}
+
+void PhaseCounts::add(const PhaseCounts & o) {
+    tokens += o.tokens;
+    picks += o.picks;
+    misses += o.misses;
+    forced_misses += o.forced_misses;
+    swaps += o.swaps;
+    moved_mass += o.moved_mass;
+    predicted += o.predicted;
+    predicted_chosen += o.predicted_chosen;
+    hidden += o.hidden;
+    prefetch_loads += o.prefetch_loads;
+    rounds += o.rounds;
+    exposed_bytes += o.exposed_bytes;
+    prefetch_bytes += o.prefetch_bytes;
+}
+
+double tokens_per_second(const PhaseCounts & c, int n_layer, const ThroughputParams & p) {
+    if (c.tokens == 0) {
+        return 0.0;
+    }
+    const double tokens = double(c.tokens);
+    const double t = token_seconds({c.exposed_bytes / tokens, double(c.rounds) / tokens, c.prefetch_bytes / tokens},
+                                   size_t(n_layer), p);
+    return t > 0 ? 1.0 / t : std::numeric_limits<double>::infinity();
+}
+
+void PhaseCounts::add_exposed_reads(uint64_t exposed, int queue_depth, double expert_bytes) {
+    if (exposed > 0) {
+        const auto depth = uint64_t(queue_depth);
+        rounds += (exposed + depth - 1) / depth;
+        exposed_bytes += double(exposed) * expert_bytes;
+    }
 }
 
 nlohmann::json to_json(const ThroughputParams & p) {

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstddef>
+#include <cstdint>
 
 namespace moeprune {
 
@@ -26,6 +27,22 @@ struct TokenTraffic {
 };
 
 double token_seconds(const TokenTraffic & io, size_t n_layer, const ThroughputParams & p);
+
+// What a simulated cache counts over the requests of one phase (prefill or decode):
+// replay's records and the closed loop's alike.
+struct PhaseCounts {
+    uint64_t tokens = 0, picks = 0, misses = 0, forced_misses = 0, swaps = 0;
+    double moved_mass = 0;                // summed over counted (token, layer) requests
+    uint64_t predicted = 0, predicted_chosen = 0, hidden = 0, prefetch_loads = 0, rounds = 0;
+    double exposed_bytes = 0, prefetch_bytes = 0;
+    void add(const PhaseCounts & o);
+    // Misses a request waits for: read `queue_depth` at a time, each round paying the
+    // latency once, `expert_bytes` each.
+    void add_exposed_reads(uint64_t exposed, int queue_depth, double expert_bytes);
+};
+
+// tokens/s from the counters: their per-token averages through token_seconds.
+double tokens_per_second(const PhaseCounts & c, int n_layer, const ThroughputParams & p);
 
 // The settings as every result file records them (replay, eval, plan).
 nlohmann::json to_json(const ThroughputParams & p);

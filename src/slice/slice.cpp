@@ -195,43 +195,12 @@ std::vector<int> moe_layers_to_keep(const GgufModel & m, const ModelFacts & f, c
 }
 
 void check_expert_groups(const ModelFacts & f, const KeepMap & km, const std::string & origin) {
-    if (f.n_group <= 1) {
-        return;
-    }
-    if (f.n_expert % f.n_group != 0) {
+    if (f.n_group > 1 && f.n_expert % f.n_group != 0) {
         throw Error(fmt::format("expert_group_count {} does not divide expert_count {}", f.n_group, f.n_expert));
     }
-    if (km.k % f.n_group != 0) {
-        fail_file(origin, fmt::format("keeps {} experts per layer, not a multiple of the model's {} expert groups; "
-                                      "group-limited routing needs every group to keep the same number",
-                                      km.k, f.n_group));
-    }
-    // llama.cpp ranks a group by the sum of its two best experts and refuses a model with
-    // as many groups as experts (n_expert_groups < n_expert in llama-model.cpp).
-    if (km.k / f.n_group < 2) {
-        fail_file(origin, fmt::format("keeps {} experts per layer, {} in each of the model's {} expert groups; llama.cpp "
-                                      "needs at least 2 per group (it ranks groups by their two best experts)",
-                                      km.k, km.k / f.n_group, f.n_group));
-    }
-    if (f.n_group_used > 0 && f.n_used > f.n_group_used * (km.k / f.n_group)) {
-        fail_file(origin, fmt::format("keeps {} experts per group, so the {} groups a token may use hold {} experts, "
-                                      "fewer than the {} each token uses",
-                                      km.k / f.n_group, f.n_group_used, f.n_group_used * (km.k / f.n_group), f.n_used));
-    }
-    const int64_t group_size = f.n_expert / f.n_group;
-    for (const auto & [layer, ids] : km.layers) {
-        std::vector<int64_t> per_group(size_t(f.n_group), 0);
-        for (int32_t id : ids) {
-            per_group[size_t(id / group_size)]++;
-        }
-        for (int64_t g = 0; g < f.n_group; ++g) {
-            if (per_group[size_t(g)] != km.k / f.n_group) {
-                fail_file(origin, fmt::format("layer {}: expert group {} (experts {}..{}) keeps {} experts, but every one "
-                                              "of the {} groups must keep k / groups = {}",
-                                              layer, g, g * group_size, (g + 1) * group_size - 1, per_group[size_t(g)],
-                                              f.n_group, km.k / f.n_group));
-            }
-        }
+    if (const std::string problem = expert_groups_problem(km, {f.n_expert, f.n_group, f.n_group_used, f.n_used});
+        !problem.empty()) {
+        fail_file(origin, problem);
     }
 }
 

@@ -392,3 +392,57 @@ TEST(Trace, AByteFlippedInEveryBlockIsCaught) {
         EXPECT_EQ(blocks_named.size(), 7u) << "level " << level << ": every block was hit and named";
     }
 }
+
+TEST(TraceInMemory, GivesBackWhatTheFileReaderGivesBackOfTheSameTokens) {
+    test::TempDir dir;
+    TraceHeader h;
+    h.n_layer = kLayers;
+    h.n_expert = kExperts;
+    h.top_m = kTopM;
+    h.domains = {"chat", "code"};
+    TraceWriter w(dir / "t.mptrace", h, 16, 3);
+    TraceInMemory mem(h);
+    std::vector<uint16_t> ids;
+    std::vector<float> logits;
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> any(-20.0f, 20.0f);
+    for (uint64_t t = 0; t < 100; ++t) {
+        token_record(t, ids, logits);
+        for (float & z : logits) {
+            z = any(rng);  // not exact in f16: both must round the same way
+        }
+        w.append(token_meta(t), ids.data(), logits.data());
+        mem.append(token_meta(t), ids.data(), logits.data());
+    }
+    w.close();
+    const TraceReader file = TraceReader::open(dir / "t.mptrace");
+    ASSERT_EQ(mem.n_tokens(), file.n_tokens());
+    const std::vector<TraceTokenMeta> a = mem.token_meta(), b = file.token_meta();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t t = 0; t < a.size(); ++t) {
+        EXPECT_EQ(a[t].token, b[t].token);
+        EXPECT_EQ(a[t].pos, b[t].pos);
+        EXPECT_EQ(a[t].seq, b[t].seq);
+        EXPECT_EQ(a[t].domain, b[t].domain);
+        EXPECT_EQ(a[t].phase, b[t].phase);
+    }
+    for (uint32_t l = 0; l < kLayers; ++l) {
+        std::vector<uint16_t> mem_ids, file_ids;
+        std::vector<float> mem_logits, file_logits;
+        const auto collect = [](std::vector<uint16_t> & ids_out, std::vector<float> & logits_out) {
+            return [&](uint64_t first, uint32_t n, const uint16_t * i, const float * z) {
+                EXPECT_EQ(first * kTopM, ids_out.size());
+                ids_out.insert(ids_out.end(), i, i + n * kTopM);
+                logits_out.insert(logits_out.end(), z, z + n * kTopM);
+            };
+        };
+        mem.for_each_layer_chunk(l, collect(mem_ids, mem_logits));
+        file.for_each_layer_chunk(l, collect(file_ids, file_logits));
+        EXPECT_EQ(mem_ids, file_ids) << "layer " << l;
+        ASSERT_EQ(mem_logits.size(), file_logits.size());
+        EXPECT_EQ(0, std::memcmp(mem_logits.data(), file_logits.data(), mem_logits.size() * sizeof(float)))
+            << "layer " << l << ": logits differ from the file's bit for bit";
+    }
+    std::vector<uint16_t> bad(kLayers * kTopM, kExperts);
+    EXPECT_THROW(mem.append(token_meta(0), bad.data(), logits.data()), Error);
+}
