@@ -2,7 +2,7 @@
 # sibling it may not use. Run by the build (src/CMakeLists.txt) before any layer compiles.
 #   cmake -DSRC=src -DSTAMP=file -P cmake/check_layers.cmake
 cmake_minimum_required(VERSION 3.20)
-set(stages synth slice replay corpus collect select eval plan report)
+set(stages synth slice replay corpus collect select eval measure plan report)
 set(rank_core 0)
 set(rank_formats 1)
 set(rank_model 2)
@@ -12,7 +12,7 @@ set(rank_stages 4)
 set(rank_run 5)
 set(rank_cli 6)
 # Stages that build on another stage's result, the only edges within a layer.
-set(stage_edges "eval>replay" "plan>replay")
+set(stage_edges "eval>replay" "plan>replay" "measure>eval")
 
 function(layer_of folder out)
   if(folder IN_LIST stages)

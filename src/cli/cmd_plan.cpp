@@ -1,6 +1,7 @@
 #include "cli/commands.h"
 #include "core/atomic_file.h"
 #include "core/errors.h"
+#include "core/sizes.h"
 #include "plan/plan.h"
 
 #include <cstdio>

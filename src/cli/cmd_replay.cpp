@@ -4,6 +4,7 @@
 #include "replay/replay.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cstdio>
 #include <memory>
@@ -45,8 +46,7 @@ void add_replay(CLI::App & app, Action & action) {
     CLI::App * sub = app.add_subcommand("replay", "Replay a router trace through expert caches (docs/replay.md)");
     sub->add_option("--trace", opt->trace, "Router trace (moeprune trace or Q4RT v1)")->required();
     sub->add_option("--keep", opt->keep, "Keep map: re-choose the top-k among its survivors");
-    sub->add_option("--policy", opt->policies,
-                    "Policies: lru, lfu, ema, near-pick-ema, inverse-router-ema, lfru, belady, slru, arc, s3fifo, sieve")
+    sub->add_option("--policy", opt->policies, fmt::format("Policies: {}", fmt::join(policy_names(), ", ")))
         ->delimiter(',')
         ->required();
     sub->add_option("--cache", opt->caches, "Cache sizes in experts (per layer, or in all with --global)")->delimiter(',');

@@ -25,6 +25,7 @@ void add_eval(CLI::App & app, Action & action);
 void add_corpus(CLI::App & app, Action & action);
 void add_plan(CLI::App & app, Action & action);
 void add_run(CLI::App & app, Action & action);
+void add_measure(CLI::App & app, Action & action);
 
 // The flags of the cache policies and the throughput model, shared by replay and eval's closed loop.
 void add_cache_model_flags(CLI::App & sub, PolicyParams & params, ThroughputParams & throughput, std::string & ssd);

@@ -10,7 +10,7 @@ int main(int argc, char ** argv) {
     // llama.cpp's multi-letter short flags, which CLI11 cannot name, mean their long forms.
     std::vector<std::string> args(argv, argv + argc);
     for (std::string & a : args) {
-        a = a == "-ub" ? "--ubatch-size" : a == "-ngl" ? "--gpu-layers" : a;
+        a = a == "-ub" ? "--ubatch-size" : a == "-ngl" ? "--gpu-layers" : a == "-nr" ? "--no-repack" : a;
     }
     std::vector<char *> argv2;
     for (std::string & a : args) {
@@ -32,6 +32,7 @@ int main(int argc, char ** argv) {
     moeprune::cli::add_select(app, action);
     moeprune::cli::add_replay(app, action);
     moeprune::cli::add_eval(app, action);
+    moeprune::cli::add_measure(app, action);
     moeprune::cli::add_plan(app, action);
     moeprune::cli::add_run(app, action);
     CLI11_PARSE(app, argc, argv);

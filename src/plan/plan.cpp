@@ -139,33 +139,6 @@ void check_plan_options(const PlanOptions & opt) {
     }
 }
 
-} // namespace
-
-double parse_size(const std::string & text, const std::string & what) {
-    static const std::regex form(R"(\s*([0-9]+(\.[0-9]+)?)\s*([KMGT]?)(i?B?)\s*)", std::regex::icase);
-    std::smatch m;
-    if (!std::regex_match(text, m, form)) {
-        throw Error(fmt::format("{} \"{}\" is not a size (24G, 24GiB, 24GB, 512M, or bytes)", what, text));
-    }
-    double v = 0;
-    try {
-        v = std::stod(m[1].str());
-    } catch (const std::out_of_range &) {
-        v = std::numeric_limits<double>::infinity();
-    }
-    const char unit = m[3].str().empty() ? ' ' : char(std::toupper(m[3].str()[0]));
-    const std::string suffix = m[4].str();
-    const bool decimal = suffix.size() == 1 && (suffix[0] == 'B' || suffix[0] == 'b');  // "GB": 10^9
-    const int power = unit == 'K' ? 1 : unit == 'M' ? 2 : unit == 'G' ? 3 : unit == 'T' ? 4 : 0;
-    const double bytes = v * std::pow(decimal ? 1000.0 : 1024.0, power);
-    if (!std::isfinite(bytes) || bytes >= 0x1p64) {
-        throw Error(fmt::format("{} \"{}\" is 2^64 bytes or more: not a size of memory", what, text));
-    }
-    return bytes;
-}
-
-namespace {
-
 // The fastest an option decodes: null tokens/s is unbounded.
 double speed(const json & o) {
     return o["tok_per_s"].is_null() ? std::numeric_limits<double>::infinity() : o["tok_per_s"].get<double>();

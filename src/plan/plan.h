@@ -37,7 +37,4 @@ struct PlanOptions {
 nlohmann::json make_plan(const PlanOptions & opt);
 std::string plan_text(const nlohmann::json & plan);
 
-// "24G" / "24GiB" (2^30), "24GB" (10^9), "512M", "1.5T", or bytes; `what` names the flag.
-double parse_size(const std::string & text, const std::string & what);
-
 } // namespace moeprune

@@ -5,6 +5,7 @@
 #include "core/errors.h"
 #include "core/file_io.h"
 #include "core/json.h"
+#include "core/sizes.h"
 #include "corpus/build.h"
 #include "corpus/sources.h"
 #include "eval/eval.h"

@@ -1,6 +1,7 @@
 // moeprune plan: the seed's arithmetic, the throughput formula, feasibility against a RAM
 // budget, KLD measured or interpolated (and marked), the Pareto front and the
 // recommendation; refusals name what is wrong.
+#include "core/sizes.h"
 #include "plan/plan.h"
 #include "support/test_support.h"
 

@@ -469,6 +469,69 @@ private:
 };
 
 // SIEVE as a vector, oldest first; the hand is an index into it.
+// The kernel's two-list reclaim of file pages over experts (sim/page_cache.h), with the
+// inactive list kept at least as large as the active one: lists by stamp, full scans.
+class PageCacheRef : public Stamped {
+public:
+    PageCacheRef(int n_expert, int capacity) : Stamped(n_expert, capacity) { on_reset(); }
+private:
+    enum { kInactive = 1, kActive = 2 };
+    bool is_resident(int l) const override { return l == kInactive || l == kActive; }
+    void on_reset() override {
+        young_.assign(size_t(n_), 0);
+        referenced_.assign(size_t(n_), 0);
+        shadow_.assign(size_t(n_), -1);
+        clock_ = 0;
+    }
+    void deactivate(int32_t e) {
+        young_[size_t(e)] = 0;
+        put(e, kInactive);
+    }
+    int run(const Ids & chosen) override {
+        int misses = 0;
+        for (int32_t e : chosen) {
+            young_[size_t(e)] = 1;
+            if (is_resident(list_of(e))) {
+                continue;
+            }
+            ++misses;
+            const bool refault = shadow_[size_t(e)] >= 0 && clock_ - shadow_[size_t(e)] <= size(kActive);
+            shadow_[size_t(e)] = -1;
+            referenced_[size_t(e)] = 0;
+            clock_ += refault ? 1 : 0;
+            put(e, refault ? kActive : kInactive);
+        }
+        while (resident_count() > cap_) {
+            while (size(kInactive) < size(kActive)) {
+                deactivate(oldest(kActive, false));
+            }
+            const int32_t v = oldest(kInactive, true);
+            if (v < 0) {
+                const int32_t a = oldest(kActive, true);
+                if (a < 0) {
+                    break;
+                }
+                deactivate(a);
+            } else if (young_[size_t(v)] && referenced_[size_t(v)]) {
+                young_[size_t(v)] = referenced_[size_t(v)] = 0;
+                put(v, kActive);
+            } else if (young_[size_t(v)]) {
+                young_[size_t(v)] = 0;
+                referenced_[size_t(v)] = 1;
+                put(v, kInactive);
+            } else {
+                referenced_[size_t(v)] = 0;
+                shadow_[size_t(v)] = clock_++;
+                put(v, kNone);
+            }
+        }
+        return misses;
+    }
+    std::vector<char> young_, referenced_;
+    std::vector<int64_t> shadow_;
+    int64_t clock_ = 0;
+};
+
 class Sieve : public RefPolicy {
 public:
     Sieve(int n_expert, int capacity) : cap_(capacity), visited_(size_t(n_expert), 0), in_(size_t(n_expert), 0) {}
@@ -572,6 +635,9 @@ std::unique_ptr<RefPolicy> make(const RefConfig & c, int n_expert, int capacity,
     }
     if (p == "sieve") {
         return std::make_unique<Sieve>(n_expert, capacity);
+    }
+    if (p == "page-cache") {
+        return std::make_unique<PageCacheRef>(n_expert, capacity);
     }
     throw Error("reference: unknown policy " + p);
 }

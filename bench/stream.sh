@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The plan's streaming prediction against llama.cpp really streaming a model larger
+# than its memory (issue 29).
+#
+#   bench/stream.sh [WORK_DIR] [TOKENS]   (default build/bench-stream, 64 tokens)
+#
+# A synthesized qwen3moe (8 layers x 64 experts of 3.2 MiB q8_0: 1.6 GiB of routed
+# experts, 2 GiB in all) decoded by `moeprune measure` on this repository's docs under
+# memory-cgroup limits of what stays resident plus 25, 50, 75 and 100% of the expert
+# bytes (llama.cpp's --no-repack: q8_0 is not repacked on x86 anyway). Each limit's
+# tokens/s is predicted from the resident run, the storage probe and the trace alone.
+# Needs root or a delegated memory cgroup; about 3 minutes here.
+# Last line: stream: points=N median_err=M max_err=E
+#   err = |predicted - measured| / measured tokens/s (targets: M <= 0.10, E <= 0.25)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+make -s -C "$root" build >/dev/null
+bin=$root/build/bin
+work=${1:-$root/build/bench-stream}
+tokens=${2:-64}
+mkdir -p "$work"
+model=$work/stream.gguf
+[ -f "$model" ] || "$bin/moeprune" synth --layers 8 --experts 64 --used 4 --embd 1024 --ff 1024 --type q8_0 \
+    --seed 7 -o "$model" >/dev/null
+cat "$root"/README.md "$root"/docs/*.md > "$work/text.txt"
+"$bin/moeprune" measure -m "$model" -f "$work/text.txt" --ram 25%,50%,75%,100% --tokens "$tokens" --no-repack \
+    --json "$work/measure.json" --trace "$work/measure.mptrace"
+python3 - "$work/measure.json" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+points = [r for r in m["runs"] if r["error"] is not None]
+print(f"stream: points={len(points)} median_err={m['median_error']:.3f} max_err={m['max_error']:.3f}")
+PY

@@ -1,0 +1,257 @@
+#include "measure/cgroup.h"
+
+#include "core/errors.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+
+namespace moeprune {
+
+namespace {
+
+std::string read_small(const fs::path & p) {
+    std::ifstream in(p);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+bool write_small(const fs::path & p, const std::string & value) {
+    std::ofstream out(p);
+    out << value;
+    out.flush();
+    return bool(out);
+}
+
+std::vector<std::string> split(const std::string & s, char sep) {
+    std::vector<std::string> parts;
+    std::stringstream ss(s);
+    for (std::string part; std::getline(ss, part, sep);) {
+        parts.push_back(part);
+    }
+    return parts;
+}
+
+// Where this process's cgroup is under a mount: its path from /proc/self/cgroup, less
+// the part of the hierarchy above the mount's root (a container sees its own subtree).
+fs::path own_cgroup_dir(const Mount & m, const std::string & cgroup_path) {
+    std::string rel = cgroup_path;
+    const std::string root = m.root.string();
+    if (root != "/" && rel.rfind(root, 0) == 0) {
+        rel = rel.substr(root.size());
+    }
+    return m.point / fs::path(rel).relative_path();
+}
+
+bool has_word(const std::string & list, const std::string & word, char sep) {
+    for (const std::string & w : split(list, sep)) {
+        if (w == word) {
+            return true;
+        }
+    }
+    return false;
+}
+
+const char * kHowToGetOne =
+    "run moeprune as root, or inside a cgroup delegated to you with the memory controller, e.g. "
+    "`systemd-run --user --scope -p Delegate=yes -p MemoryMax=infinity moeprune measure ...`";
+
+bool process_is_moeprune(long pid) {
+    if (::kill(pid_t(pid), 0) != 0 && errno == ESRCH) {
+        return false;
+    }
+    std::string comm = read_small(fmt::format("/proc/{}/comm", pid));
+    while (!comm.empty() && comm.back() == '\n') {
+        comm.pop_back();
+    }
+    return comm == "moeprune";
+}
+
+// Kills every process left in `dir` and removes it, waiting a little for the kernel
+// to let the killed go. False when it is still there.
+bool kill_and_remove(const fs::path & dir) {
+    for (int attempt = 0; attempt < 100; ++attempt) {
+        for (const std::string & pid : split(read_small(dir / "cgroup.procs"), '\n')) {
+            if (!pid.empty()) {
+                ::kill(pid_t(std::stol(pid)), SIGKILL);
+            }
+        }
+        if (::rmdir(dir.c_str()) == 0 || errno == ENOENT) {
+            return true;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+}
+
+std::atomic<unsigned> g_cgroups_made{0};
+
+} // namespace
+
+// /proc/self/mountinfo: "ID PARENT MAJ:MIN ROOT POINT OPTS [TAGS...] - TYPE SOURCE SUPEROPTS".
+std::vector<Mount> mount_table() {
+    std::vector<Mount> mounts;
+    std::ifstream in("/proc/self/mountinfo");
+    for (std::string line; std::getline(in, line);) {
+        std::istringstream fields(line);
+        std::string id, parent, root, point, opts, word;
+        Mount m;
+        fields >> id >> parent >> m.dev >> root >> point >> opts;
+        while (fields >> word && word != "-") {
+        }
+        fields >> m.type >> m.source >> m.options;
+        m.root = root;
+        m.point = point;
+        mounts.push_back(std::move(m));
+    }
+    return mounts;
+}
+
+CgroupSupport find_memory_cgroup() {
+    CgroupSupport s;
+    std::string v2_path, v1_path;
+    bool v1_listed = false;
+    std::ifstream in("/proc/self/cgroup");
+    for (std::string line; std::getline(in, line);) {
+        const auto first = line.find(':'), second = line.find(':', first + 1);
+        if (first == std::string::npos || second == std::string::npos) {
+            continue;
+        }
+        const std::string controllers = line.substr(first + 1, second - first - 1);
+        const std::string path = line.substr(second + 1);
+        if (line.substr(0, first) == "0" && controllers.empty()) {
+            v2_path = path;
+        } else if (has_word(controllers, "memory", ',')) {
+            v1_path = path;
+            v1_listed = true;
+        }
+    }
+    std::vector<std::string> seen;
+    const std::vector<Mount> mounts = mount_table();
+    for (const Mount & m : mounts) {
+        if (m.type == "cgroup2" && !v2_path.empty()) {
+            const fs::path dir = own_cgroup_dir(m, v2_path);
+            std::string controllers = read_small(dir / "cgroup.controllers");
+            std::replace(controllers.begin(), controllers.end(), '\n', ' ');
+            if (has_word(controllers, "memory", ' ')) {
+                if (::access(dir.c_str(), W_OK) == 0) {
+                    return {2, dir, ""};
+                }
+                seen.push_back(fmt::format("cgroup v2 at {} is not writable by this user", dir.string()));
+            } else {
+                seen.push_back(fmt::format("cgroup v2 at {} has no memory controller", dir.string()));
+            }
+        }
+    }
+    for (const Mount & m : mounts) {
+        if (m.type == "cgroup" && has_word(m.options, "memory", ',') && v1_listed) {
+            const fs::path dir = own_cgroup_dir(m, v1_path);
+            if (fs::exists(dir / "memory.limit_in_bytes") && ::access(dir.c_str(), W_OK) == 0) {
+                return {1, dir, ""};
+            }
+            seen.push_back(fmt::format("cgroup v1 memory at {} is not writable by this user", dir.string()));
+        }
+    }
+    if (seen.empty()) {
+        seen.push_back("no memory cgroup controller is mounted (neither cgroup v2 nor v1)");
+    }
+    s.problem = fmt::format("cannot make a memory cgroup: {}; {}", fmt::join(seen, "; "), kHowToGetOne);
+    return s;
+}
+
+MemoryCgroup::MemoryCgroup(const CgroupSupport & support, uint64_t limit_bytes) : version_(support.version), limit_(limit_bytes) {
+    if (version_ == 0) {
+        throw Error(support.problem);
+    }
+    path_ = support.parent / fmt::format("{}{}-{}", kCgroupPrefix, ::getpid(), g_cgroups_made++);
+    if (::mkdir(path_.c_str(), 0755) != 0) {
+        throw Error(fmt::format("cannot make the memory cgroup {}: {}; {}", path_.string(), std::strerror(errno),
+                                kHowToGetOne));
+    }
+    if (version_ == 2 && !fs::exists(path_ / "memory.max")) {
+        // The memory controller must be enabled for the children of moeprune's own cgroup,
+        // which cgroup v2 refuses while that cgroup holds processes of its own.
+        write_small(support.parent / "cgroup.subtree_control", "+memory");
+        if (!fs::exists(path_ / "memory.max")) {
+            ::rmdir(path_.c_str());
+            throw Error(fmt::format("cannot enable the memory controller below {} (a cgroup v2 that holds processes "
+                                    "cannot give its children one); {}",
+                                    support.parent.string(), kHowToGetOne));
+        }
+    }
+    if (limit_bytes > 0) {
+        const fs::path file = path_ / (version_ == 2 ? "memory.max" : "memory.limit_in_bytes");
+        if (!write_small(file, std::to_string(limit_bytes))) {
+            kill_and_remove(path_);
+            throw Error(fmt::format("cannot set {} to {} bytes", file.string(), limit_bytes));
+        }
+        if (version_ == 2) {
+            // Without swap limits, anonymous memory could leave for swap instead of the cache shrinking.
+            write_small(path_ / "memory.swap.max", "0");
+        }
+    }
+}
+
+MemoryCgroup::~MemoryCgroup() {
+    if (!kill_and_remove(path_)) {
+        std::fprintf(stderr, "moeprune: warning: could not remove the cgroup %s; the next measure removes it\n",
+                     path_.c_str());
+    }
+}
+
+uint64_t MemoryCgroup::peak_bytes() const {
+    const std::string text = read_small(path_ / (version_ == 2 ? "memory.peak" : "memory.max_usage_in_bytes"));
+    return text.empty() ? 0 : std::stoull(text);
+}
+
+uint64_t MemoryCgroup::oom_kills() const {
+    const std::string file = version_ == 2 ? "memory.events" : "memory.oom_control";
+    for (const std::string & line : split(read_small(path_ / file), '\n')) {
+        if (line.rfind("oom_kill ", 0) == 0) {
+            return std::stoull(line.substr(9));
+        }
+    }
+    return 0;
+}
+
+std::vector<std::string> remove_stale_cgroups(const CgroupSupport & support) {
+    std::vector<std::string> removed;
+    if (support.version == 0) {
+        return removed;
+    }
+    std::error_code ec;
+    for (const fs::directory_entry & e : fs::directory_iterator(support.parent, ec)) {
+        const std::string name = e.path().filename().string();
+        if (!e.is_directory() || name.rfind(kCgroupPrefix, 0) != 0) {
+            continue;
+        }
+        const std::string rest = name.substr(std::strlen(kCgroupPrefix));
+        const auto dash = rest.find('-');
+        if (dash == 0 || dash == std::string::npos ||
+            rest.find_first_not_of("0123456789-") != std::string::npos) {
+            continue;
+        }
+        const long maker = std::stol(rest.substr(0, dash));
+        if (maker != long(::getpid()) && !process_is_moeprune(maker) && kill_and_remove(e.path())) {
+            removed.push_back(e.path().string());
+        }
+    }
+    return removed;
+}
+
+
+} // namespace moeprune

@@ -1,0 +1,63 @@
+#pragma once
+// Memory cgroups for measured child processes: made under the cgroup moeprune itself
+// runs in (as root, or in a subtree delegated to the user), one per measured run, and
+// removed afterwards. A mapped file's page-cache pages are charged to the cgroup that
+// faulted them, so a limit on the child is a limit on how much of the model it keeps
+// cached, as on a machine with that much memory.
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace moeprune {
+
+// One line of /proc/self/mountinfo.
+struct Mount {
+    std::string dev;                  // "MAJ:MIN"
+    std::filesystem::path root, point;
+    std::string type, source, options;
+};
+std::vector<Mount> mount_table();
+
+struct CgroupSupport {
+    int version = 0;                  // 1 or 2; 0 when no memory cgroup can be made
+    std::filesystem::path parent;     // where moeprune makes its cgroups (its own cgroup)
+    std::string problem;              // why none can be made, and how to get one
+};
+
+// Finds the memory controller (cgroup v2, else v1) and checks that moeprune may make
+// cgroups under its own; `problem` says what is missing otherwise.
+CgroupSupport find_memory_cgroup();
+
+// Every cgroup name moeprune makes starts so, followed by the maker's pid: a later run
+// removes those whose maker is gone, and never touches another name.
+constexpr const char * kCgroupPrefix = "moeprune-measure-";
+
+class MemoryCgroup {
+public:
+    // A cgroup limited to `limit_bytes` of memory (0: no limit, only accounting).
+    MemoryCgroup(const CgroupSupport & support, uint64_t limit_bytes);
+    ~MemoryCgroup();  // kills what is left inside and removes the cgroup
+    MemoryCgroup(const MemoryCgroup &) = delete;
+    MemoryCgroup & operator=(const MemoryCgroup &) = delete;
+
+    const std::filesystem::path & path() const { return path_; }
+    uint64_t limit_bytes() const { return limit_; }
+    // The file a process writes its pid into to join.
+    std::filesystem::path procs_file() const { return path_ / "cgroup.procs"; }
+    // The most memory charged at once (v2 kernels before 5.19 have no record: 0).
+    uint64_t peak_bytes() const;
+    // Processes the kernel's out-of-memory killer chose inside this cgroup.
+    uint64_t oom_kills() const;
+
+private:
+    int version_;
+    uint64_t limit_;
+    std::filesystem::path path_;
+};
+
+// Removes the cgroups an earlier moeprune made and could not remove (it was killed):
+// those named kCgroupPrefix + a pid that is no longer a running moeprune. Returns their paths.
+std::vector<std::string> remove_stale_cgroups(const CgroupSupport & support);
+
+} // namespace moeprune

@@ -1,0 +1,690 @@
+#include "measure/measure.h"
+
+#include "core/atomic_file.h"
+#include "core/digest.h"
+#include "core/errors.h"
+#include "core/json.h"
+#include "core/sizes.h"
+#include "formats/trace.h"
+#include "engine/session.h"
+#include "measure/cgroup.h"
+#include "measure/predict.h"
+#include "measure/worker.h"
+#include "model/inspect.h"
+#include "model/model_file.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <numeric>
+#include <optional>
+#include <thread>
+
+#include <fcntl.h>
+#include <linux/magic.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/sysmacros.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace moeprune {
+
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+std::string mib(uint64_t bytes) { return fmt::format("{:.1f} MiB", double(bytes) / kMiB); }
+
+double quantile(std::vector<double> v, double q) {
+    if (v.empty()) {
+        return 0;
+    }
+    std::sort(v.begin(), v.end());
+    return v[size_t(std::lround(q * double(v.size() - 1)))];
+}
+
+std::string read_first_line(const fs::path & p) {
+    std::ifstream in(p);
+    std::string line;
+    std::getline(in, line);
+    return line;
+}
+
+// The model's file system and block device, as /proc/self/mountinfo and sysfs name them.
+json storage_of(const fs::path & file) {
+    struct stat st{};
+    if (::stat(file.c_str(), &st) != 0) {
+        fail_file(file.string(), std::strerror(errno));
+    }
+    const std::string dev = fmt::format("{}:{}", major(st.st_dev), minor(st.st_dev));
+    json out = {{"dev", dev}};
+    for (const Mount & m : mount_table()) {
+        if (m.dev == dev) {
+            out["filesystem"] = m.type;
+            out["source"] = m.source;
+            break;
+        }
+    }
+    const fs::path block = fs::path("/sys/dev/block") / dev;
+    std::error_code ec;
+    const fs::path real = fs::canonical(block, ec);
+    if (!ec) {
+        out["device"] = real.filename().string();
+        // A partition's disk is the folder above it.
+        const fs::path disk = fs::exists(real / "queue") ? real : real.parent_path();
+        out["rotational"] = read_first_line(disk / "queue" / "rotational") == "1";
+        const std::string ra = read_first_line(disk / "queue" / "read_ahead_kb");
+        if (!ra.empty()) {
+            out["read_ahead_kb"] = std::stoull(ra);
+        }
+        out["device_model"] = read_first_line(disk / "device" / "model");
+    }
+    return out;
+}
+
+// Refuses a file whose pages the kernel cannot drop: a RAM file system keeps them.
+void refuse_ram_filesystem(const fs::path & shard) {
+    struct statfs sf{};
+    if (::statfs(shard.c_str(), &sf) == 0 && (sf.f_type == TMPFS_MAGIC || sf.f_type == RAMFS_MAGIC)) {
+        fail_file(shard.string(), "is on a RAM file system (tmpfs or ramfs), whose pages cannot be dropped from the "
+                                  "page cache: measure reads the model from storage; put it on a disk");
+    }
+}
+
+// Drops the model's own pages from the page cache, then checks that they went: pages
+// another process maps or locks stay, and the runs would then read less than they need.
+void drop_model_pages(const std::vector<fs::path> & shards) {
+    for (const fs::path & shard : shards) {
+        const int fd = ::open(shard.c_str(), O_RDONLY);
+        if (fd < 0) {
+            fail_file(shard.string(), std::string("cannot be opened: ") + std::strerror(errno));
+        }
+        ::fdatasync(fd);
+        const int rc = ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+        const uint64_t size = fs::file_size(shard);
+        void * addr = size ? ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+        ::close(fd);
+        if (rc != 0) {
+            fail_file(shard.string(), fmt::format("posix_fadvise(DONTNEED) failed: {}", std::strerror(rc)));
+        }
+        if (addr == MAP_FAILED) {
+            continue;
+        }
+        const size_t page = size_t(::sysconf(_SC_PAGESIZE));
+        std::vector<unsigned char> resident((size + page - 1) / page);
+        const bool known = ::mincore(addr, size, resident.data()) == 0;
+        ::munmap(addr, size);
+        const size_t kept = size_t(std::count_if(resident.begin(), resident.end(), [](unsigned char c) { return c & 1; }));
+        if (known && kept * 10 > resident.size()) {
+            fail_file(shard.string(), fmt::format("{} of its {} pages stayed in the page cache after "
+                                                  "posix_fadvise(DONTNEED): another process maps or locks the model, "
+                                                  "or its file system keeps pages; measure needs them dropped",
+                                                  kept, resident.size()));
+        }
+    }
+}
+
+// A scratch folder for the workers' specs and results, removed with everything in it.
+class ScratchDir {
+public:
+    ScratchDir() {
+        const fs::path base = fs::temp_directory_path();
+        std::string tmpl = (base / "moeprune-measure-XXXXXX").string();
+        if (!::mkdtemp(tmpl.data())) {
+            throw Error(fmt::format("cannot make a scratch folder under {}: {}", base.string(), std::strerror(errno)));
+        }
+        path_ = tmpl;
+    }
+    ~ScratchDir() {
+        std::error_code ec;
+        fs::remove_all(path_, ec);
+    }
+    const fs::path & path() const { return path_; }
+
+private:
+    fs::path path_;
+};
+
+struct WorkerExit {
+    json result;
+    int signal = 0;   // the signal that killed the worker, 0 when it exited
+    int status = 0;
+};
+
+// Runs `spec` in a child process of this program, inside `cgroup` when given. The child
+// joins the cgroup before exec, so everything it maps and faults is charged there, and
+// dies with this process (PR_SET_PDEATHSIG) so a killed measure leaves no worker behind.
+WorkerExit spawn_worker(const fs::path & exe, const WorkerSpec & spec, const MemoryCgroup * cgroup,
+                        const ScratchDir & scratch, const std::string & name) {
+    const fs::path spec_path = scratch.path() / (name + ".spec.json");
+    const fs::path out_path = scratch.path() / (name + ".result.json");
+    write_file_atomic(spec_path, to_json(spec).dump());
+    const std::string procs = cgroup ? cgroup->procs_file().string() : "";
+    std::vector<std::string> args = {exe.string(), "measure-worker", spec_path.string(), out_path.string()};
+    std::vector<char *> argv;
+    for (std::string & a : args) {
+        argv.push_back(a.data());
+    }
+    argv.push_back(nullptr);
+    const pid_t parent = ::getpid();
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+        throw Error(fmt::format("cannot start a measure worker: {}", std::strerror(errno)));
+    }
+    if (pid == 0) {
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (::getppid() != parent) {
+            ::_exit(125);
+        }
+        if (!procs.empty()) {
+            const int fd = ::open(procs.c_str(), O_WRONLY);
+            char buf[32];
+            const int n = std::snprintf(buf, sizeof buf, "%d", int(::getpid()));
+            if (fd < 0 || ::write(fd, buf, size_t(n)) != n) {
+                ::_exit(126);
+            }
+            ::close(fd);
+        }
+        ::execv(argv[0], argv.data());
+        ::_exit(127);
+    }
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    WorkerExit out;
+    if (WIFSIGNALED(status)) {
+        out.signal = WTERMSIG(status);
+        return out;
+    }
+    out.status = WEXITSTATUS(status);
+    if (out.status == 0) {
+        out.result = parse_json(read_text_file(out_path), out_path.string());
+    }
+    return out;
+}
+
+DecodeFigures decode_figures(const json & detail) {
+    const auto wall = detail.at("per_token").at("wall_us").get<std::vector<double>>();
+    const auto faults = detail.at("per_token").at("major_faults").get<std::vector<double>>();
+    const auto reads = detail.at("per_token").at("read_bytes").get<std::vector<double>>();
+    DecodeFigures f;
+    f.tokens = wall.size();
+    const double total_us = std::accumulate(wall.begin(), wall.end(), 0.0);
+    const double n = double(std::max<size_t>(1, wall.size()));
+    f.tokens_per_second = total_us > 0 ? double(wall.size()) * 1e6 / total_us : 0;
+    f.ms_mean = total_us / n / 1e3;
+    f.ms_median = quantile(wall, 0.5) / 1e3;
+    f.ms_p90 = quantile(wall, 0.9) / 1e3;
+    f.major_faults_per_token = std::accumulate(faults.begin(), faults.end(), 0.0) / n;
+    if (detail.at("read_bytes_counted").get<bool>()) {
+        f.read_bytes_per_token = std::accumulate(reads.begin(), reads.end(), 0.0) / n;
+    }
+    return f;
+}
+
+json to_json(const DecodeFigures & f) {
+    return {{"tokens", f.tokens},
+            {"tokens_per_second", f.tokens_per_second},
+            {"ms_per_token", {{"mean", f.ms_mean}, {"median", f.ms_median}, {"p90", f.ms_p90}}},
+            {"major_faults_per_token", f.major_faults_per_token},
+            {"read_bytes_per_token", f.read_bytes_per_token < 0 ? json() : json(f.read_bytes_per_token)}};
+}
+
+json to_json(const StreamPrediction & p) {
+    return {{"page_cache_bytes", p.page_cache_bytes},
+            {"tokens_per_second", p.tokens_per_second},
+            {"ms_per_token", p.ms_per_token},
+            {"read_bytes_per_token", p.read_bytes_per_token},
+            {"expert_read_bytes_per_token", p.expert_read_bytes_per_token},
+            {"other_read_bytes_per_token", p.other_read_bytes_per_token},
+            {"faults_per_token", p.faults_per_token},
+            {"expert_faults_per_token", p.expert_faults_per_token}};
+}
+
+json to_json(const MeasuredRun & r) {
+    json j = {{"ram", r.ram},
+              {"limit_bytes", r.limit_bytes},
+              {"cache_bytes", r.cache_bytes},
+              {"peak_bytes", r.peak_bytes},
+              {"decode", to_json(r.decode)},
+              {"predicted", r.predicted ? to_json(r.prediction) : json()},
+              {"error", r.predicted ? json(r.error) : json()},
+              {"detail", r.detail}};
+    return j;
+}
+
+json to_json(const ProbeFigures & p) {
+    return {{"limit_bytes", p.limit_bytes},
+            {"experts", p.experts},
+            {"bytes_needed", p.bytes_needed},
+            {"bytes_read", p.bytes_read < 0 ? json() : json(p.bytes_read)},
+            {"major_faults", p.major_faults},
+            {"threads", p.threads},
+            {"seconds", p.seconds},
+            {"effective_gbps", p.effective_gbps},
+            {"read_gbps", p.read_gbps < 0 ? json() : json(p.read_gbps)},
+            {"readahead_amplification", p.readahead_amplification < 0 ? json() : json(p.readahead_amplification)},
+            {"fault_latency_us", p.fault_latency_us},
+            {"expert_ms", {{"median", p.expert_ms_median}, {"p90", p.expert_ms_p90}}}};
+}
+
+ProbeFigures probe_figures(const json & r, uint64_t limit) {
+    ProbeFigures p;
+    p.limit_bytes = limit;
+    p.experts = r.at("experts").get<uint64_t>();
+    p.bytes_needed = r.at("bytes_needed").get<uint64_t>();
+    p.bytes_read = r.at("bytes_read").is_null() ? -1 : r.at("bytes_read").get<int64_t>();
+    p.major_faults = r.at("major_faults").get<uint64_t>();
+    p.threads = r.at("threads").get<int>();
+    p.seconds = r.at("seconds").get<double>();
+    const auto expert_ms = r.at("expert_ms").get<std::vector<double>>();
+    p.effective_gbps = p.seconds > 0 ? double(p.bytes_needed) / p.seconds / 1e9 : 0;
+    if (p.bytes_read >= 0) {
+        p.read_gbps = p.seconds > 0 ? double(p.bytes_read) / p.seconds / 1e9 : 0;
+        p.readahead_amplification = p.bytes_needed ? double(p.bytes_read) / double(p.bytes_needed) : 0;
+    }
+    const double reader_ms = std::accumulate(expert_ms.begin(), expert_ms.end(), 0.0);
+    p.fault_latency_us = p.major_faults ? reader_ms * 1e3 / double(p.major_faults) : 0;
+    p.expert_ms_median = quantile(expert_ms, 0.5);
+    p.expert_ms_p90 = quantile(expert_ms, 0.9);
+    return p;
+}
+
+// One measured run, start to end: the phases of run_measure.
+class Measurement {
+public:
+    explicit Measurement(const MeasureOptions & opt) : opt_(opt) {}
+
+    MeasureReport run() {
+        check_options();
+        read_model();
+        read_text();
+        find_cgroups();
+        resident_run();
+        resolve_limits();
+        if (opt_.probe_mib > 0) {
+            probe_storage();
+        }
+        limited_runs();
+        predict();
+        return finish();
+    }
+
+private:
+    void check_options();
+    void read_model();
+    void read_text();
+    void find_cgroups();
+    void resident_run();
+    void resolve_limits();
+    void probe_storage();
+    void limited_runs();
+    void predict();
+    MeasureReport finish();
+    WorkerSpec decode_spec(const std::string & label) const;
+    WorkerExit run_worker_in(const WorkerSpec & spec, const MemoryCgroup & cgroup, const std::string & name,
+                             const std::string & what);
+
+    const MeasureOptions & opt_;
+    MeasureReport rep_;
+    std::optional<GgufModel> gguf_;
+    InspectReport info_;
+    std::vector<int32_t> tokens_;
+    int threads_ = 1, ctx_ = 0;
+    CgroupSupport cgroups_;
+    ScratchDir scratch_;
+    std::optional<AtomicOutput> trace_out_;
+    fs::path all_tokens_trace_;   // warm-up and timed tokens, for the prediction
+    json storage_;
+    uint64_t readaround_bytes_ = 0;
+    std::vector<uint64_t> limits_;
+};
+
+void Measurement::check_options() {
+    if (opt_.tokens < 1 || opt_.warmup < 0 || opt_.ctx < 0 || opt_.threads < 0) {
+        throw Error("--tokens must be at least 1, --warmup, -c and -t at least 0");
+    }
+    if (opt_.ram.empty()) {
+        throw Error("--ram needs at least one limit");
+    }
+    threads_ = opt_.threads > 0 ? opt_.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+    ctx_ = opt_.ctx > 0 ? opt_.ctx : opt_.warmup + opt_.tokens;
+    if (ctx_ < opt_.warmup + opt_.tokens) {
+        throw Error(fmt::format("-c {} cannot hold --warmup {} + --tokens {} tokens", ctx_, opt_.warmup, opt_.tokens));
+    }
+}
+
+void Measurement::read_model() {
+    gguf_.emplace(GgufModel::open(opt_.model));
+    info_ = inspect_model(*gguf_, {});
+    if (!info_.problems.empty()) {
+        fail_file(opt_.model.string(), "is inconsistent (see moeprune inspect): " + fmt::format("{}", fmt::join(info_.problems, "; ")));
+    }
+    std::vector<fs::path> inputs = gguf_->shard_paths();
+    inputs.push_back(opt_.text);
+    refuse_output_clashes({opt_.json_out, opt_.trace_out}, inputs);
+    for (const fs::path & shard : gguf_->shard_paths()) {
+        refuse_ram_filesystem(shard);
+    }
+    // llama.cpp advises POSIX_FADV_SEQUENTIAL, which doubles the file's readahead window.
+    storage_ = storage_of(gguf_->shard_paths().front());
+    readaround_bytes_ = storage_.value("read_ahead_kb", uint64_t(128)) * 1024 * 2;
+    const std::vector<double> per_expert = info_.routed_layer_expert_bytes();
+    for (double b : per_expert) {
+        rep_.routed_expert_bytes += uint64_t(b) * uint64_t(info_.n_expert);
+    }
+    if (rep_.routed_expert_bytes == 0) {
+        fail_file(opt_.model.string(), "has no routed experts: there is nothing to stream");
+    }
+    rep_.resident_weight_bytes = info_.file_bytes - rep_.routed_expert_bytes;
+    rep_.model = {{"path", opt_.model.string()}, {"digest", model_digest(gguf_->shard_paths())},
+                  {"file_bytes", info_.file_bytes}, {"arch", info_.arch}, {"name", info_.name},
+                  {"n_expert", info_.n_expert}, {"n_expert_used", info_.n_expert_used},
+                  {"routed_layers", info_.routed_layers()}, {"routed_layer_expert_bytes", per_expert}};
+}
+
+void Measurement::read_text() {
+    init_llama({});
+    llama_model_params mp = llama_model_default_params();
+    mp.vocab_only = true;
+    ModelPtr vocab_model(llama_model_load_from_file(opt_.model.c_str(), mp), llama_model_free);
+    if (!vocab_model) {
+        fail_file(opt_.model.string(), "llama.cpp could not load its vocabulary");
+    }
+    const std::string text = read_text_file(opt_.text);
+    const std::vector<llama_token> t =
+        tokenize(llama_model_get_vocab(vocab_model.get()), text, false, opt_.text.string());
+    const size_t needed = size_t(opt_.warmup + opt_.tokens);
+    if (t.size() < needed) {
+        fail_file(opt_.text.string(), fmt::format("has {} tokens; --warmup {} and --tokens {} need {}", t.size(),
+                                                  opt_.warmup, opt_.tokens, needed));
+    }
+    tokens_.assign(t.begin(), t.begin() + std::ptrdiff_t(needed));
+    rep_.text = {{"path", opt_.text.string()}, {"digest", identity_digest(opt_.text)}, {"tokens_available", t.size()}};
+}
+
+void Measurement::find_cgroups() {
+    cgroups_ = find_memory_cgroup();
+    if (cgroups_.version == 0) {
+        throw Error(cgroups_.problem);
+    }
+    for (const std::string & stale : remove_stale_cgroups(cgroups_)) {
+        std::fprintf(stderr, "moeprune: removed %s, left by a measure that was killed\n", stale.c_str());
+    }
+}
+
+WorkerSpec Measurement::decode_spec(const std::string & label) const {
+    WorkerSpec s;
+    s.mode = "decode";
+    s.label = label;
+    s.model = opt_.model;
+    s.threads = threads_;
+    s.tokens = tokens_;
+    s.warmup = opt_.warmup;
+    s.ctx = ctx_;
+    s.repack = opt_.repack;
+    return s;
+}
+
+WorkerExit Measurement::run_worker_in(const WorkerSpec & spec, const MemoryCgroup & cgroup, const std::string & name,
+                                      const std::string & what) {
+    WorkerExit w = spawn_worker(opt_.worker_exe, spec, &cgroup, scratch_, name);
+    if (w.signal == SIGKILL && cgroup.oom_kills() > 0) {
+        throw Error(fmt::format("{}: the memory cgroup's limit of {} was too small; the kernel killed the run for "
+                                "memory. The model needs {} resident (weights outside the experts and the process's "
+                                "own memory) plus room for the experts of one token",
+                                what, mib(cgroup.limit_bytes()), mib(rep_.resident_need_bytes)));
+    }
+    if (w.signal != 0 || w.status != 0) {
+        throw Error(fmt::format("{}: the measure worker {} (see its messages above)", what,
+                                w.signal ? fmt::format("was killed by signal {}", w.signal)
+                                         : fmt::format("failed with status {}", w.status)));
+    }
+    return w;
+}
+
+
+// Fully resident and warm (llama.cpp prefetches the whole mapping at load): the timed
+// pass gives compute time per token, a traced pass the routing. Its cgroup has no limit
+// and only counts memory.
+void Measurement::resident_run() {
+    WorkerSpec spec = decode_spec("measure resident");
+    if (!opt_.trace_out.empty()) {
+        trace_out_.emplace(opt_.trace_out);
+        spec.trace = trace_out_->temp_path();
+    }
+    spec.trace_all = scratch_.path() / "all-tokens.mptrace";
+    spec.trace_meta = {{"model", rep_.model},
+                       {"text", rep_.text},
+                       {"settings", {{"warmup", opt_.warmup}, {"tokens", opt_.tokens}, {"ctx", ctx_}, {"threads", threads_}}},
+                       {"producer", "moeprune measure (resident run)"}};
+    drop_model_pages(gguf_->shard_paths());
+    MemoryCgroup cgroup(cgroups_, 0);
+    const WorkerExit w = run_worker_in(spec, cgroup, "resident", "the resident run");
+    MeasuredRun & r = rep_.resident;
+    r.ram = "resident";
+    r.cache_bytes = rep_.routed_expert_bytes;
+    r.peak_bytes = cgroup.peak_bytes();
+    r.detail = w.result;
+    r.decode = with_json_errors("the resident run's result", [&] { return decode_figures(w.result); });
+    rep_.process_bytes = w.result.at("process").value("RssAnon", uint64_t(0));
+    rep_.resident_need_bytes = rep_.resident_weight_bytes + rep_.process_bytes;
+    all_tokens_trace_ = spec.trace_all;
+}
+
+// Every --ram as bytes of the whole child process, refused below what must stay resident.
+void Measurement::resolve_limits() {
+    for (const std::string & ram : opt_.ram) {
+        uint64_t limit = 0;
+        if (!ram.empty() && ram.back() == '%') {
+            double share = -1;
+            try {
+                size_t used = 0;
+                share = std::stod(ram.substr(0, ram.size() - 1), &used);
+                share = used == ram.size() - 1 ? share : -1;
+            } catch (const std::exception &) {
+                share = -1;
+            }
+            if (!(share >= 0 && share <= 1000)) {
+                throw Error(fmt::format("--ram: \"{}\" is not a share of the expert bytes (e.g. 50%)", ram));
+            }
+            limit = rep_.resident_need_bytes + uint64_t(share / 100.0 * double(rep_.routed_expert_bytes));
+        } else {
+            limit = uint64_t(parse_size(ram, "--ram"));
+        }
+        if (limit < rep_.resident_need_bytes) {
+            throw Error(fmt::format(
+                "--ram {}: {} is below what {} needs resident, {} ({} of weights outside the routed experts and {} of "
+                "process memory, measured in the resident run); give at least that, or a share such as 25%",
+                ram, mib(limit), opt_.model.string(), mib(rep_.resident_need_bytes), mib(rep_.resident_weight_bytes),
+                mib(rep_.process_bytes)));
+        }
+        limits_.push_back(limit);
+    }
+}
+
+// Random experts read cold through page faults, with reclaim making room as they come.
+void Measurement::probe_storage() {
+    WorkerSpec spec;
+    spec.mode = "probe";
+    spec.label = "measure probe";
+    spec.model = opt_.model;
+    spec.threads = threads_;
+    spec.probe_bytes = std::min<uint64_t>(opt_.probe_mib << 20, rep_.routed_expert_bytes);
+    spec.seed = opt_.seed;
+    // Under a limit of a quarter of what it reads, plus room for the worker's own memory
+    // (at most the decoding process's), so that most of its faults wait for reclaim as a
+    // limited decode's do.
+    const uint64_t own = std::max<uint64_t>(rep_.process_bytes, uint64_t(64) << 20);
+    const uint64_t limit = std::min(*std::min_element(limits_.begin(), limits_.end()), own + spec.probe_bytes / 4);
+    drop_model_pages(gguf_->shard_paths());
+    MemoryCgroup cgroup(cgroups_, limit);
+    const WorkerExit w = run_worker_in(spec, cgroup, "probe", "the storage probe");
+    rep_.probe = with_json_errors("the storage probe's result", [&] { return probe_figures(w.result, limit); });
+    rep_.probed = true;
+}
+
+void Measurement::limited_runs() {
+    for (size_t i = 0; i < limits_.size(); ++i) {
+        const std::string & ram = opt_.ram[i];
+        drop_model_pages(gguf_->shard_paths());
+        MemoryCgroup cgroup(cgroups_, limits_[i]);
+        const WorkerExit w = run_worker_in(decode_spec(fmt::format("measure {} ({})", ram, mib(limits_[i]))), cgroup,
+                                           fmt::format("run{}", i), fmt::format("--ram {}", ram));
+        MeasuredRun r;
+        r.ram = ram;
+        r.limit_bytes = limits_[i];
+        r.cache_bytes = limits_[i] - rep_.resident_need_bytes;
+        r.peak_bytes = cgroup.peak_bytes();
+        r.detail = w.result;
+        r.decode = with_json_errors(fmt::format("the result of --ram {}", ram), [&] { return decode_figures(w.result); });
+        rep_.runs.push_back(std::move(r));
+    }
+}
+
+// Each limited run predicted from the calibration alone (resident run and probe), never
+// from the limited runs it is compared with.
+void Measurement::predict() {
+    if (!rep_.probed) {
+        return;
+    }
+    StreamCalibration & c = rep_.calibration;
+    c.compute_ms = rep_.resident.decode.ms_mean;
+    c.process_bytes = rep_.process_bytes;
+    // Without per-process I/O counts, the rate of bytes needed stands in for the device's.
+    c.read_gbps = rep_.probe.read_gbps > 0 ? rep_.probe.read_gbps : rep_.probe.effective_gbps;
+    c.page_bytes = uint64_t(::sysconf(_SC_PAGESIZE));
+    c.readaround_bytes = readaround_bytes_;
+    const TraceReader trace = TraceReader::open(all_tokens_trace_);
+    std::vector<double> errors;
+    for (MeasuredRun & r : rep_.runs) {
+        r.prediction = predict_stream(*gguf_, trace, uint64_t(opt_.warmup), r.limit_bytes, c);
+        r.predicted = true;
+        r.error = std::abs(r.prediction.tokens_per_second - r.decode.tokens_per_second) / r.decode.tokens_per_second;
+        errors.push_back(r.error);
+    }
+    if (!errors.empty()) {
+        rep_.median_error = quantile(errors, 0.5);
+        rep_.max_error = *std::max_element(errors.begin(), errors.end());
+    }
+}
+
+MeasureReport Measurement::finish() {
+    utsname u{};
+    ::uname(&u);
+    rep_.settings = {{"ram", opt_.ram},       {"tokens", opt_.tokens},       {"warmup", opt_.warmup},
+                     {"ctx", ctx_},           {"threads", threads_},         {"probe_mib", opt_.probe_mib},
+                     {"seed", opt_.seed},     {"batch", 1},                  {"mmap", true},
+                     {"repack", opt_.repack}};
+    rep_.system = {{"kernel", fmt::format("{} {}", u.sysname, u.release)},
+                   {"machine", u.machine},
+                   {"cpus", std::thread::hardware_concurrency()},
+                   {"page_size", ::sysconf(_SC_PAGESIZE)},
+                   {"cgroup_version", cgroups_.version},
+                   {"cgroup_parent", cgroups_.parent.string()},
+                   {"storage", storage_}};
+    std::optional<AtomicOutput> json_out;
+    if (!opt_.json_out.empty()) {
+        json_out.emplace(opt_.json_out);
+    }
+    if (trace_out_) {
+        rep_.trace = opt_.trace_out.string();
+    }
+    if (json_out) {
+        write_temp_file(*json_out, to_json(rep_).dump(2) + "\n");
+    }
+    if (trace_out_) {
+        trace_out_->commit();
+    }
+    if (json_out) {
+        json_out->commit();
+    }
+    return rep_;
+}
+
+} // namespace
+
+json to_json(const MeasureReport & r) {
+    json runs = json::array();
+    for (const MeasuredRun & run : r.runs) {
+        runs.push_back(to_json(run));
+    }
+    return {{"format", "moeprune-measure"},
+            {"version", 1},
+            {"model", r.model},
+            {"text", r.text},
+            {"settings", r.settings},
+            {"system", r.system},
+            {"routed_expert_bytes", r.routed_expert_bytes},
+            {"resident_weight_bytes", r.resident_weight_bytes},
+            {"process_bytes", r.process_bytes},
+            {"resident_need_bytes", r.resident_need_bytes},
+            {"resident", to_json(r.resident)},
+            {"probe", r.probed ? to_json(r.probe) : json()},
+            {"runs", runs},
+            {"calibration", r.median_error < 0 ? json()
+                                               : json{{"compute_ms", r.calibration.compute_ms},
+                                                      {"read_gbps", r.calibration.read_gbps},
+                                                      {"process_bytes", r.calibration.process_bytes},
+                                                      {"page_bytes", r.calibration.page_bytes},
+                                                      {"readaround_bytes", r.calibration.readaround_bytes}}},
+            {"median_error", r.median_error < 0 ? json() : json(r.median_error)},
+            {"max_error", r.max_error < 0 ? json() : json(r.max_error)},
+            {"trace", r.trace.empty() ? json() : json(r.trace)}};
+}
+
+std::string to_text(const MeasureReport & r) {
+    std::string out = fmt::format("model {}: {} of routed experts, {} resident ({} weights + {} process)\n",
+                                  r.model.value("path", ""), mib(r.routed_expert_bytes), mib(r.resident_need_bytes),
+                                  mib(r.resident_weight_bytes), mib(r.process_bytes));
+    const auto line = [](const MeasuredRun & m) {
+        const DecodeFigures & d = m.decode;
+        return fmt::format("{:>12} {:>12} {:>12} {:>10.2f} {:>10.2f} {:>12.2f} {:>14} {:>12} {:>14} {:>8}\n", m.ram,
+                           m.limit_bytes ? mib(m.limit_bytes) : "-", mib(m.cache_bytes), d.tokens_per_second,
+                           d.ms_median, d.major_faults_per_token,
+                           d.read_bytes_per_token < 0 ? "-" : mib(uint64_t(d.read_bytes_per_token)),
+                           m.predicted ? fmt::format("{:.2f}", m.prediction.tokens_per_second) : "-",
+                           m.predicted ? mib(uint64_t(m.prediction.read_bytes_per_token)) : "-",
+                           m.predicted ? fmt::format("{:.0f}%", 100 * m.error) : "-");
+    };
+    out += fmt::format("{:>12} {:>12} {:>12} {:>10} {:>10} {:>12} {:>14} {:>12} {:>14} {:>8}\n", "ram", "limit",
+                       "expert cache", "tok/s", "ms median", "faults/tok", "read/tok", "pred tok/s", "pred read/tok",
+                       "error");
+    out += line(r.resident);
+    for (const MeasuredRun & m : r.runs) {
+        out += line(m);
+    }
+    if (r.probed) {
+        const ProbeFigures & p = r.probe;
+        out += fmt::format("probe: {} experts ({}) cold through page faults, {} threads: {:.3f} GB/s needed",
+                           p.experts, mib(p.bytes_needed), p.threads, p.effective_gbps);
+        if (p.read_gbps >= 0) {
+            out += fmt::format(", {:.3f} GB/s read, readahead x{:.2f}", p.read_gbps, p.readahead_amplification);
+        }
+        out += fmt::format(", {:.0f} us per major fault, {:.2f} ms per expert (median)\n", p.fault_latency_us,
+                           p.expert_ms_median);
+    }
+    if (r.median_error >= 0) {
+        out += fmt::format("predicted from the resident run, the probe and the trace: median error {:.1f}%, max {:.1f}%\n",
+                           100 * r.median_error, 100 * r.max_error);
+    }
+    return out;
+}
+
+MeasureReport run_measure(const MeasureOptions & opt) {
+    Measurement m(opt);
+    return m.run();
+}
+
+} // namespace moeprune

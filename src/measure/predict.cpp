@@ -1,0 +1,181 @@
+#include "measure/predict.h"
+
+#include "core/errors.h"
+#include "model/inspect.h"
+#include "sim/page_cache.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+#include <vector>
+
+namespace moeprune {
+
+namespace {
+
+struct Range {
+    size_t shard = 0;
+    uint64_t offset = 0, bytes = 0;
+};
+
+// What a token reads, in the order the graph reads it: per block its tensors outside the
+// routed experts, then the chosen experts' slabs; the output head after the last block.
+struct Layout {
+    std::map<int, std::vector<Range>> dense;                    // block -> tensors
+    std::map<int, std::vector<std::vector<Range>>> experts;     // routed block -> expert -> slabs
+    std::map<int, int> ordinal;                                 // routed block -> trace layer
+    std::vector<Range> head;
+    Range embedding;                                            // the whole table; a token reads one row
+    uint64_t embedding_rows = 0;
+};
+
+Layout lay_out(const GgufModel & model, const InspectReport & info) {
+    Layout lay;
+    const std::vector<int> routed = info.routed_layers();
+    for (size_t o = 0; o < routed.size(); ++o) {
+        lay.ordinal[routed[o]] = int(o);
+        lay.experts[routed[o]].resize(size_t(info.n_expert));
+    }
+    std::vector<const TensorEntry *> tensors;
+    for (const TensorEntry & t : model.tensors()) {
+        tensors.push_back(&t);
+    }
+    std::sort(tensors.begin(), tensors.end(), [](const TensorEntry * a, const TensorEntry * b) {
+        return std::tie(a->shard, a->file_offset) < std::tie(b->shard, b->file_offset);
+    });
+    const bool tied_output = std::none_of(tensors.begin(), tensors.end(), [](const TensorEntry * t) {
+        return t->name == "output.weight";
+    });
+    for (const TensorEntry * t : tensors) {
+        const int layer = t->cls.layer;
+        const Range whole{size_t(t->shard), t->file_offset, t->nbytes};
+        if (t->cls.role == TensorRole::Expert && lay.ordinal.count(layer)) {
+            const uint64_t per = t->nbytes / uint64_t(t->outer_dim());
+            for (int64_t e = 0; e < info.n_expert; ++e) {
+                lay.experts[layer][size_t(e)].push_back({size_t(t->shard), t->file_offset + uint64_t(e) * per, per});
+            }
+        } else if (layer >= 0) {
+            if (!info.is_nextn(layer)) {   // the nextn blocks do not run in a decode
+                lay.dense[layer].push_back(whole);
+            }
+        } else if (t->name == "token_embd.weight" && !tied_output) {
+            lay.embedding = whole;
+            lay.embedding_rows = uint64_t(t->outer_dim());
+        } else if (t->name.rfind("output", 0) == 0 || t->name == "token_embd.weight") {
+            lay.head.push_back(whole);
+        }
+    }
+    return lay;
+}
+
+// The chosen experts of every token in every routed block: [ordinal][token * k + j].
+std::vector<std::vector<uint16_t>> chosen_experts(const TraceSource & trace, int k) {
+    const TraceHeader & h = trace.header();
+    std::vector<std::vector<uint16_t>> chosen(h.n_layer);
+    for (uint32_t l = 0; l < h.n_layer; ++l) {
+        chosen[l].reserve(trace.n_tokens() * size_t(k));
+        trace.for_each_layer_chunk(l, [&](uint64_t, uint32_t n, const uint16_t * ids, const float *) {
+            for (uint32_t i = 0; i < n; ++i) {
+                chosen[l].insert(chosen[l].end(), ids + size_t(i) * h.top_m, ids + size_t(i) * h.top_m + k);
+            }
+        });
+    }
+    return chosen;
+}
+
+// llama.cpp's load: the whole mapping prefetched in file order (MAP_POPULATE).
+void load(const GgufModel & model, MappedFileCache & cache) {
+    constexpr uint64_t kStep = 2 << 20;
+    for (size_t s = 0; s < model.shard_paths().size(); ++s) {
+        const uint64_t size = model.shard_bytes(int(s));
+        for (uint64_t off = 0; off < size; off += kStep) {
+            cache.touch(s, off, std::min(kStep, size - off));
+        }
+    }
+}
+
+} // namespace
+
+StreamPrediction predict_stream(const GgufModel & model, const TraceSource & trace, uint64_t warmup,
+                                uint64_t limit_bytes, const StreamCalibration & c) {
+    const InspectReport info = inspect_model(model, {});
+    const TraceHeader & h = trace.header();
+    if (h.n_layer != info.routed_layers().size() || h.n_expert != uint64_t(info.n_expert) ||
+        info.n_expert_used > int64_t(h.top_m)) {
+        throw Error(fmt::format("the trace ({} layers, {} experts, top {}) was not recorded on this model ({} routed "
+                                "layers, {} experts, {} used)",
+                                h.n_layer, h.n_expert, h.top_m, info.routed_layers().size(), info.n_expert,
+                                info.n_expert_used));
+    }
+    if (trace.n_tokens() <= warmup) {
+        throw Error(fmt::format("the trace has {} tokens, none after the {} of the warm-up", trace.n_tokens(), warmup));
+    }
+    StreamPrediction p;
+    p.page_cache_bytes = limit_bytes > c.process_bytes ? limit_bytes - c.process_bytes : 0;
+    std::vector<uint64_t> files;
+    for (size_t s = 0; s < model.shard_paths().size(); ++s) {
+        files.push_back(model.shard_bytes(int(s)));
+    }
+    MappedFileCache cache(files, p.page_cache_bytes, c.page_bytes, c.readaround_bytes);
+    load(model, cache);
+    const Layout lay = lay_out(model, info);
+    const int k = int(info.n_expert_used);
+    const std::vector<std::vector<uint16_t>> chosen = chosen_experts(trace, k);
+    const std::vector<TraceTokenMeta> meta = trace.token_meta();
+    std::map<int, int> blocks;   // every block a token passes, in order -> its trace ordinal, or -1
+    for (const auto & [block, ranges] : lay.dense) {
+        blocks[block] = -1;
+    }
+    for (const auto & [block, ordinal] : lay.ordinal) {
+        blocks[block] = ordinal;
+    }
+    uint64_t expert_read = 0, other_read = 0, expert_faults = 0, faults = 0;
+    const auto touch = [&](const Range & r, bool counted, uint64_t & read) {
+        const MappedFileCache::Touch t = cache.touch(r.shard, r.offset, r.bytes);
+        read += counted ? t.read_bytes : 0;
+        faults += counted ? t.faults : 0;
+        return counted ? t.faults : 0;
+    };
+    for (uint64_t t = 0; t < trace.n_tokens(); ++t) {
+        const bool counted = t >= warmup;
+        if (lay.embedding_rows > 0 && meta[t].token >= 0 && uint64_t(meta[t].token) < lay.embedding_rows) {
+            const uint64_t row = lay.embedding.bytes / lay.embedding_rows;
+            touch({lay.embedding.shard, lay.embedding.offset + uint64_t(meta[t].token) * row, row}, counted, other_read);
+        }
+        for (const auto & [block, ordinal] : blocks) {
+            if (lay.dense.count(block)) {
+                for (const Range & r : lay.dense.at(block)) {
+                    touch(r, counted, other_read);
+                }
+            }
+            if (ordinal < 0) {
+                continue;
+            }
+            std::vector<uint16_t> ids(chosen[size_t(ordinal)].begin() + std::ptrdiff_t(t * uint64_t(k)),
+                                      chosen[size_t(ordinal)].begin() + std::ptrdiff_t((t + 1) * uint64_t(k)));
+            std::sort(ids.begin(), ids.end());
+            ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+            for (uint16_t e : ids) {
+                for (const Range & r : lay.experts.at(block)[e]) {
+                    expert_faults += touch(r, counted, expert_read);
+                }
+            }
+        }
+        for (const Range & r : lay.head) {
+            touch(r, counted, other_read);
+        }
+    }
+    const double n = double(trace.n_tokens() - warmup);
+    p.expert_read_bytes_per_token = double(expert_read) / n;
+    p.other_read_bytes_per_token = double(other_read) / n;
+    p.read_bytes_per_token = double(expert_read + other_read) / n;
+    p.faults_per_token = double(faults) / n;
+    p.expert_faults_per_token = double(expert_faults) / n;
+    p.ms_per_token = c.compute_ms + (c.read_gbps > 0 ? p.read_bytes_per_token / (c.read_gbps * 1e9) * 1e3 : 0);
+    p.tokens_per_second = p.ms_per_token > 0 ? 1e3 / p.ms_per_token : 0;
+    return p;
+}
+
+} // namespace moeprune

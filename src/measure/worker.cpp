@@ -1,0 +1,345 @@
+#include "measure/worker.h"
+
+#include "core/errors.h"
+#include "core/json.h"
+#include "core/progress.h"
+#include "engine/session.h"
+#include "eval/closed_loop.h"
+#include "formats/trace.h"
+#include "model/inspect.h"
+#include "model/model_file.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <optional>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace moeprune {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// What the kernel counts for this process, all threads together.
+struct Usage {
+    int64_t read_bytes = -1;   // fetched from storage (/proc/self/io); -1 without task I/O accounting
+    int64_t major_faults = 0, minor_faults = 0;
+};
+
+Usage usage_now() {
+    Usage u;
+    rusage r{};
+    ::getrusage(RUSAGE_SELF, &r);
+    u.major_faults = r.ru_majflt;
+    u.minor_faults = r.ru_minflt;
+    std::ifstream io("/proc/self/io");
+    for (std::string key; io >> key;) {
+        int64_t value = 0;
+        io >> value;
+        if (key == "read_bytes:") {
+            u.read_bytes = value;
+        }
+    }
+    return u;
+}
+
+// RssAnon and RssFile of /proc/self/status, in bytes.
+json resident_set() {
+    json out = json::object();
+    std::ifstream in("/proc/self/status");
+    for (std::string line; std::getline(in, line);) {
+        for (const char * key : {"RssAnon", "RssFile", "VmHWM"}) {
+            if (line.rfind(std::string(key) + ":", 0) == 0) {
+                out[key] = std::stoll(line.substr(line.find(':') + 1)) * 1024;
+            }
+        }
+    }
+    return out;
+}
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+ContextPtr decode_context(llama_model * model, const WorkerSpec & s, ggml_backend_sched_eval_callback cb, void * ud) {
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = uint32_t(s.ctx);
+    cp.n_batch = cp.n_ubatch = 1;
+    cp.n_seq_max = 1;
+    cp.n_threads = cp.n_threads_batch = s.threads;
+    cp.cb_eval = cb;
+    cp.cb_eval_user_data = ud;
+    ContextPtr ctx(llama_init_from_model(model, cp), llama_free);
+    if (!ctx) {
+        throw Error(fmt::format("llama.cpp could not create a context of {} tokens", s.ctx));
+    }
+    return ctx;
+}
+
+// One token at the next position, its logits requested as a generation step requests them.
+void decode_one(llama_context * ctx, int32_t token, int pos) {
+    llama_token t = token;
+    llama_batch b = llama_batch_get_one(&t, 1);
+    const int rc = llama_decode(ctx, b);
+    if (rc != 0) {
+        throw Error(fmt::format("llama_decode failed ({}) at position {}", rc, pos));
+    }
+    llama_synchronize(ctx);
+}
+
+// After the resident run's timed pass: every token again through a router tap, the
+// routing of all of them written to one trace and of the timed ones to another.
+void trace_pass(llama_model * model, const WorkerSpec & s) {
+    const GgufModel gguf = GgufModel::open(s.model);
+    const InspectReport info = inspect_model(gguf, {});
+    MaskFacts facts;
+    facts.arch = info.arch;
+    facts.n_expert = info.n_expert;
+    facts.n_expert_used = info.n_expert_used;
+    facts.n_groups = info.expert_group_count;
+    facts.n_group_used = info.expert_group_used_count;
+    facts.moe_layers = info.routed_layers();
+    const int top = std::min(s.trace_top, int(info.n_expert));
+    RouterTap tap(facts, top, nullptr, nullptr, nullptr, {});
+    ContextPtr ctx = decode_context(model, s, &RouterTap::callback, &tap);
+
+    TraceHeader h;
+    h.n_layer = uint32_t(facts.moe_layers.size());
+    h.n_expert = uint32_t(info.n_expert);
+    h.top_m = uint32_t(top);
+    h.domains = {"text"};
+    h.meta = s.trace_meta;
+    h.meta["n_expert_used"] = info.n_expert_used;
+    h.meta["moe_layers"] = facts.moe_layers;
+    std::optional<TraceWriter> timed;
+    if (!s.trace.empty()) {
+        timed.emplace(s.trace, h);
+    }
+    TraceWriter all(s.trace_all, h);
+    Progress progress(s.label + " (traced)", s.tokens.size(), "tokens");
+    for (size_t i = 0; i < s.tokens.size(); ++i) {
+        tap.begin_window(uint32_t(i), 1);
+        llama_token t = s.tokens[i];
+        const int rc = llama_decode(ctx.get(), llama_batch_get_one(&t, 1));
+        tap.rethrow_failure();
+        if (rc != 0) {
+            throw Error(fmt::format("llama_decode failed ({}) at position {}", rc, i));
+        }
+        tap.end_window();
+        TraceTokenMeta meta;
+        meta.token = s.tokens[i];
+        meta.pos = int32_t(i);
+        meta.phase = TracePhase::Decode;
+        all.append(meta, tap.window_ids().data(), tap.window_logits().data());
+        if (timed && int(i) >= s.warmup) {
+            timed->append(meta, tap.window_ids().data(), tap.window_logits().data());
+        }
+        progress.advance(1);
+    }
+    progress.finish();
+    all.close();
+    if (timed) {
+        timed->close();
+    }
+}
+
+json decode_run(const WorkerSpec & s) {
+    init_llama({});
+    const Usage before_load = usage_now();
+    const auto t_load = Clock::now();
+    llama_model_params mp = llama_model_default_params();
+    mp.use_extra_bufts = s.repack;   // llama.cpp's --no-repack turns it off
+    mp.progress_callback = [](float, void *) { return true; };
+    ModelPtr model(llama_model_load_from_file(s.model.c_str(), mp), llama_model_free);
+    if (!model) {
+        fail_file(s.model.string(), "llama.cpp could not load it");
+    }
+    json out;
+    out["load_seconds"] = seconds_since(t_load);
+    const Usage after_load = usage_now();
+    out["load_read_bytes"] = before_load.read_bytes < 0 ? json() : json(after_load.read_bytes - before_load.read_bytes);
+    out["load_major_faults"] = after_load.major_faults - before_load.major_faults;
+    ContextPtr ctx = decode_context(model.get(), s, nullptr, nullptr);
+    std::vector<double> wall_us;
+    std::vector<int64_t> read_bytes, major_faults, minor_faults;
+    Progress progress(s.label, s.tokens.size(), "tokens");
+    for (size_t i = 0; i < s.tokens.size(); ++i) {
+        const Usage u0 = usage_now();
+        const auto t0 = Clock::now();
+        decode_one(ctx.get(), s.tokens[i], int(i));
+        const double us = seconds_since(t0) * 1e6;
+        const Usage u1 = usage_now();
+        if (int(i) >= s.warmup) {
+            wall_us.push_back(us);
+            read_bytes.push_back(u0.read_bytes < 0 ? -1 : u1.read_bytes - u0.read_bytes);
+            major_faults.push_back(u1.major_faults - u0.major_faults);
+            minor_faults.push_back(u1.minor_faults - u0.minor_faults);
+        }
+        progress.advance(1);
+    }
+    progress.finish();
+    out["per_token"] = {{"wall_us", wall_us},
+                        {"read_bytes", read_bytes},
+                        {"major_faults", major_faults},
+                        {"minor_faults", minor_faults}};
+    out["read_bytes_counted"] = before_load.read_bytes >= 0;
+    // Before the traced pass, whose tap and writer are not llama.cpp's memory.
+    out["process"] = resident_set();
+    ctx.reset();
+    if (!s.trace_all.empty()) {
+        trace_pass(model.get(), s);
+    }
+    return out;
+}
+
+// The probe: experts in a seeded random order, every page of each touched through the
+// mapping by `threads` readers at once, as llama.cpp's threads meet evicted experts.
+json probe_run(const WorkerSpec & s) {
+    const GgufModel gguf = GgufModel::open(s.model);
+    std::vector<std::vector<ExpertSlab>> experts = routed_expert_slabs(s.model);
+    std::mt19937_64 rng(s.seed);
+    std::shuffle(experts.begin(), experts.end(), rng);
+    uint64_t asked = 0;
+    size_t n = 0;
+    while (n < experts.size() && asked < s.probe_bytes) {
+        for (const ExpertSlab & slab : experts[n]) {
+            asked += slab.bytes;
+        }
+        ++n;
+    }
+    std::vector<const uint8_t *> maps;
+    std::vector<uint64_t> sizes;
+    for (const fs::path & shard : gguf.shard_paths()) {
+        const int fd = ::open(shard.c_str(), O_RDONLY);
+        if (fd < 0) {
+            fail_file(shard.string(), "cannot be opened");
+        }
+        const uint64_t size = fs::file_size(shard);
+        ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);   // as llama.cpp's mapping advises
+        void * addr = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+        ::close(fd);
+        if (addr == MAP_FAILED) {
+            fail_file(shard.string(), "cannot be mapped");
+        }
+        maps.push_back(static_cast<const uint8_t *>(addr));
+        sizes.push_back(size);
+    }
+    const long page = ::sysconf(_SC_PAGESIZE);
+    std::vector<double> expert_ms(n);
+    std::atomic<size_t> next{0};
+    std::atomic<uint64_t> sink{0};
+    const Usage u0 = usage_now();
+    const auto t0 = Clock::now();
+    std::vector<std::thread> readers;
+    for (int t = 0; t < std::max(1, s.threads); ++t) {
+        readers.emplace_back([&] {
+            uint64_t sum = 0;
+            for (size_t e; (e = next.fetch_add(1)) < n;) {
+                const auto te = Clock::now();
+                for (const ExpertSlab & slab : experts[e]) {
+                    const volatile uint8_t * base = maps[size_t(slab.shard)] + slab.offset;
+                    for (uint64_t off = 0; off < slab.bytes; off += uint64_t(page)) {
+                        sum += base[off];
+                    }
+                    sum += base[slab.bytes - 1];
+                }
+                expert_ms[e] = seconds_since(te) * 1e3;
+            }
+            sink += sum;
+        });
+    }
+    for (std::thread & r : readers) {
+        r.join();
+    }
+    const double seconds = seconds_since(t0);
+    const Usage u1 = usage_now();
+    for (size_t i = 0; i < maps.size(); ++i) {
+        ::munmap(const_cast<uint8_t *>(maps[i]), sizes[i]);
+    }
+    return {{"experts", n},
+            {"bytes_needed", asked},
+            {"bytes_read", u0.read_bytes < 0 ? json() : json(u1.read_bytes - u0.read_bytes)},
+            {"major_faults", u1.major_faults - u0.major_faults},
+            {"seconds", seconds},
+            {"expert_ms", expert_ms},
+            {"threads", std::max(1, s.threads)},
+            {"checksum", sink.load() & 0xff}};
+}
+
+} // namespace
+
+std::vector<std::vector<ExpertSlab>> routed_expert_slabs(const fs::path & model) {
+    const GgufModel gguf = GgufModel::open(model);
+    const InspectReport info = inspect_model(gguf, {});
+    std::vector<std::vector<ExpertSlab>> experts;
+    for (int layer : info.routed_layers()) {
+        std::vector<std::vector<ExpertSlab>> of_layer(size_t(info.n_expert));
+        for (const TensorEntry & t : gguf.tensors()) {
+            if (t.cls.layer != layer || t.cls.role != TensorRole::Expert || t.outer_dim() != info.n_expert) {
+                continue;
+            }
+            const uint64_t per = t.nbytes / uint64_t(t.outer_dim());
+            for (int64_t e = 0; e < info.n_expert; ++e) {
+                of_layer[size_t(e)].push_back({t.shard, t.file_offset + uint64_t(e) * per, per});
+            }
+        }
+        for (auto & e : of_layer) {
+            if (!e.empty()) {
+                experts.push_back(std::move(e));
+            }
+        }
+    }
+    return experts;
+}
+
+json to_json(const WorkerSpec & s) {
+    return {{"mode", s.mode},         {"label", s.label},     {"model", s.model.string()}, {"threads", s.threads},
+            {"tokens", s.tokens},   {"warmup", s.warmup},        {"ctx", s.ctx}, {"repack", s.repack},
+            {"trace", s.trace.string()}, {"trace_all", s.trace_all.string()}, {"trace_top", s.trace_top}, {"trace_meta", s.trace_meta},
+            {"probe_bytes", s.probe_bytes}, {"seed", s.seed}};
+}
+
+WorkerSpec worker_spec_from_json(const json & j, const std::string & origin) {
+    return with_json_errors(origin, [&] {
+        WorkerSpec s;
+        s.mode = j.at("mode").get<std::string>();
+        s.label = j.at("label").get<std::string>();
+        s.model = j.at("model").get<std::string>();
+        s.threads = j.at("threads").get<int>();
+        s.tokens = j.at("tokens").get<std::vector<int32_t>>();
+        s.warmup = j.at("warmup").get<int>();
+        s.ctx = j.at("ctx").get<int>();
+        s.repack = j.at("repack").get<bool>();
+        s.trace = j.at("trace").get<std::string>();
+        s.trace_all = j.at("trace_all").get<std::string>();
+        s.trace_top = j.at("trace_top").get<int>();
+        s.trace_meta = j.at("trace_meta");
+        s.probe_bytes = j.at("probe_bytes").get<uint64_t>();
+        s.seed = j.at("seed").get<uint64_t>();
+        return s;
+    });
+}
+
+json run_worker(const WorkerSpec & spec) {
+    if (spec.mode == "decode") {
+        return decode_run(spec);
+    }
+    if (spec.mode == "probe") {
+        return probe_run(spec);
+    }
+    throw Error(fmt::format("measure worker: unknown mode \"{}\"", spec.mode));
+}
+
+} // namespace moeprune

@@ -1,0 +1,51 @@
+#pragma once
+// The measured child process of `measure`: a fresh process per run, so that what it maps,
+// faults and allocates is all charged to its own memory cgroup and counted by its own
+// counters. It decodes as llama.cpp generates (one token per llama_decode, the model
+// mapped as llama.cpp maps it by default), or probes the storage under the model.
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace moeprune {
+
+struct WorkerSpec {
+    std::string mode;                 // "decode" or "probe"
+    std::string label;                // progress label, e.g. "measure 512 MiB"
+    std::filesystem::path model;
+    int threads = 1;
+    // decode: `warmup` untimed tokens, then the timed ones, at positions 0.. of one sequence.
+    std::vector<int32_t> tokens;
+    int warmup = 0;
+    int ctx = 0;
+    bool repack = true;               // llama.cpp's default: weights it can repack are copied into memory
+    // decode: when `trace_all` is set, a second pass under a router tap writes the routing
+    // of every token there and of the timed ones to `trace` (when set): the resident run,
+    // warm from llama.cpp's prefetch at load.
+    std::filesystem::path trace, trace_all;
+    int trace_top = 64;
+    nlohmann::json trace_meta = nlohmann::json::object();
+    // probe: random routed experts (every slab of each) read through page faults, until
+    // `probe_bytes` have been asked for.
+    uint64_t probe_bytes = 0;
+    uint64_t seed = 0;
+};
+
+nlohmann::json to_json(const WorkerSpec & s);
+WorkerSpec worker_spec_from_json(const nlohmann::json & j, const std::string & origin);
+
+// Runs the spec in this process and returns what it measured (docs/formats.md, "measure").
+nlohmann::json run_worker(const WorkerSpec & spec);
+
+// The routed experts of a model as the probe reads them: per (layer, expert), every
+// slab of its per-expert tensors, in file coordinates.
+struct ExpertSlab {
+    int shard = 0;
+    uint64_t offset = 0, bytes = 0;
+};
+std::vector<std::vector<ExpertSlab>> routed_expert_slabs(const std::filesystem::path & model);
+
+} // namespace moeprune
