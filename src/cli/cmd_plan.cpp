@@ -58,6 +58,10 @@ void add_plan(CLI::App & app, Action & action) {
     sub->add_option("--speed-share", opt->speed_share, "Else the most accurate option within this share of the fastest")
         ->check(CLI::Range(0.0, 1.0))
         ->capture_default_str();
+    sub->add_option("--measured", opt->measured,
+                    "A moeprune-measure report of this model: compute time, storage and reserve from it instead of "
+                    "--compute-ms/--ssd/--read-latency-us/--reserve (unless given), each measured limit an option")
+        ->check(CLI::ExistingFile);
     sub->add_option("--json", *json_out, "Write the plan (moeprune-plan JSON, docs/formats.md)");
     sub->callback([=, &action] {
         action = [=] {
@@ -73,9 +77,17 @@ void add_plan(CLI::App & app, Action & action) {
                 opt->reserve_bytes = parse_size(*reserve, "--reserve");
             }
             opt->other_gb = *other_gb;
+            for (const char * flag : {"--ssd", "--compute-ms", "--read-latency-us", "--reserve"}) {
+                if (sub->count(flag) > 0) {
+                    opt->by_hand.push_back(flag);
+                }
+            }
             opt->max_kld = *max_kld;
             std::vector<std::filesystem::path> inputs = opt->replays;
             inputs.insert(inputs.end(), opt->evals.begin(), opt->evals.end());
+            if (!opt->measured.empty()) {
+                inputs.push_back(opt->measured);
+            }
             if (!opt->model.empty()) {
                 inputs.push_back(opt->model);
             }

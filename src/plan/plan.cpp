@@ -9,6 +9,7 @@
 #include "sim/policy.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <limits>
 #include <stdexcept>
 #include <map>
+#include <optional>
 #include <regex>
 #include <set>
 #include <tuple>
@@ -139,6 +141,142 @@ void check_plan_options(const PlanOptions & opt) {
     }
 }
 
+// What `moeprune measure` found, as far as a plan uses it (docs/formats.md, "Measure").
+struct Measured {
+    std::string file, digest;
+    json report;                       // the whole report: the model's identity is checked against the plan's
+    double compute_ms = 0;             // the resident run's mean time per token
+    double effective_gbps = 0;         // bytes needed per second, random experts through page faults
+    std::optional<double> read_gbps, amplification;
+    double fault_latency_us = 0;
+    double process_bytes = 0;          // KV cache, compute buffers, code: the resident run's RssAnon
+    struct Run {
+        std::string ram;
+        double limit_bytes = 0, tok_per_s = 0, faults_per_token = 0;
+        std::optional<double> read_bytes_per_token, predicted_tok_per_s, error;
+    };
+    std::vector<Run> runs;
+    std::optional<double> median_error, max_error;
+    std::vector<std::string> taken;    // the plan's parameters that came from it
+};
+
+Measured read_measured(const std::filesystem::path & path) {
+    Measured m;
+    m.file = path.string();
+    m.report = parse_json(read_text_file(path), m.file);
+    const JsonFields r(m.report, m.file);
+    if (!m.report.is_object() || m.report.value("format", json()) != "moeprune-measure") {
+        fail_file(m.file, "is not a moeprune-measure report (\"format\")");
+    }
+    m.digest = file_digest(path);
+    const double big = std::numeric_limits<double>::max();
+    m.compute_ms = r.object("resident").object("decode").object("ms_per_token").number("mean", 0, big);
+    m.process_bytes = r.number("process_bytes", 0, big);
+    if (!r.has("probe") || r.any("probe").is_null()) {
+        r.fail("probe", "is null: the storage was not probed (measure --probe-mib 0), so nothing calibrates the reads; "
+                        "measure again with a probe");
+    }
+    const JsonFields probe = r.object("probe");
+    m.effective_gbps = probe.number("effective_gbps", 0, big);
+    if (!(m.effective_gbps > 0)) {
+        probe.fail("effective_gbps", "is 0: the probe read nothing");
+    }
+    if (probe.has("read_gbps") && !probe.any("read_gbps").is_null()) {
+        m.read_gbps = probe.number("read_gbps", 0, big);
+        m.amplification = probe.number("readahead_amplification", 0, big);
+    }
+    m.fault_latency_us = probe.number("fault_latency_us", 0, big);
+    for (const JsonFields & run : r.objects("runs")) {
+        Measured::Run x;
+        x.ram = run.string("ram");
+        x.limit_bytes = run.number("limit_bytes", 1, big);
+        const JsonFields decode = run.object("decode");
+        x.tok_per_s = decode.number("tokens_per_second", 0, big);
+        x.faults_per_token = decode.number("major_faults_per_token", 0, big);
+        if (decode.has("read_bytes_per_token") && !decode.any("read_bytes_per_token").is_null()) {
+            x.read_bytes_per_token = decode.number("read_bytes_per_token", 0, big);
+        }
+        if (run.has("predicted") && !run.any("predicted").is_null()) {
+            x.predicted_tok_per_s = run.object("predicted").number("tokens_per_second", 0, big);
+            x.error = run.number("error", 0, big);
+        }
+        m.runs.push_back(std::move(x));
+    }
+    if (r.has("median_error") && !r.any("median_error").is_null()) {
+        m.median_error = r.number("median_error", 0, big);
+        m.max_error = r.number("max_error", 0, big);
+    }
+    return m;
+}
+
+// The guesses the measurement replaces, unless given by hand. The probe's bandwidth is of
+// bytes needed, read as a decode reads them (page faults at its thread count, readahead
+// and fault latency included), so no latency per round is added on top of it.
+void calibrate(PlanOptions & opt, Measured & m) {
+    const auto by_hand = [&](const char * flag) {
+        return std::find(opt.by_hand.begin(), opt.by_hand.end(), flag) != opt.by_hand.end();
+    };
+    if (!by_hand("--compute-ms")) {
+        opt.throughput.compute_ms = m.compute_ms;
+        m.taken.push_back("compute_ms");
+    }
+    if (!by_hand("--ssd")) {
+        opt.throughput.ssd_gbps = m.effective_gbps;
+        m.taken.push_back("ssd_gbps");
+    }
+    if (!by_hand("--read-latency-us")) {
+        opt.throughput.read_latency_us = 0;
+        m.taken.push_back("read_latency_us");
+    }
+    if (!by_hand("--reserve")) {
+        opt.reserve_bytes = m.process_bytes;
+        m.taken.push_back("reserve_bytes");
+    }
+}
+
+// Where the time per token came from, for `why`.
+std::string timing_source(const PlanOptions & opt, const std::optional<Measured> & m) {
+    const ThroughputParams & t = opt.throughput;
+    if (!m) {
+        return fmt::format("tokens/s rest on guesses, as nothing was measured: --ssd {} GB/s, --compute-ms {}, "
+                           "--read-latency-us {} (moeprune measure, then plan --measured, replaces them)",
+                           t.ssd_gbps, t.compute_ms, t.read_latency_us);
+    }
+    std::vector<std::string> from;
+    const auto taken = [&](const char * p) { return std::find(m->taken.begin(), m->taken.end(), p) != m->taken.end(); };
+    if (taken("compute_ms")) {
+        from.push_back(fmt::format("compute {:.3g} ms per token (resident run)", t.compute_ms));
+    }
+    if (taken("ssd_gbps")) {
+        std::string s = fmt::format("storage {:.3g} GB/s of experts through page faults", t.ssd_gbps);
+        if (m->amplification) {
+            s += fmt::format(" (device {:.3g} GB/s, readahead x{:.2f}, {:.0f} us per fault)", *m->read_gbps,
+                             *m->amplification, m->fault_latency_us);
+        }
+        from.push_back(s + " (probe)");
+    }
+    if (taken("reserve_bytes")) {
+        from.push_back(fmt::format("reserve {:.3f} GB of process memory (resident run)", gb(opt.reserve_bytes)));
+    }
+    std::string out = from.empty() ? "every timing parameter was given by hand, though " + m->file + " was measured"
+                                   : "measured by " + m->file + ": " + fmt::format("{}", fmt::join(from, ", "));
+    if (m->median_error) {
+        out += fmt::format("; that calibration predicted the measured limits with median error {:.0f}% (max {:.0f}%)",
+                           100 * *m->median_error, 100 * *m->max_error);
+    }
+    std::vector<std::string> hand;
+    for (const auto & [flag, p] : {std::pair{"--compute-ms", "compute_ms"}, {"--ssd", "ssd_gbps"},
+                                   {"--read-latency-us", "read_latency_us"}, {"--reserve", "reserve_bytes"}}) {
+        if (!taken(p)) {
+            hand.push_back(flag);
+        }
+    }
+    if (!hand.empty()) {
+        out += fmt::format("; given by hand: {}", fmt::join(hand, ", "));
+    }
+    return out;
+}
+
 // The fastest an option decodes: null tokens/s is unbounded.
 double speed(const json & o) {
     return o["tok_per_s"].is_null() ? std::numeric_limits<double>::infinity() : o["tok_per_s"].get<double>();
@@ -151,6 +289,10 @@ std::string describe(const json & o) {
                                   : fmt::format("{} cache of {} experts{}, λ {}", o["policy"].get<std::string>(),
                                                 o["cache_experts"].get<int64_t>(), o["cache_scope"] == "global" ? " (global)" : " per layer",
                                                 o["lambda"].get<double>());
+    if (o.contains("measured_ram")) {
+        return fmt::format("all {} experts mapped under a {} limit (llama.cpp, measured): {:.2f} tokens/s", o["k"].get<int64_t>(),
+                           o["measured_ram"].get<std::string>(), o["tok_per_s"].get<double>());
+    }
     const std::string speed_text = o["tok_per_s"].is_null() ? "unbounded tokens/s (no time per token in the model)"
                                                             : fmt::format("{:.2f} tokens/s", o["tok_per_s"].get<double>());
     return fmt::format("K {} by {}, {}: {}", o["k"].get<int64_t>(), o["criterion"].get<std::string>(), cache, speed_text);
@@ -159,8 +301,8 @@ std::string describe(const json & o) {
 // One plan in the making: the options priced so far and the quality measured for them.
 class Planner {
 public:
-    Planner(const PlanOptions & opt, Geometry g)
-        : opt(opt), g(std::move(g)), tp(opt.throughput), L(this->g.bytes.size()),
+    Planner(const PlanOptions & opt, Geometry g, std::optional<Measured> measured)
+        : opt(opt), g(std::move(g)), measured(std::move(measured)), tp(opt.throughput), L(this->g.bytes.size()),
           budget(opt.ram_bytes > 0 ? opt.ram_bytes - opt.reserve_bytes : 0), model_digest_seen(this->g.digest),
           model_digest_from(this->g.source) {}
 
@@ -387,6 +529,34 @@ public:
         }
     }
 
+    // Every limit measure ran the whole model under: an option measured, not modelled.
+    void add_measured_options() {
+        if (!measured) {
+            return;
+        }
+        const JsonFields report(measured->report, measured->file);
+        check_model(report.object("model"), "this measurement");
+        for (const Measured::Run & r : measured->runs) {
+            json o = {{"k", g.n_expert},
+                      {"criterion", "none"},
+                      {"cache_experts", nullptr},
+                      {"cache_scope", "global"},
+                      {"policy", "page-cache"},
+                      {"lambda", 0.0},
+                      {"routed_bytes", double(g.n_expert) * g.sum()},
+                      {"resident_bytes", std::max(0.0, r.limit_bytes - measured->process_bytes)},
+                      {"misses_per_token", nullptr},
+                      {"major_faults_per_token", r.faults_per_token},
+                      {"read_bytes_per_token", r.read_bytes_per_token ? json(*r.read_bytes_per_token) : json(nullptr)},
+                      {"tok_per_s", r.tok_per_s},
+                      {"measured_ram", r.ram},
+                      {"predicted_tok_per_s", r.predicted_tok_per_s ? json(*r.predicted_tok_per_s) : json(nullptr)},
+                      {"source", fmt::format("measured: llama.cpp under a {:.3f} GB memory limit ({})", gb(r.limit_bytes),
+                                             measured->file)}};
+            add(std::move(o));
+        }
+    }
+
     // Pareto front of tokens/s (higher; null is unbounded) against KLD (lower).
     json pareto_front() const {
         std::vector<size_t> order;
@@ -470,6 +640,7 @@ public:
                                    gb(o["resident_bytes"].get<double>()), gb(budget));
             }
         }
+        why += "; " + timing_source(opt, measured);
         return {recommended, why};
     }
 
@@ -497,6 +668,7 @@ public:
                   {"reserve_bytes", opt.reserve_bytes},
                   {"budget_bytes", budget > 0 ? json(budget) : json(nullptr)},
                   {"throughput", throughput_inputs},
+                  {"measured", measured ? measured_inputs() : json(nullptr)},
                   {"replays", replay_inputs},
                   {"evals", eval_inputs},
                   {"misses_per_token", opt.misses_per_token},
@@ -511,6 +683,21 @@ public:
     }
 
 private:
+    json measured_inputs() const {
+        const Measured & m = *measured;
+        return {{"file", m.file},
+                {"digest", m.digest},
+                {"compute_ms", m.compute_ms},
+                {"effective_gbps", m.effective_gbps},
+                {"read_gbps", m.read_gbps ? json(*m.read_gbps) : json(nullptr)},
+                {"readahead_amplification", m.amplification ? json(*m.amplification) : json(nullptr)},
+                {"fault_latency_us", m.fault_latency_us},
+                {"process_bytes", m.process_bytes},
+                {"median_error", m.median_error ? json(*m.median_error) : json(nullptr)},
+                {"max_error", m.max_error ? json(*m.max_error) : json(nullptr)},
+                {"from_measurement", m.taken}};
+    }
+
     // Which model every input was measured on: the plan's model by content, or, planned
     // by hand, the first input that names one.
     void check_model(const JsonFields & identity, const char * what) {
@@ -599,6 +786,7 @@ private:
 
     const PlanOptions & opt;
     const Geometry g;
+    const std::optional<Measured> measured;
     const ThroughputParams & tp;
     const size_t L;
     const double budget;
@@ -614,13 +802,20 @@ private:
 
 } // namespace
 
-json make_plan(const PlanOptions & opt) {
-    check_plan_options(opt);
-    Planner planner(opt, geometry(opt));
+json make_plan(const PlanOptions & given) {
+    check_plan_options(given);
+    PlanOptions opt = given;
+    std::optional<Measured> measured;
+    if (!given.measured.empty()) {
+        measured = read_measured(given.measured);
+        calibrate(opt, *measured);
+    }
+    Planner planner(opt, geometry(opt), std::move(measured));
     planner.check_settings();
     planner.read_evals();
     planner.read_replays();
     planner.add_given_options();
+    planner.add_measured_options();
     const json pareto = planner.pareto_front();
     const auto [recommended, why] = planner.recommend(pareto);
     return planner.to_plan_json(pareto, recommended, why);
@@ -639,9 +834,13 @@ std::string plan_text(const json & plan) {
                : fmt::format("RAM: {:.2f} GB - reserve {:.2f} GB = {:.2f} GB budget\n", in["ram_bytes"].get<double>() / 1e9,
                              in["reserve_bytes"].get<double>() / 1e9, in["budget_bytes"].get<double>() / 1e9);
     const json & t = in["throughput"];
-    out += fmt::format("SSD {} GB/s, {} us per read round, queue depth {}, compute {} ms/token, sync {} us/layer\n",
+    out += fmt::format("SSD {:.4g} GB/s, {:.4g} us per read round, queue depth {}, compute {:.4g} ms/token, sync {:.4g} us/layer\n",
                        t["ssd_gbps"].get<double>(), t["read_latency_us"].get<double>(), t["queue_depth"].get<int>(),
                        t["compute_ms"].get<double>(), t["sync_us"].get<double>());
+    if (!in["measured"].is_null()) {
+        out += fmt::format("from measurement ({}): {}\n", in["measured"]["file"].get<std::string>(),
+                           fmt::join(in["measured"]["from_measurement"].get<std::vector<std::string>>(), ", "));
+    }
     out += fmt::format("{:>2} {:>5} {:<14} {:<18} {:>8} {:>6} {:>10} {:>10} {:>9} {:>10} {:>10}\n", "", "K", "criterion", "policy",
                        "cache", "λ", "routed GB", "RAM GB", "miss/tok", "tok/s", "KLD");
     std::set<size_t> front;

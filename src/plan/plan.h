@@ -3,6 +3,7 @@
 // measured (replay sweeps, eval reports), every feasible (K, criterion, cache, policy, λ)
 // with its bytes, misses, tokens/s and KLD, the Pareto front of speed against quality,
 // and one recommendation with the reason. Unknown numbers stay null, never invented.
+// With a measurement (`--measured`), time per token comes from what llama.cpp really did.
 #include "sim/throughput.h"
 
 #include <nlohmann/json.hpp>
@@ -32,6 +33,11 @@ struct PlanOptions {
     std::vector<int64_t> cache_experts;    // per-layer cache sizes that go with them
     std::optional<double> max_kld;         // recommend the fastest option within this
     double speed_share = 0.9;              // else the most accurate within this share of the fastest
+    // A moeprune-measure report of the same model: compute time per token, storage as page
+    // faults meet it, and the process's own memory replace the guesses, and every measured
+    // RAM limit becomes an option of its own. What is in `by_hand` stays as given.
+    std::filesystem::path measured;
+    std::vector<std::string> by_hand;      // "--ssd", "--compute-ms", "--read-latency-us", "--reserve" given on the command line
 };
 
 nlohmann::json make_plan(const PlanOptions & opt);

@@ -91,6 +91,27 @@ TEST(Measure, DecodesUnderLimitsPredictsAndTracesTheTimedTokens) {
     ASSERT_EQ(t.n_tokens(), 16u);
     EXPECT_EQ(t.token_meta().front().pos, 4);
     EXPECT_EQ(t.header().n_layer, m.at("model").at("routed_layers").size());
+
+    // A plan calibrated by it: compute time from the resident run, every limit an option as measured.
+    const fs::path plan = dir / "plan.json";
+    const auto p = test::run_command(moeprune_cmd(
+        fmt::format("plan -m {} -k 16 --measured {} --json {}", (dir / "m.gguf").string(), out.string(), plan.string())));
+    ASSERT_EQ(p.exit_code, 0) << p.output;
+    const json pj = json::parse(test::read_bytes(plan));
+    EXPECT_EQ(pj.at("inputs").at("throughput").at("compute_ms").get<double>(),
+              m.at("resident").at("decode").at("ms_per_token").at("mean").get<double>());
+    EXPECT_EQ(pj.at("inputs").at("throughput").at("ssd_gbps").get<double>(),
+              m.at("probe").at("effective_gbps").get<double>());
+    size_t measured_options = 0;
+    for (const json & o : pj.at("options")) {
+        if (o.contains("measured_ram")) {
+            const json & run = m.at("runs").at(measured_options++);
+            EXPECT_EQ(o.at("measured_ram"), run.at("ram"));
+            EXPECT_EQ(o.at("tok_per_s").get<double>(), run.at("decode").at("tokens_per_second").get<double>());
+        }
+    }
+    EXPECT_EQ(measured_options, 2u);
+    EXPECT_NE(p.output.find("measured by"), std::string::npos) << p.output;
 }
 
 TEST(Measure, RefusesWhatCannotBeMeasuredAndLeavesNoCgroup) {

@@ -199,3 +199,101 @@ TEST(Plan, GeometryFromAModelFile) {
     EXPECT_NE(cli.exit_code, 0) << "the plan may not overwrite its model";
     EXPECT_NE(cli.output.find("m.gguf"), std::string::npos) << cli.output;
 }
+
+namespace {
+
+// A moeprune-measure report as `measure --json` writes it, of the model kModelDigest names.
+json measure_report(const std::string & digest) {
+    return {{"format", "moeprune-measure"},
+            {"version", 1},
+            {"model", {{"digest", digest}, {"n_expert", 512}}},
+            {"process_bytes", 1e9},
+            {"resident", {{"decode", {{"tokens_per_second", 50.0}, {"ms_per_token", {{"mean", 20.0}}}}}}},
+            {"probe",
+             {{"effective_gbps", 0.5}, {"read_gbps", 2.0}, {"readahead_amplification", 4.0}, {"fault_latency_us", 300.0}}},
+            {"runs",
+             {{{"ram", "25%"},
+               {"limit_bytes", 20e9},
+               {"decode", {{"tokens_per_second", 3.0}, {"major_faults_per_token", 50.0}, {"read_bytes_per_token", 1e8}}},
+               {"predicted", {{"tokens_per_second", 3.3}}},
+               {"error", 0.1}}}},
+            {"median_error", 0.1},
+            {"max_error", 0.1}};
+}
+
+} // namespace
+
+TEST(Plan, CalibratedByAMeasurement) {
+    test::TempDir dir;
+    const fs::path measured = dir / "measure.json";
+    test::write_text(measured, measure_report(kModelDigest).dump());
+    test::write_text(dir / "replay.json", replay_result("", 512, {{"lru", 64, 30.0}}).dump());
+    PlanOptions o = seed_geometry();
+    o.ks = {512};
+    o.ram_bytes = 40e9;
+    o.replays = {dir / "replay.json"};
+    o.measured = measured;
+    const json p = make_plan(o);
+    const json & t = p["inputs"]["throughput"];
+    EXPECT_EQ(t["compute_ms"].get<double>(), 20.0);
+    EXPECT_EQ(t["ssd_gbps"].get<double>(), 0.5);
+    EXPECT_EQ(t["read_latency_us"].get<double>(), 0.0) << "fault latency is inside the probe's bandwidth";
+    EXPECT_EQ(p["inputs"]["reserve_bytes"].get<double>(), 1e9) << "the process's memory, as measured";
+    EXPECT_EQ(p["inputs"]["measured"]["from_measurement"].size(), 4u);
+    bool replayed = false, measured_option = false;
+    for (const json & x : p["options"]) {
+        if (x["policy"] == "lru") {
+            EXPECT_NEAR(x["tok_per_s"].get<double>(), 1.0 / (0.020 + 30 * 1.3824e6 / 0.5e9), 1e-9);
+            replayed = true;
+        }
+        if (x["policy"] == "page-cache") {
+            EXPECT_EQ(x["tok_per_s"].get<double>(), 3.0) << "a measured limit is an option as measured";
+            EXPECT_EQ(x["resident_bytes"].get<double>(), 19e9);
+            EXPECT_EQ(x["measured_ram"], "25%");
+            measured_option = true;
+        }
+    }
+    EXPECT_TRUE(replayed);
+    EXPECT_TRUE(measured_option);
+    const std::string why = p["why"].get<std::string>();
+    EXPECT_NE(why.find("measured by " + measured.string()), std::string::npos) << why;
+    EXPECT_NE(why.find("compute 20 ms"), std::string::npos) << why;
+
+    // A guess given by hand stays, and the plan says which.
+    o.by_hand = {"--ssd"};
+    o.throughput.ssd_gbps = 6.8;
+    const json hand = make_plan(o);
+    EXPECT_EQ(hand["inputs"]["throughput"]["ssd_gbps"].get<double>(), 6.8);
+    EXPECT_NE(hand["why"].get<std::string>().find("given by hand: --ssd"), std::string::npos) << hand["why"];
+
+    // Nothing measured: the plan says its tokens/s are guesses.
+    o.measured.clear();
+    EXPECT_NE(make_plan(o)["why"].get<std::string>().find("guesses"), std::string::npos);
+
+    // A measurement of another model, or one without a storage probe, is refused by name.
+    o.measured = measured;
+    test::write_text(measured, measure_report("xxh3:00000000000000bb").dump());
+    EXPECT_THROW(
+        {
+            try {
+                make_plan(o);
+            } catch (const std::exception & e) {
+                EXPECT_NE(std::string(e.what()).find("measure.json"), std::string::npos) << e.what();
+                throw;
+            }
+        },
+        std::exception);
+    json unprobed = measure_report(kModelDigest);
+    unprobed["probe"] = nullptr;
+    test::write_text(measured, unprobed.dump());
+    EXPECT_THROW(
+        {
+            try {
+                make_plan(o);
+            } catch (const std::exception & e) {
+                EXPECT_NE(std::string(e.what()).find("probe"), std::string::npos) << e.what();
+                throw;
+            }
+        },
+        std::exception);
+}
