@@ -16,7 +16,7 @@ void add_measure(CLI::App & app, Action & action) {
         "measure", "llama.cpp's own decode under memory-cgroup limits: tokens/s, major faults and bytes read per token, "
                    "a resident run, a storage probe and the router trace of the timed tokens (docs/measure.md)");
     sub->add_option("-m,--model", opt->model, "GGUF model (first shard), on the disk to measure")->required();
-    sub->add_option("-f,--file", opt->text, "Plain text the decode is teacher-forced on")->required();
+    sub->add_option("-f,--file", opt->text, "Text the decode is teacher-forced on: plain text, or a JSONL corpus (its documents in order)")->required();
     sub->add_option("--ram", opt->ram,
                     "Memory limits of the decoding process: sizes (768M, 2G, as plan reads them) or P% (what stays "
                     "resident plus P% of the routed expert bytes)")

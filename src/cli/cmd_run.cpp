@@ -41,6 +41,13 @@ void add_run(CLI::App & app, Action & action) {
     sub->add_option("--seed", *seed, "Seed of the corpus split and order (default: the manifest's)");
     sub->add_option("--slice", c->slice, "Write sliced GGUFs at the end: best (the recommendation) or all")
         ->check(CLI::IsMember({"best", "all"}));
+    sub->add_option("--measure", c->measure,
+                    "Measure llama.cpp's decode under these RAM limits (as measure --ram: 25%,50% or sizes) on the "
+                    "held-out text; the plan's timing then comes from the measurement")
+        ->delimiter(',');
+    sub->add_option("--measure-tokens", c->measure_tokens, "Timed tokens per measured run")->check(CLI::PositiveNumber);
+    sub->add_flag("--verify", c->verify,
+                  "Measure the recommendation for real at --ram (its sliced model) and print predicted vs measured");
     sub->add_option("--from", opt->from, "Re-run this stage and every later one");
     sub->callback([=, &action] {
         action = [=] {
@@ -64,6 +71,9 @@ void add_run(CLI::App & app, Action & action) {
             if (given("--threads")) merged.threads = c->threads;
             if (given("--seed")) merged.seed = *seed;
             if (given("--slice")) merged.slice = c->slice;
+            if (given("--measure")) merged.measure = c->measure;
+            if (given("--measure-tokens")) merged.measure_tokens = c->measure_tokens;
+            if (given("--verify")) merged.verify = c->verify;
             opt->config = merged;
             init_llama({});
             std::printf("%s\n", run_pipeline(*opt).c_str());

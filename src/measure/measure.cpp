@@ -5,6 +5,7 @@
 #include "core/errors.h"
 #include "core/json.h"
 #include "core/sizes.h"
+#include "formats/corpus.h"
 #include "formats/trace.h"
 #include "engine/session.h"
 #include "measure/cgroup.h"
@@ -50,8 +51,12 @@ double quantile(std::vector<double> v, double q) {
     if (v.empty()) {
         return 0;
     }
+    // Linear between the order statistics: the median of an even count is the mean of the middle two.
     std::sort(v.begin(), v.end());
-    return v[size_t(std::lround(q * double(v.size() - 1)))];
+    const double at = q * double(v.size() - 1);
+    const size_t lo = size_t(at);
+    const size_t hi = std::min(lo + 1, v.size() - 1);
+    return v[lo] + (at - double(lo)) * (v[hi] - v[lo]);
 }
 
 std::string read_first_line(const fs::path & p) {
@@ -402,7 +407,16 @@ void Measurement::read_text() {
     if (!vocab_model) {
         fail_file(opt_.model.string(), "llama.cpp could not load its vocabulary");
     }
-    const std::string text = read_text_file(opt_.text);
+    // A corpus (JSONL) is decoded as one text: its documents in order, a conversation's turns as plain lines.
+    const Corpus corpus = read_corpus(opt_.text);
+    std::string text;
+    for (const CorpusDocument & d : corpus.documents) {
+        text += text.empty() ? "" : "\n\n";
+        text += d.text;
+        for (const CorpusMessage & m : d.messages) {
+            text += (d.text.empty() && &m == &d.messages.front() ? "" : "\n") + m.content;
+        }
+    }
     const std::vector<llama_token> t =
         tokenize(llama_model_get_vocab(vocab_model.get()), text, false, opt_.text.string());
     const size_t needed = size_t(opt_.warmup + opt_.tokens);

@@ -821,6 +821,16 @@ json make_plan(const PlanOptions & given) {
     return planner.to_plan_json(pareto, recommended, why);
 }
 
+ThroughputParams measured_throughput(const std::filesystem::path & measure_json, const ThroughputParams & guesses,
+                                     const std::vector<std::string> & by_hand) {
+    PlanOptions opt;
+    opt.throughput = guesses;
+    opt.by_hand = by_hand;
+    Measured m = read_measured(measure_json);
+    calibrate(opt, m);
+    return opt.throughput;
+}
+
 std::string plan_text(const json & plan) {
     const json & in = plan["inputs"];
     const json & g = in["geometry"];

@@ -41,6 +41,12 @@ struct PlanOptions {
 };
 
 nlohmann::json make_plan(const PlanOptions & opt);
+
+// The timing a moeprune-measure report gives, in place of `guesses` except the flags in
+// `by_hand`: what make_plan uses with PlanOptions::measured, for stages that price tokens
+// the same way (run's replay).
+ThroughputParams measured_throughput(const std::filesystem::path & measure_json, const ThroughputParams & guesses,
+                                     const std::vector<std::string> & by_hand);
 std::string plan_text(const nlohmann::json & plan);
 
 } // namespace moeprune

@@ -108,8 +108,32 @@ namespace {
 struct ReportRows {
     json kld = json::array(), layers = json::array(), replay = json::array(), closed = json::array(),
          plan = json::array(), corpus = json::array();
+    json measured = json::array();   // predicted vs measured, per measured RAM limit
     json throughput_inputs;   // the replays' throughput settings; null without replays
 };
+
+const std::vector<std::string> kMeasuredColumns = {
+    "ram", "limit_bytes", "predicted_tok_per_s", "measured_tok_per_s", "error", "predicted_read_bytes_per_token",
+    "measured_read_bytes_per_token", "predicted_faults_per_token", "measured_major_faults_per_token"};
+
+// Every limit `measure` ran llama.cpp under, its prediction beside it.
+json measured_rows(const json & m) {
+    json rows = json::array();
+    for (const json & r : m.at("runs")) {
+        const json & d = r.at("decode");
+        const json & p = r.at("predicted");
+        rows.push_back({{"ram", r.at("ram")},
+                        {"limit_bytes", r.at("limit_bytes")},
+                        {"predicted_tok_per_s", p.is_null() ? json(nullptr) : p.at("tokens_per_second")},
+                        {"measured_tok_per_s", d.at("tokens_per_second")},
+                        {"error", r.at("error")},
+                        {"predicted_read_bytes_per_token", p.is_null() ? json(nullptr) : p.at("read_bytes_per_token")},
+                        {"measured_read_bytes_per_token", d.at("read_bytes_per_token")},
+                        {"predicted_faults_per_token", p.is_null() ? json(nullptr) : p.at("faults_per_token")},
+                        {"measured_major_faults_per_token", d.at("major_faults_per_token")}});
+    }
+    return rows;
+}
 
 const std::vector<std::string> kClosedColumns = {"map", "policy", "cache", "lambda", "kld_mean", "same_top1",
                                                  "misses_per_token", "open_loop_misses_per_token", "tok_per_s",
@@ -354,6 +378,9 @@ void write_csvs(const fs::path & run_dir, const ReportRows & rows, std::vector<f
     if (!rows.closed.empty()) {
         csv("closed_loop.csv", rows.closed, kClosedColumns);
     }
+    if (!rows.measured.empty()) {
+        csv("measured.csv", rows.measured, kMeasuredColumns);
+    }
 }
 
 // The chart library inlined into the page.
@@ -374,6 +401,39 @@ std::string chart_scripts() {
     return libs;
 }
 
+std::string cell(const json & v) {
+    return html_escape(v.is_string() ? v.get<std::string>() : v.is_number_float() ? fmt::format("{:.4g}", v.get<double>()) : v.dump());
+}
+
+std::string measured_section(const json & rows, const json & plan) {
+    std::string body = "<h2>Predicted vs measured</h2>\n";
+    if (rows.empty()) {
+        return body + "<p>Nothing measured in this run (run --measure): every tokens/s here rests on the guessed SSD "
+                      "bandwidth and compute time below.</p>\n";
+    }
+    const json & m = plan.at("inputs").at("measured");
+    body += "<p>llama.cpp's own decode of the whole model under each memory limit (moeprune measure, measure/measure.json), "
+            "beside what moeprune predicts for it from the resident run, the storage probe and the router trace alone "
+            "(report/measured.csv). Error is |predicted - measured| / measured tokens/s";
+    if (!m.is_null() && !m.at("median_error").is_null()) {
+        body += fmt::format(": median {:.0f}%, max {:.0f}%", 100 * m.at("median_error").get<double>(),
+                            100 * m.at("max_error").get<double>());
+    }
+    body += ".</p>\n<table><tr>";
+    for (const std::string & col : kMeasuredColumns) {
+        body += "<th>" + html_escape(col) + "</th>";
+    }
+    body += "</tr>";
+    for (const json & row : rows) {
+        body += "<tr>";
+        for (const std::string & col : kMeasuredColumns) {
+            body += "<td>" + cell(row[col]) + "</td>";
+        }
+        body += "</tr>";
+    }
+    return body + "</table>\n";
+}
+
 std::string closed_loop_section(const json & closed_rows) {
     std::string body = "<h2>Open- vs closed-loop cache routing</h2>\n";
     if (closed_rows.empty()) {
@@ -390,9 +450,7 @@ std::string closed_loop_section(const json & closed_rows) {
         for (const json & row : closed_rows) {
             body += "<tr>";
             for (const std::string & col : kClosedColumns) {
-                const json & v = row[col];
-                body += "<td>" + html_escape(v.is_string() ? v.get<std::string>()
-                                             : v.is_number_float() ? fmt::format("{:.4g}", v.get<double>()) : v.dump()) + "</td>";
+                body += "<td>" + cell(row[col]) + "</td>";
             }
             body += "</tr>";
         }
@@ -407,7 +465,10 @@ std::string report_html(const ReportInputs & in, const json & plan, const json &
     const std::string libs = chart_scripts();
     const json & leak = corpus.at("leak_check");
     const json & throughput_inputs = rows.throughput_inputs;
-    const json & ti = throughput_inputs.is_null() ? plan.at("inputs").at("throughput") : throughput_inputs;
+    // A measured plan's timing is the measurement's, not the guesses the replays were priced with.
+    const json & ti = throughput_inputs.is_null() || !plan.at("inputs").value("measured", json()).is_null()
+                          ? plan.at("inputs").at("throughput")
+                          : throughput_inputs;
     const json & geo = plan.at("inputs").at("geometry");
     std::string body;
     body += "<h1>moeprune run report</h1>\n<p class=\"why\"><b>Recommended:</b> " + html_escape(plan.at("why").get<std::string>()) + "</p>\n";
@@ -423,6 +484,7 @@ std::string report_html(const ReportInputs & in, const json & plan, const json &
     section("substitution_per_layer", "Substitution per layer", "");
     section("misses_vs_cache", "Expert cache", "Replayed on the held-out router trace (report/replay.csv).");
     section("speed_vs_ram", "Speed, RAM and quality", "From the plan (plan/plan.json, report/plan.csv).");
+    body += measured_section(rows.measured, plan);
     body += closed_loop_section(rows.closed);
     section("corpus_composition", "Corpus", "");
     body += "<h3>Leak check (eval against calib)</h3>\n" +
@@ -479,6 +541,9 @@ std::vector<fs::path> write_report(const ReportInputs & in) {
     rows.closed = closed_loop_rows(in.closed_loop_evals, n_expert);
     rows.plan = with_json_errors(in.plan.string(), [&] { return plan_rows(plan); });
     rows.corpus = with_json_errors(in.corpus.string(), [&] { return corpus_rows(corpus); });
+    if (!in.measure.empty()) {
+        rows.measured = with_json_errors(in.measure.string(), [&] { return measured_rows(load(in.measure)); });
+    }
     const json charts = charts_of(rows);
     std::vector<fs::path> written;
     write_csvs(in.run_dir, rows, written);
@@ -500,6 +565,7 @@ std::vector<fs::path> write_report(const ReportInputs & in) {
                     {"plan", plan},
                     {"throughput", rows.throughput_inputs},
                     {"closed_loop", rows.closed.empty() ? json(nullptr) : rows.closed},
+                    {"measured", rows.measured.empty() ? json(nullptr) : rows.measured},
                     {"charts", charts}};
     });
     write_file_atomic(in.run_dir / "report.json", report.dump(1) + "\n");

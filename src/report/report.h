@@ -12,6 +12,7 @@ struct ReportInputs {
     std::filesystem::path run_dir;
     std::string config;                     // run.toml's text
     std::filesystem::path corpus, select, eval, plan;
+    std::filesystem::path measure;          // moeprune-measure JSON; empty: nothing measured
     std::vector<std::filesystem::path> replays;
     std::vector<std::filesystem::path> closed_loop_evals;  // eval reports of closed-loop candidates (λ > 0)
 };

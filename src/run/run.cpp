@@ -11,6 +11,7 @@
 #include "eval/eval.h"
 #include "formats/keep_map.h"
 #include "formats/stats.h"
+#include "measure/measure.h"
 #include "model/model_file.h"
 #include "model/inspect.h"
 #include "plan/plan.h"
@@ -57,6 +58,11 @@ template <class T> std::vector<T> array_of(const toml::node & n, const std::stri
                 fail_file(where, fmt::format("\"{}\" must hold strings", key));
             }
             out.push_back(v.as_string()->get());
+        } else if constexpr (std::is_same_v<T, bool>) {
+            if (!v.is_boolean()) {
+                fail_file(where, fmt::format("\"{}\" must be true or false", key));
+            }
+            out.push_back(v.as_boolean()->get());
         } else if constexpr (std::is_integral_v<T>) {
             if (!v.is_integer()) {
                 fail_file(where, fmt::format("\"{}\" must hold integers", key));
@@ -198,7 +204,8 @@ std::vector<fs::path> json_files(const fs::path & dir) {
 } // namespace
 
 const std::vector<std::string> & run_stages() {
-    static const std::vector<std::string> s = {"corpus", "collect", "heldout", "select", "eval", "replay", "plan", "report", "slice"};
+    static const std::vector<std::string> s = {"corpus", "collect", "heldout", "measure", "select", "eval",
+                                               "replay", "plan", "report", "slice", "verify"};
     return s;
 }
 
@@ -269,6 +276,12 @@ RunConfig read_run_config(const fs::path & path) {
             c.save_every = scalar<int>(n, where, key);
         } else if (key == "slice") {
             c.slice = scalar<std::string>(n, where, key);
+        } else if (key == "measure") {
+            c.measure = array_of<std::string>(n, where, key);
+        } else if (key == "measure_tokens") {
+            c.measure_tokens = scalar<int>(n, where, key);
+        } else if (key == "verify") {
+            c.verify = scalar<bool>(n, where, key);
         } else {
             fail_file(where, fmt::format("unknown key \"{}\" (docs/run.md lists the keys of run.toml)", key));
         }
@@ -283,7 +296,7 @@ std::string run_config_toml(const RunConfig & c) {
     s += "k = " + toml_array(c.ks) + "\n";
     s += "criteria = " + toml_array(c.criteria) + "\n";
     s += "ram = " + toml_string(c.ram) + "                # empty: no RAM limit\n";
-    s += "reserve = " + toml_string(c.reserve) + "        # RAM kept for KV cache and the OS\n";
+    s += "reserve = " + toml_string(c.reserve) + "        # RAM kept for KV cache and the OS; empty: measured, else 2G\n";
     s += fmt::format("ssd = {}                  # GB/s\nread_latency_us = {}\nqueue_depth = {}\ncompute_ms = {}\nsync_us = {}\n",
                      c.ssd, c.read_latency_us, c.queue_depth, c.compute_ms, c.sync_us);
     s += "policies = " + toml_array(c.policies) + "\n";
@@ -308,10 +321,14 @@ std::string run_config_toml(const RunConfig & c) {
     }
     s += fmt::format("trace_top = {}\nsave_every = {}\n", c.trace_top, c.save_every);
     s += "slice = " + toml_string(c.slice) + "                # \"\", \"best\" or \"all\"\n";
+    s += "measure = " + toml_array(c.measure) + "      # RAM limits llama.cpp's decode is measured under; empty: none\n";
+    s += fmt::format("measure_tokens = {}\nverify = {}\n", c.measure_tokens, c.verify);
     return s;
 }
 
 namespace {
+
+std::string reserve_of(const RunConfig & c) { return c.reserve.empty() ? "2G" : c.reserve; }
 
 // The settings checked before anything is written; returns the model's geometry.
 InspectReport check_run_options(const RunOptions & opt) {
@@ -334,8 +351,15 @@ InspectReport check_run_options(const RunOptions & opt) {
     if (!model.problems.empty()) {
         fail_file(c.model.string(), "inspect finds problems: " + model.problems.front());
     }
-    if (!c.ram.empty()) {
-        const double budget = parse_size(c.ram, "--ram") - parse_size(c.reserve, "--reserve");
+    if (c.verify && c.ram.empty()) {
+        throw Error("--verify measures the recommendation at --ram: give --ram");
+    }
+    if (c.measure_tokens < 1) {
+        throw Error(fmt::format("measure_tokens {} must be at least 1", c.measure_tokens));
+    }
+    // Without a reserve given, a measured run learns it; the plan checks the budget then.
+    if (!c.ram.empty() && (!c.reserve.empty() || c.measure.empty())) {
+        const double budget = parse_size(c.ram, "--ram") - parse_size(reserve_of(c), "--reserve");
         if (budget < double(model.other_bytes)) {
             throw Error(fmt::format("--ram {} minus the reserve of {} leaves {:.3f} GB, less than the {:.3f} GB of weights "
                                     "in {} that are not routed experts", c.ram, c.reserve, budget / 1e9,
@@ -387,6 +411,7 @@ struct RunPaths {
     fs::path maps_dir = dir / "select" / "maps", select_json = dir / "select" / "select.json";
     fs::path eval_json = dir / "eval" / "eval.json";
     fs::path plan_json = dir / "plan" / "plan.json";
+    fs::path measure_json = dir / "measure" / "measure.json", verify_json = dir / "verify" / "verify.json";
     fs::path replay_of(const fs::path & map) const {
         return dir / "replay" / (map.empty() ? "none.json" : map.filename().string());
     }
@@ -564,12 +589,12 @@ void eval_stage(Runner & run, const RunOptions & opt, const InspectReport & mode
 
 // Caches for every map (and the unpruned model) on the held-out trace.
 void replay_stage(Runner & run, const RunConfig & c, const InspectReport & model, const RunPaths & at,
-                  const RunMaps & m) {
+                  const RunMaps & m, const ThroughputParams & throughput) {
     std::vector<fs::path> replay_inputs{c.model, at.trace};
     replay_inputs.insert(replay_inputs.end(), m.maps.begin(), m.maps.end());
     // MoCE's J is replay's default; a stage replayed before it was k - 1 for k <= 2 is stale.
     run.stage("replay", {{"policies", c.policies}, {"cache_shares", c.cache_shares}, {"lambdas", c.lambdas},
-                         {"moce_j", moce_j({}, int(model.n_expert_used))}, {"throughput", to_json(throughput_of(c))}},
+                         {"moce_j", moce_j({}, int(model.n_expert_used))}, {"throughput", to_json(throughput)}},
               replay_inputs, [&] {
                   std::error_code ec;
                   for (const fs::path & old : json_files(at.dir / "replay")) {
@@ -585,7 +610,7 @@ void replay_stage(Runner & run, const RunConfig & c, const InspectReport & model
                       o.model = c.model;
                       o.lambdas = c.lambdas;
                       o.threads = c.threads;
-                      o.throughput = throughput_of(c);
+                      o.throughput = throughput;
                       const fs::path out = at.replay_of(map);
                       const ReplayReport r = run_replay(o, {out});
                       write_file_atomic(out, to_json(r).dump(1) + "\n");
@@ -595,8 +620,34 @@ void replay_stage(Runner & run, const RunConfig & c, const InspectReport & model
               });
 }
 
+// A moeprune-measure run of `model` on the held-out text: JSON and text in `json_out`'s folder.
+std::vector<fs::path> measure_to(const RunOptions & opt, const fs::path & model, const fs::path & text,
+                                 const std::vector<std::string> & ram, const fs::path & json_out) {
+    MeasureOptions o;
+    o.model = model;
+    o.text = text;
+    o.ram = ram;
+    o.tokens = opt.config.measure_tokens;
+    o.threads = opt.config.threads;
+    o.json_out = json_out;
+    const MeasureReport r = run_measure(o);
+    const fs::path text_out = fs::path(json_out).replace_extension(".txt");
+    write_file_atomic(text_out, to_text(r));
+    return {json_out, text_out};
+}
+
+// llama.cpp's own decode under every --measure limit: what the plan's timing comes from.
+void measure_stage(Runner & run, const RunOptions & opt, const RunPaths & at) {
+    const RunConfig & c = opt.config;
+    run.stage("measure", {{"ram", c.measure}, {"tokens", c.measure_tokens}, {"threads", c.threads}},
+              {c.model, at.eval_text}, [&] { return measure_to(opt, c.model, at.eval_text, c.measure, at.measure_json); });
+}
+
 void plan_stage(Runner & run, const RunConfig & c, const RunPaths & at, const RunMaps & m) {
     std::vector<fs::path> plan_inputs{c.model, at.eval_json};
+    if (!c.measure.empty()) {
+        plan_inputs.push_back(at.measure_json);
+    }
     plan_inputs.insert(plan_inputs.end(), m.closed_evals.begin(), m.closed_evals.end());
     plan_inputs.insert(plan_inputs.end(), m.replays.begin(), m.replays.end());
     run.stage("plan", {{"k", c.ks}, {"ram", c.ram}, {"reserve", c.reserve}, {"throughput", to_json(throughput_of(c))},
@@ -606,7 +657,13 @@ void plan_stage(Runner & run, const RunConfig & c, const RunPaths & at, const Ru
                   o.model = c.model;
                   o.ks = c.ks;
                   o.ram_bytes = c.ram.empty() ? 0 : parse_size(c.ram, "ram");
-                  o.reserve_bytes = parse_size(c.reserve, "reserve");
+                  o.reserve_bytes = parse_size(reserve_of(c), "reserve");
+                  if (!c.measure.empty()) {
+                      o.measured = at.measure_json;
+                      if (!c.reserve.empty()) {
+                          o.by_hand = {"--reserve"};
+                      }
+                  }
                   o.throughput = throughput_of(c);
                   o.replays = m.replays;
                   o.evals = {at.eval_json};
@@ -630,9 +687,13 @@ void report_stage(Runner & run, const RunConfig & c, const RunPaths & at, const 
     ri.closed_loop_evals = m.closed_evals;
     ri.plan = at.plan_json;
     std::vector<fs::path> report_inputs{at.corpus_report, ri.select, at.eval_json, at.plan_json};
+    if (!c.measure.empty()) {
+        ri.measure = at.measure_json;
+        report_inputs.push_back(at.measure_json);
+    }
     report_inputs.insert(report_inputs.end(), m.replays.begin(), m.replays.end());
     report_inputs.insert(report_inputs.end(), m.closed_evals.begin(), m.closed_evals.end());
-    run.stage("report", {{"report_version", 2}}, report_inputs, [&] { return write_report(ri); });
+    run.stage("report", {{"report_version", 3}}, report_inputs, [&] { return write_report(ri); });
 }
 
 // The maps to slice: every one, or the recommended option's; returns what the summary
@@ -665,6 +726,54 @@ std::string slice_stage(Runner & run, const RunConfig & c, const RunPaths & at, 
     return chosen.empty() ? "\nslice: the recommended option keeps every expert or names no keep map; nothing to slice" : "";
 }
 
+// The recommendation as llama.cpp runs it: its sliced model (the model itself when it keeps
+// every expert) measured at --ram, next to the tokens/s the plan predicted for it.
+std::string verify_stage(Runner & run, const RunOptions & opt, const RunPaths & at, const json & plan) {
+    const RunConfig & c = opt.config;
+    if (plan.at("recommended").is_null()) {
+        return "\nverify: the plan recommends nothing to verify";
+    }
+    const json & o = plan.at("options").at(plan.at("recommended").get<size_t>());
+    fs::path model = c.model;
+    if (o.at("k").get<int64_t>() < plan.at("inputs").at("geometry").at("experts").get<int64_t>()) {
+        model = at.dir / "slice" /
+                (fs::path(keep_map_file_name(o.at("criterion").get<std::string>(), o.at("k").get<int64_t>())).stem().string() +
+                 ".gguf");
+        if (!fs::exists(model)) {
+            fail_file(model.string(), "is missing: verify measures the recommended option's sliced model");
+        }
+    }
+    run.stage("verify", {{"ram", c.ram}, {"tokens", c.measure_tokens}, {"threads", c.threads}},
+              {model, at.eval_text, at.plan_json}, [&] {
+                  std::vector<fs::path> out = measure_to(opt, model, at.eval_text, {c.ram}, at.verify_json);
+                  const json v = parse_json(read_text_file(at.verify_json), at.verify_json.string());
+                  const double measured = v.at("runs").at(0).at("decode").at("tokens_per_second").get<double>();
+                  json result = {{"format", "moeprune-verify"},
+                                 {"version", 1},
+                                 {"plan", at.plan_json.string()},
+                                 {"option", o},
+                                 {"model", model.string()},
+                                 {"ram", c.ram},
+                                 {"predicted_tok_per_s", o.at("tok_per_s")},
+                                 {"measured_tok_per_s", measured},
+                                 {"measured_read_bytes_per_token", v.at("runs").at(0).at("decode").at("read_bytes_per_token")},
+                                 {"measured_major_faults_per_token", v.at("runs").at(0).at("decode").at("major_faults_per_token")},
+                                 {"error", o.at("tok_per_s").is_null() ? json(nullptr)
+                                                                      : json(std::abs(o.at("tok_per_s").get<double>() - measured) / measured)},
+                                 {"measure", at.verify_json.string()}};
+                  const fs::path summary = at.dir / "verify" / "summary.json";
+                  write_file_atomic(summary, result.dump(1) + "\n");
+                  out.push_back(summary);
+                  return out;
+              });
+    const json v = parse_json(read_text_file(at.dir / "verify" / "summary.json"), (at.dir / "verify" / "summary.json").string());
+    return fmt::format("\nverify: {} at --ram {}: predicted {}, measured {:.2f} tokens/s{}", v.at("model").get<std::string>(),
+                       c.ram, v.at("predicted_tok_per_s").is_null() ? std::string("unbounded tokens/s")
+                                                                     : fmt::format("{:.2f}", v.at("predicted_tok_per_s").get<double>()),
+                       v.at("measured_tok_per_s").get<double>(),
+                       v.at("error").is_null() ? std::string() : fmt::format(" (error {:.0f}%)", 100 * v.at("error").get<double>()));
+}
+
 } // namespace
 
 std::string run_pipeline(const RunOptions & opt) {
@@ -676,22 +785,34 @@ std::string run_pipeline(const RunOptions & opt) {
     write_file_atomic(dir / "run.toml", run_config_toml(c));
 
     const RunPaths at(dir);
-    const size_t n_stages = c.slice.empty() ? run_stages().size() - 1 : run_stages().size();
+    const std::string slice = c.verify && c.slice.empty() ? "best" : c.slice;
+    const size_t n_stages = 8 + (c.measure.empty() ? 0 : 1) + (slice.empty() ? 0 : 1) + (c.verify ? 1 : 0);
     Runner run(dir, opt.from, n_stages);
     corpus_stage(run, c, at);
     collect_stage(run, opt, model, "collect", at.calib, at.stats, {});
     collect_stage(run, opt, model, "heldout", at.eval_text, at.heldout, at.trace);
+    // Measured, tokens/s are priced from the measurement from the replay on, as in the plan.
+    ThroughputParams throughput = throughput_of(c);
+    if (!c.measure.empty()) {
+        measure_stage(run, opt, at);
+        throughput = measured_throughput(at.measure_json, throughput, {});
+    }
     select_stage(run, c, at);
     const RunMaps maps = run_maps(c, at);
     eval_stage(run, opt, model, at, maps);
-    replay_stage(run, c, model, at, maps);
+    replay_stage(run, c, model, at, maps, throughput);
     plan_stage(run, c, at, maps);
     report_stage(run, c, at, maps);
 
     const json plan = parse_json(read_text_file(at.plan_json), at.plan_json.string());
     std::string summary = "recommended: " + plan.value("why", std::string("-"));
-    if (!c.slice.empty()) {
-        summary += with_json_errors(at.plan_json.string(), [&] { return slice_stage(run, c, at, maps, plan); });
+    if (!slice.empty()) {
+        RunConfig sliced = c;
+        sliced.slice = slice;
+        summary += with_json_errors(at.plan_json.string(), [&] { return slice_stage(run, sliced, at, maps, plan); });
+    }
+    if (c.verify) {
+        summary += with_json_errors(at.plan_json.string(), [&] { return verify_stage(run, opt, at, plan); });
     }
     return summary + "\nreport: " + (dir / "report.html").string();
 }

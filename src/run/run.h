@@ -1,6 +1,7 @@
 #pragma once
 // `moeprune run`: corpus -> collect (calib statistics) -> heldout (statistics and trace
-// on eval) -> select -> eval -> replay -> plan -> report [-> slice], each stage in its
+// on eval) [-> measure] -> select -> eval -> replay -> plan -> report [-> slice -> verify],
+// each stage in its
 // own folder of RUN_DIR with a stage.json of its inputs (digests), settings and outputs
 // (digests). A stage whose inputs and settings are unchanged is skipped; one whose
 // outputs changed since it wrote them is an error; a killed collect resumes from its
@@ -19,7 +20,7 @@ struct RunConfig {
     std::vector<int64_t> ks;
     std::vector<std::string> criteria{"reap", "reap-lcb", "freq"};
     std::string ram;                       // e.g. "24G"; empty: no limit
-    std::string reserve = "2G";
+    std::string reserve;                   // empty: the process memory measure found, else 2G
     double ssd = 6.8;                      // GB/s
     double read_latency_us = 80;
     int queue_depth = 32;
@@ -39,6 +40,13 @@ struct RunConfig {
     int trace_top = 64;                    // at most the model's experts
     int save_every = 16;                   // collect checkpoints, in windows
     std::string slice;                     // "", "best" or "all"
+    // llama.cpp's decode measured under these RAM limits (as `measure --ram` reads them) on
+    // the held-out text; the plan then takes its timing from the measurement. Empty: none.
+    std::vector<std::string> measure;
+    int measure_tokens = 128;
+    // Measure the recommended option for real at --ram (its sliced model, slicing it if
+    // --slice is not given) and compare with the plan's tokens/s.
+    bool verify = false;
 };
 
 // Reads a run.toml (every key of RunConfig; unknown keys are errors naming file, line, key).

@@ -3,6 +3,7 @@
 // but not collect; a kill -9 mid-collect resumes to the statistics of an uninterrupted
 // run; a hand-edited output is named; the HTML report renders every chart in headless
 // Chromium with no error.
+#include "measure/cgroup.h"
 #include "support/test_support.h"
 
 #include <gtest/gtest.h>
@@ -284,4 +285,52 @@ TEST_F(RunTest, BadConfigIsNamedByFileAndKey) {
                                                    (d() / "corpus.toml").string(), (tmp_ / "o").string())));
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.output.find("less than the"), std::string::npos) << r.output;
+}
+
+// --measure: llama.cpp's decode under memory limits calibrates replay and plan, and the
+// report sets predicted beside measured; --verify measures the recommendation for real.
+TEST_F(RunTest, MeasuredRunCalibratesThePlanAndVerifiesTheRecommendation) {
+    const CgroupSupport support = find_memory_cgroup();
+    if (support.version == 0) {
+        GTEST_SKIP() << support.problem;
+    }
+    const fs::path run = tmp_ / "run";
+    const std::string args = fmt::format("run -m {} --corpus {} --criteria reap,freq -c 128 -t 2 -k 6,8 --ram 0.3GB "
+                                         "--measure 50%,100% --measure-tokens 16 --verify -o {}",
+                                         (d() / "m.gguf").string(), (d() / "corpus.toml").string(), run.string());
+    auto r = test::run_command(moeprune_cmd(args));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(count(r.output, "running"), 11) << r.output;
+    const json measure = read_json(run / "measure" / "measure.json");
+    const json plan = read_json(run / "plan" / "plan.json");
+    const json & timing = plan["inputs"]["throughput"];
+    EXPECT_EQ(timing["compute_ms"].get<double>(), measure["resident"]["decode"]["ms_per_token"]["mean"].get<double>());
+    EXPECT_EQ(timing["ssd_gbps"].get<double>(), measure["probe"]["effective_gbps"].get<double>());
+    EXPECT_EQ(plan["inputs"]["reserve_bytes"].get<double>(), measure["process_bytes"].get<double>());
+    EXPECT_NE(plan["why"].get<std::string>().find("measured by"), std::string::npos) << plan["why"];
+    // The replay prices its records with the same timing.
+    EXPECT_EQ(read_json(run / "replay" / "none.json")["inputs"]["throughput"]["ssd_gbps"], timing["ssd_gbps"]);
+
+    const json report = read_json(run / "report.json");
+    ASSERT_EQ(report["measured"].size(), 2u) << report["measured"];
+    for (size_t i = 0; i < 2; ++i) {
+        const json & row = report["measured"][i];
+        const json & m = measure["runs"][i];
+        EXPECT_EQ(row["measured_tok_per_s"], m["decode"]["tokens_per_second"]);
+        EXPECT_EQ(row["predicted_tok_per_s"], m["predicted"]["tokens_per_second"]);
+        EXPECT_EQ(row["error"], m["error"]);
+    }
+    EXPECT_NE(test::read_bytes(run / "report.html").find("Predicted vs measured"), std::string::npos);
+    EXPECT_TRUE(fs::exists(run / "report" / "measured.csv"));
+
+    ASSERT_FALSE(plan["recommended"].is_null()) << plan["why"];
+    const json verify = read_json(run / "verify" / "summary.json");
+    EXPECT_EQ(verify["predicted_tok_per_s"], plan["options"][plan["recommended"].get<size_t>()]["tok_per_s"]);
+    EXPECT_GT(verify["measured_tok_per_s"].get<double>(), 0);
+    EXPECT_EQ(read_json(run / "verify" / "verify.json")["runs"].size(), 1u);
+    EXPECT_NE(r.output.find("verify: "), std::string::npos) << r.output;
+
+    r = test::run_command(moeprune_cmd(args));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(count(r.output, "unchanged, skipped"), 11) << r.output;
 }
