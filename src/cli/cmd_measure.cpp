@@ -2,6 +2,7 @@
 #include "core/atomic_file.h"
 #include "core/errors.h"
 #include "core/json.h"
+#include "measure/cgroup.h"
 #include "measure/measure.h"
 #include "measure/worker.h"
 
@@ -15,8 +16,11 @@ void add_measure(CLI::App & app, Action & action) {
     CLI::App * sub = app.add_subcommand(
         "measure", "llama.cpp's own decode under memory-cgroup limits: tokens/s, major faults and bytes read per token, "
                    "a resident run, a storage probe and the router trace of the timed tokens (docs/measure.md)");
-    sub->add_option("-m,--model", opt->model, "GGUF model (first shard), on the disk to measure")->required();
-    sub->add_option("-f,--file", opt->text, "Text the decode is teacher-forced on: plain text, or a JSONL corpus (its documents in order)")->required();
+    auto check = std::make_shared<bool>(false);
+    sub->add_option("-m,--model", opt->model, "GGUF model (first shard), on the disk to measure");
+    sub->add_option("-f,--file", opt->text, "Text the decode is teacher-forced on: plain text, or a JSONL corpus (its documents in order)");
+    sub->add_flag("--check", *check,
+                  "Only say whether this machine lets moeprune make memory cgroups (exit 0), or what is missing (exit 1)");
     sub->add_option("--ram", opt->ram,
                     "Memory limits of the decoding process: sizes (768M, 2G, as plan reads them) or P% (what stays "
                     "resident plus P% of the routed expert bytes)")
@@ -31,10 +35,25 @@ void add_measure(CLI::App & app, Action & action) {
     sub->add_option("--seed", opt->seed, "The probe's order of experts")->capture_default_str();
     sub->add_flag("!--no-repack", opt->repack,
                   "As llama.cpp's --no-repack: weights it would repack (q4_0, q4_K, iq4_nl on x86) stay mapped");
+    sub->add_option("--llama-bench", opt->llama_bench,
+                    "llama.cpp's llama-bench: run its text generation under every limit too, beside measure's figures")
+        ->check(CLI::ExistingFile);
     sub->add_option("--json", opt->json_out, "Write the measurement (moeprune-measure JSON, docs/formats.md)");
     sub->add_option("--trace", opt->trace_out, "Write the router trace of the timed tokens");
     sub->callback([=, &action] {
         action = [=] {
+            if (*check) {
+                const CgroupSupport s = find_memory_cgroup();
+                if (s.version == 0) {
+                    std::fprintf(stderr, "moeprune measure: %s\n", s.problem.c_str());
+                    return 1;
+                }
+                std::printf("memory cgroup v%d: measure makes its cgroups under %s\n", s.version, s.parent.c_str());
+                return 0;
+            }
+            if (opt->model.empty() || opt->text.empty()) {
+                throw Error("measure needs a model (-m) and a text (-f)");
+            }
             const MeasureReport rep = run_measure(*opt);
             std::fputs(to_text(rep).c_str(), stdout);
             return 0;

@@ -167,16 +167,13 @@ struct WorkerExit {
     int status = 0;
 };
 
-// Runs `spec` in a child process of this program, inside `cgroup` when given. The child
-// joins the cgroup before exec, so everything it maps and faults is charged there, and
-// dies with this process (PR_SET_PDEATHSIG) so a killed measure leaves no worker behind.
-WorkerExit spawn_worker(const fs::path & exe, const WorkerSpec & spec, const MemoryCgroup * cgroup,
-                        const ScratchDir & scratch, const std::string & name) {
-    const fs::path spec_path = scratch.path() / (name + ".spec.json");
-    const fs::path out_path = scratch.path() / (name + ".result.json");
-    write_file_atomic(spec_path, to_json(spec).dump());
+// Runs `args` in a child process, inside `cgroup` when given, its standard output into
+// `stdout_path` when given. The child joins the cgroup before exec, so everything it maps
+// and faults is charged there, and dies with this process (PR_SET_PDEATHSIG) so a killed
+// measure leaves no child behind.
+WorkerExit spawn_in(std::vector<std::string> args, const MemoryCgroup * cgroup, const fs::path & stdout_path = {},
+                    const fs::path & stderr_path = {}) {
     const std::string procs = cgroup ? cgroup->procs_file().string() : "";
-    std::vector<std::string> args = {exe.string(), "measure-worker", spec_path.string(), out_path.string()};
     std::vector<char *> argv;
     for (std::string & a : args) {
         argv.push_back(a.data());
@@ -185,7 +182,7 @@ WorkerExit spawn_worker(const fs::path & exe, const WorkerSpec & spec, const Mem
     const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
     if (pid < 0) {
-        throw Error(fmt::format("cannot start a measure worker: {}", std::strerror(errno)));
+        throw Error(fmt::format("cannot start {}: {}", args.front(), std::strerror(errno)));
     }
     if (pid == 0) {
         ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -201,6 +198,15 @@ WorkerExit spawn_worker(const fs::path & exe, const WorkerSpec & spec, const Mem
             }
             ::close(fd);
         }
+        for (const auto & [path, target] : {std::pair{&stdout_path, STDOUT_FILENO}, {&stderr_path, STDERR_FILENO}}) {
+            if (!path->empty()) {
+                const int fd = ::open(path->c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+                if (fd < 0 || ::dup2(fd, target) < 0) {
+                    ::_exit(126);
+                }
+                ::close(fd);
+            }
+        }
         ::execv(argv[0], argv.data());
         ::_exit(127);
     }
@@ -210,10 +216,20 @@ WorkerExit spawn_worker(const fs::path & exe, const WorkerSpec & spec, const Mem
     WorkerExit out;
     if (WIFSIGNALED(status)) {
         out.signal = WTERMSIG(status);
-        return out;
+    } else {
+        out.status = WEXITSTATUS(status);
     }
-    out.status = WEXITSTATUS(status);
-    if (out.status == 0) {
+    return out;
+}
+
+// Runs `spec` in `measure-worker`, a child process of this program.
+WorkerExit spawn_worker(const fs::path & exe, const WorkerSpec & spec, const MemoryCgroup * cgroup,
+                        const ScratchDir & scratch, const std::string & name) {
+    const fs::path spec_path = scratch.path() / (name + ".spec.json");
+    const fs::path out_path = scratch.path() / (name + ".result.json");
+    write_file_atomic(spec_path, to_json(spec).dump());
+    WorkerExit out = spawn_in({exe.string(), "measure-worker", spec_path.string(), out_path.string()}, cgroup);
+    if (out.signal == 0 && out.status == 0) {
         out.result = parse_json(read_text_file(out_path), out_path.string());
     }
     return out;
@@ -265,6 +281,7 @@ json to_json(const MeasuredRun & r) {
               {"decode", to_json(r.decode)},
               {"predicted", r.predicted ? to_json(r.prediction) : json()},
               {"error", r.predicted ? json(r.error) : json()},
+              {"llama_bench", r.llama_bench},
               {"detail", r.detail}};
     return j;
 }
@@ -340,6 +357,7 @@ private:
     WorkerSpec decode_spec(const std::string & label) const;
     WorkerExit run_worker_in(const WorkerSpec & spec, const MemoryCgroup & cgroup, const std::string & name,
                              const std::string & what);
+    void run_llama_bench(MeasuredRun & r, const std::string & name);
 
     const MeasureOptions & opt_;
     MeasureReport rep_;
@@ -495,6 +513,45 @@ void Measurement::resident_run() {
     rep_.process_bytes = w.result.at("process").value("RssAnon", uint64_t(0));
     rep_.resident_need_bytes = rep_.resident_weight_bytes + rep_.process_bytes;
     all_tokens_trace_ = spec.trace_all;
+    run_llama_bench(r, "resident");
+}
+
+// llama.cpp's own benchmark of the same decode under the same limit, when asked for:
+// llama-bench's text generation (batch 1, one token per llama_decode, random tokens from
+// position 0, the model loaded with llama.cpp's defaults), in a fresh cgroup of the same
+// limit after the model's pages are dropped. Its first repetition starts cold, as
+// measure's warm-up does; the later ones are timed in the state the limit lets the cache
+// reach, as measure's timed tokens are.
+void Measurement::run_llama_bench(MeasuredRun & r, const std::string & name) {
+    if (opt_.llama_bench.empty()) {
+        return;
+    }
+    drop_model_pages(gguf_->shard_paths());
+    MemoryCgroup cgroup(cgroups_, r.limit_bytes);
+    const fs::path out = scratch_.path() / (name + ".llama-bench.json"), log = scratch_.path() / (name + ".llama-bench.log");
+    const std::vector<std::string> args = {opt_.llama_bench.string(), "-m", opt_.model.string(), "-p", "0", "-n",
+                                           std::to_string(opt_.tokens), "-r", "3", "-t", std::to_string(threads_),
+                                           "-o", "json"};
+    const WorkerExit w = spawn_in(args, &cgroup, out, log);
+    if (w.signal != 0 || w.status != 0) {
+        std::string tail = read_text_file(log);
+        tail = tail.substr(tail.size() > 2000 ? tail.size() - 2000 : 0);
+        throw Error(fmt::format("{} under --ram {}: {}; its last messages:\n{}", opt_.llama_bench.string(), r.ram,
+                                w.signal ? fmt::format("killed by signal {}", w.signal) : fmt::format("status {}", w.status),
+                                tail));
+    }
+    r.llama_bench = with_json_errors(out.string(), [&] {
+        const json tests = parse_json(read_text_file(out), out.string());
+        const auto samples = tests.at(0).at("samples_ts").get<std::vector<double>>();
+        if (samples.size() < 2) {
+            fail_file(out.string(), "holds fewer than the 2 repetitions asked for");
+        }
+        const double steady = std::accumulate(samples.begin() + 1, samples.end(), 0.0) / double(samples.size() - 1);
+        return json{{"command", fmt::format("{}", fmt::join(args, " "))},
+                    {"samples_ts", samples},
+                    {"tokens_per_second", steady},
+                    {"difference", std::abs(r.decode.tokens_per_second - steady) / steady}};
+    });
 }
 
 // Every --ram as bytes of the whole child process, refused below what must stay resident.
@@ -563,6 +620,7 @@ void Measurement::limited_runs() {
         r.peak_bytes = cgroup.peak_bytes();
         r.detail = w.result;
         r.decode = with_json_errors(fmt::format("the result of --ram {}", ram), [&] { return decode_figures(w.result); });
+        run_llama_bench(r, fmt::format("run{}", i));
         rep_.runs.push_back(std::move(r));
     }
 }
@@ -629,6 +687,15 @@ MeasureReport Measurement::finish() {
 
 } // namespace
 
+// The resident run, then every limited one.
+std::vector<const MeasuredRun *> all_runs(const MeasureReport & r) {
+    std::vector<const MeasuredRun *> out{&r.resident};
+    for (const MeasuredRun & m : r.runs) {
+        out.push_back(&m);
+    }
+    return out;
+}
+
 json to_json(const MeasureReport & r) {
     json runs = json::array();
     for (const MeasuredRun & run : r.runs) {
@@ -654,6 +721,15 @@ json to_json(const MeasureReport & r) {
                                                       {"page_bytes", r.calibration.page_bytes},
                                                       {"readaround_bytes", r.calibration.readaround_bytes}}},
             {"median_error", r.median_error < 0 ? json() : json(r.median_error)},
+            {"llama_bench_max_difference", [&] {
+                 json most;
+                 for (const MeasuredRun * m : all_runs(r)) {
+                     if (!m->llama_bench.is_null() && (most.is_null() || m->llama_bench.at("difference") > most)) {
+                         most = m->llama_bench.at("difference");
+                     }
+                 }
+                 return most;
+             }()},
             {"max_error", r.max_error < 0 ? json() : json(r.max_error)},
             {"trace", r.trace.empty() ? json() : json(r.trace)}};
 }
@@ -688,6 +764,13 @@ std::string to_text(const MeasureReport & r) {
         }
         out += fmt::format(", {:.0f} us per major fault, {:.2f} ms per expert (median)\n", p.fault_latency_us,
                            p.expert_ms_median);
+    }
+    for (const MeasuredRun * m : all_runs(r)) {
+        if (!m->llama_bench.is_null()) {
+            out += fmt::format("llama-bench under {}: {:.2f} tokens/s (repetitions after the first), measure {:.2f}: {:.1f}% apart\n",
+                               m->ram, m->llama_bench.at("tokens_per_second").get<double>(), m->decode.tokens_per_second,
+                               100 * m->llama_bench.at("difference").get<double>());
+        }
     }
     if (r.median_error >= 0) {
         out += fmt::format("predicted from the resident run, the probe and the trace: median error {:.1f}%, max {:.1f}%\n",

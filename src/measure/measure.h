@@ -30,6 +30,9 @@ struct MeasureOptions {
     bool repack = true;         // false: llama.cpp's --no-repack (weights stay mapped, as streaming needs)
     std::filesystem::path json_out, trace_out;
     std::filesystem::path worker_exe = "/proc/self/exe";   // the program that runs `measure-worker`
+    // llama.cpp's llama-bench, run under every limit too (its text generation): the check that
+    // measure's tokens/s are llama.cpp's. Empty: not run.
+    std::filesystem::path llama_bench;
 };
 
 // Per-token figures of one decode run (the timed tokens).
@@ -51,6 +54,7 @@ struct MeasuredRun {
     bool predicted = false;          // a limited run, with a storage probe to calibrate reads
     StreamPrediction prediction;     // from the resident run, the probe and the trace only
     double error = 0;                // |predicted - measured| / measured tokens/s
+    nlohmann::json llama_bench;      // llama-bench under the same limit; null when not run
 };
 
 struct ProbeFigures {

@@ -58,7 +58,8 @@ TEST(Measure, DecodesUnderLimitsPredictsAndTracesTheTimedTokens) {
     make_inputs(dir);
     const fs::path out = dir / "m.json", trace = dir / "m.mptrace";
     const auto r = test::run_command(
-        moeprune_cmd(measure_args(dir, fmt::format("--ram 50%,100% --json {} --trace {}", out.string(), trace.string()))));
+        moeprune_cmd(measure_args(dir, fmt::format("--ram 50%,100% --json {} --trace {} --llama-bench {}", out.string(),
+                                                   trace.string(), test::bin("llama-bench").string()))));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const json m = json::parse(test::read_bytes(out));
     EXPECT_EQ(m.at("format"), "moeprune-measure");
@@ -77,6 +78,16 @@ TEST(Measure, DecodesUnderLimitsPredictsAndTracesTheTimedTokens) {
         EXPECT_GT(run.at("decode").at("tokens_per_second").get<double>(), 0);
         EXPECT_GT(run.at("predicted").at("tokens_per_second").get<double>(), 0);
         EXPECT_GE(run.at("error").get<double>(), 0);
+    }
+    // llama.cpp's llama-bench ran under the same limits: three repetitions, the first cold and left out.
+    for (const json & run : {m.at("resident"), m.at("runs").at(0), m.at("runs").at(1)}) {
+        const json & lb = run.at("llama_bench");
+        ASSERT_EQ(lb.at("samples_ts").size(), 3u) << lb;
+        const double steady = (lb.at("samples_ts")[1].get<double>() + lb.at("samples_ts")[2].get<double>()) / 2;
+        EXPECT_DOUBLE_EQ(lb.at("tokens_per_second").get<double>(), steady);
+        EXPECT_NEAR(lb.at("difference").get<double>(),
+                    std::abs(run.at("decode").at("tokens_per_second").get<double>() - steady) / steady, 1e-9);
+        EXPECT_NE(lb.at("command").get<std::string>().find("-n 16"), std::string::npos) << lb;
     }
     // Only the model's pages were dropped before the resident run, and its load read them all.
     const json & resident = m.at("resident").at("detail");
@@ -177,4 +188,14 @@ TEST(Measure, WithoutACgroupSaysHowToGetOne) {
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.output.find("cannot make a memory cgroup"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("systemd-run --user --scope"), std::string::npos) << r.output;
+    // --check says the same without a model, and fails; as root it names the parent cgroup.
+    const auto check = test::run_command("setpriv --reuid=65534 --regid=65534 --clear-groups " + moeprune_cmd("measure --check"));
+    EXPECT_EQ(check.exit_code, 1) << check.output;
+    EXPECT_NE(check.output.find("cannot make a memory cgroup"), std::string::npos) << check.output;
+    const CgroupSupport support = find_memory_cgroup();
+    const auto root = test::run_command(moeprune_cmd("measure --check"));
+    EXPECT_EQ(root.exit_code, support.version == 0 ? 1 : 0) << root.output;
+    if (support.version != 0) {
+        EXPECT_NE(root.output.find(support.parent.string()), std::string::npos) << root.output;
+    }
 }
