@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <numeric>
 #include <optional>
 #include <thread>
@@ -281,6 +282,7 @@ json to_json(const MeasuredRun & r) {
               {"decode", to_json(r.decode)},
               {"predicted", r.predicted ? to_json(r.prediction) : json()},
               {"error", r.predicted ? json(r.error) : json()},
+              {"residency", r.residency},
               {"llama_bench", r.llama_bench},
               {"detail", r.detail}};
     return j;
@@ -611,7 +613,9 @@ void Measurement::limited_runs() {
         const std::string & ram = opt_.ram[i];
         drop_model_pages(gguf_->shard_paths());
         MemoryCgroup cgroup(cgroups_, limits_[i]);
-        const WorkerExit w = run_worker_in(decode_spec(fmt::format("measure {} ({})", ram, mib(limits_[i]))), cgroup,
+        WorkerSpec spec = decode_spec(fmt::format("measure {} ({})", ram, mib(limits_[i])));
+        spec.residency_every = std::max(1, opt_.tokens / 16);
+        const WorkerExit w = run_worker_in(spec, cgroup,
                                            fmt::format("run{}", i), fmt::format("--ram {}", ram));
         MeasuredRun r;
         r.ram = ram;
@@ -623,6 +627,35 @@ void Measurement::limited_runs() {
         run_llama_bench(r, fmt::format("run{}", i));
         rep_.runs.push_back(std::move(r));
     }
+}
+
+// How far the simulated page cache holds the experts the kernel held, sample by sample
+// (mincore() in the run, the simulation after the same tokens): the share of experts on
+// which both agree, and the Jaccard index of the two resident sets (1 when both are empty).
+json residency_agreement(const json & measured, const std::vector<std::vector<uint32_t>> & predicted, size_t n_experts) {
+    if (measured.empty() || measured.size() != predicted.size() || n_experts == 0) {
+        return nullptr;
+    }
+    double agree = 0, jaccard = 0, measured_mean = 0, predicted_mean = 0;
+    for (size_t i = 0; i < predicted.size(); ++i) {
+        std::vector<uint32_t> m = measured[i].at("resident").get<std::vector<uint32_t>>();
+        const std::vector<uint32_t> & p = predicted[i];
+        std::sort(m.begin(), m.end());
+        std::vector<uint32_t> both;
+        std::set_intersection(m.begin(), m.end(), p.begin(), p.end(), std::back_inserter(both));
+        const double either = double(m.size() + p.size() - both.size());
+        agree += 1.0 - (either - double(both.size())) / double(n_experts);
+        jaccard += either > 0 ? double(both.size()) / either : 1.0;
+        measured_mean += double(m.size());
+        predicted_mean += double(p.size());
+    }
+    const double n = double(predicted.size());
+    return {{"samples", predicted.size()},
+            {"experts", n_experts},
+            {"agreement", agree / n},
+            {"jaccard", jaccard / n},
+            {"measured_resident_mean", measured_mean / n},
+            {"predicted_resident_mean", predicted_mean / n}};
 }
 
 // Each limited run predicted from the calibration alone (resident run and probe), never
@@ -641,8 +674,15 @@ void Measurement::predict() {
     const TraceReader trace = TraceReader::open(all_tokens_trace_);
     std::vector<double> errors;
     for (MeasuredRun & r : rep_.runs) {
-        r.prediction = predict_stream(*gguf_, trace, uint64_t(opt_.warmup), r.limit_bytes, c);
+        const json samples = r.detail.value("residency", json::array());
+        std::vector<uint64_t> after;
+        for (const json & sample : samples) {
+            after.push_back(sample.at("token").get<uint64_t>());
+        }
+        r.prediction = predict_stream(*gguf_, trace, uint64_t(opt_.warmup), r.limit_bytes, c, after);
         r.predicted = true;
+        r.residency = residency_agreement(samples, r.prediction.resident_experts,
+                                          info_.routed_layers().size() * size_t(info_.n_expert));
         r.error = std::abs(r.prediction.tokens_per_second - r.decode.tokens_per_second) / r.decode.tokens_per_second;
         errors.push_back(r.error);
     }

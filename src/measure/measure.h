@@ -55,6 +55,7 @@ struct MeasuredRun {
     StreamPrediction prediction;     // from the resident run, the probe and the trace only
     double error = 0;                // |predicted - measured| / measured tokens/s
     nlohmann::json llama_bench;      // llama-bench under the same limit; null when not run
+    nlohmann::json residency;        // experts resident by mincore() against the simulation; null when not sampled
 };
 
 struct ProbeFigures {

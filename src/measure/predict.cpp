@@ -24,7 +24,7 @@ struct Range {
 // routed experts, then the chosen experts' slabs; the output head after the last block.
 struct Layout {
     std::map<int, std::vector<Range>> dense;                    // block -> tensors
-    std::map<int, std::vector<std::vector<Range>>> experts;     // routed block -> expert -> slabs
+    std::vector<std::vector<ExpertSlab>> experts;               // routed_expert_slabs
     std::map<int, int> ordinal;                                 // routed block -> trace layer
     std::vector<Range> head;
     Range embedding;                                            // the whole table; a token reads one row
@@ -36,8 +36,8 @@ Layout lay_out(const GgufModel & model, const InspectReport & info) {
     const std::vector<int> routed = info.routed_layers();
     for (size_t o = 0; o < routed.size(); ++o) {
         lay.ordinal[routed[o]] = int(o);
-        lay.experts[routed[o]].resize(size_t(info.n_expert));
     }
+    lay.experts = routed_expert_slabs(model, info);
     std::vector<const TensorEntry *> tensors;
     for (const TensorEntry & t : model.tensors()) {
         tensors.push_back(&t);
@@ -52,11 +52,9 @@ Layout lay_out(const GgufModel & model, const InspectReport & info) {
         const int layer = t->cls.layer;
         const Range whole{size_t(t->shard), t->file_offset, t->nbytes};
         if (t->cls.role == TensorRole::Expert && lay.ordinal.count(layer)) {
-            const uint64_t per = t->nbytes / uint64_t(t->outer_dim());
-            for (int64_t e = 0; e < info.n_expert; ++e) {
-                lay.experts[layer][size_t(e)].push_back({size_t(t->shard), t->file_offset + uint64_t(e) * per, per});
-            }
-        } else if (layer >= 0) {
+            continue;   // routed_expert_slabs
+        }
+        if (layer >= 0) {
             if (!info.is_nextn(layer)) {   // the nextn blocks do not run in a decode
                 lay.dense[layer].push_back(whole);
             }
@@ -99,7 +97,8 @@ void load(const GgufModel & model, MappedFileCache & cache) {
 } // namespace
 
 StreamPrediction predict_stream(const GgufModel & model, const TraceSource & trace, uint64_t warmup,
-                                uint64_t limit_bytes, const StreamCalibration & c) {
+                                uint64_t limit_bytes, const StreamCalibration & c,
+                                const std::vector<uint64_t> & residency_after) {
     const InspectReport info = inspect_model(model, {});
     const TraceHeader & h = trace.header();
     if (h.n_layer != info.routed_layers().size() || h.n_expert != uint64_t(info.n_expert) ||
@@ -158,13 +157,23 @@ StreamPrediction predict_stream(const GgufModel & model, const TraceSource & tra
             std::sort(ids.begin(), ids.end());
             ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
             for (uint16_t e : ids) {
-                for (const Range & r : lay.experts.at(block)[e]) {
-                    expert_faults += touch(r, counted, expert_read);
+                for (const ExpertSlab & s : lay.experts[size_t(ordinal) * size_t(info.n_expert) + e]) {
+                    expert_faults += touch({size_t(s.shard), s.offset, s.bytes}, counted, expert_read);
                 }
             }
         }
         for (const Range & r : lay.head) {
             touch(r, counted, other_read);
+        }
+        if (counted && std::binary_search(residency_after.begin(), residency_after.end(), t - warmup)) {
+            std::vector<uint32_t> & resident = p.resident_experts.emplace_back();
+            for (size_t e = 0; e < lay.experts.size(); ++e) {
+                if (std::all_of(lay.experts[e].begin(), lay.experts[e].end(), [&](const ExpertSlab & s) {
+                        return cache.resident(size_t(s.shard), s.offset, s.bytes);
+                    })) {
+                    resident.push_back(uint32_t(e));
+                }
+            }
         }
     }
     const double n = double(trace.n_tokens() - warmup);

@@ -26,10 +26,16 @@ struct StreamPrediction {
     double read_bytes_per_token = 0;       // pages faulted in, readahead included
     double expert_read_bytes_per_token = 0, other_read_bytes_per_token = 0;   // by the range that faulted
     double faults_per_token = 0, expert_faults_per_token = 0;                 // read-arounds started
+    // After each timed token of `residency_after`: the experts (routed_expert_slabs order)
+    // every page of which the simulated cache holds.
+    std::vector<std::vector<uint32_t>> resident_experts;
 };
 
-// The first `warmup` tokens of `trace` are decoded uncounted, as the measured runs decode them.
+// The first `warmup` tokens of `trace` are decoded uncounted, as the measured runs decode
+// them; `residency_after` lists timed tokens (0 = the first after the warm-up) after which
+// the resident experts are sampled, as `measure` samples them with mincore().
 StreamPrediction predict_stream(const GgufModel & model, const TraceSource & trace, uint64_t warmup,
-                                uint64_t limit_bytes, const StreamCalibration & c);
+                                uint64_t limit_bytes, const StreamCalibration & c,
+                                const std::vector<uint64_t> & residency_after = {});
 
 } // namespace moeprune

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <optional>
 #include <numeric>
@@ -155,6 +156,69 @@ void trace_pass(llama_model * model, const WorkerSpec & s) {
     }
 }
 
+// The model's shards mapped without faulting anything: mincore() on them tells which
+// pages the page cache holds, whoever faulted them.
+class ResidencySampler {
+public:
+    explicit ResidencySampler(const fs::path & model) {
+        const GgufModel gguf = GgufModel::open(model);
+        experts_ = routed_expert_slabs(gguf, inspect_model(gguf, {}));
+        for (const fs::path & shard : gguf.shard_paths()) {
+            const int fd = ::open(shard.c_str(), O_RDONLY);
+            if (fd < 0) {
+                fail_file(shard.string(), "cannot be opened");
+            }
+            const uint64_t size = fs::file_size(shard);
+            void * addr = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+            ::close(fd);
+            if (addr == MAP_FAILED) {
+                fail_file(shard.string(), "cannot be mapped");
+            }
+            maps_.push_back({addr, size});
+        }
+    }
+    ~ResidencySampler() {
+        for (const auto & [addr, size] : maps_) {
+            ::munmap(addr, size);
+        }
+    }
+    ResidencySampler(const ResidencySampler &) = delete;
+    ResidencySampler & operator=(const ResidencySampler &) = delete;
+
+    // Indices (in routed_expert_slabs order) of the experts every page of which is cached.
+    std::vector<uint32_t> resident_experts() {
+        const uint64_t page = uint64_t(::sysconf(_SC_PAGESIZE));
+        pages_.resize(maps_.size());
+        for (size_t i = 0; i < maps_.size(); ++i) {
+            pages_[i].resize((maps_[i].second + page - 1) / page);
+            if (::mincore(maps_[i].first, maps_[i].second, pages_[i].data()) != 0) {
+                throw Error(fmt::format("mincore on the model's mapping failed: {}", std::strerror(errno)));
+            }
+        }
+        std::vector<uint32_t> out;
+        for (size_t e = 0; e < experts_.size(); ++e) {
+            const bool all = std::all_of(experts_[e].begin(), experts_[e].end(), [&](const ExpertSlab & slab) {
+                const auto & v = pages_[size_t(slab.shard)];
+                for (uint64_t p = slab.offset / page; p <= (slab.offset + slab.bytes - 1) / page; ++p) {
+                    if (!(v[p] & 1)) {
+                        return false;
+                    }
+                }
+                return true;
+            });
+            if (all) {
+                out.push_back(uint32_t(e));
+            }
+        }
+        return out;
+    }
+
+private:
+    std::vector<std::vector<ExpertSlab>> experts_;
+    std::vector<std::pair<void *, uint64_t>> maps_;
+    std::vector<std::vector<unsigned char>> pages_;
+};
+
 json decode_run(const WorkerSpec & s) {
     init_llama({});
     const Usage before_load = usage_now();
@@ -174,6 +238,11 @@ json decode_run(const WorkerSpec & s) {
     ContextPtr ctx = decode_context(model.get(), s, nullptr, nullptr);
     std::vector<double> wall_us;
     std::vector<int64_t> read_bytes, major_faults, minor_faults;
+    std::optional<ResidencySampler> sampler;
+    json residency = json::array();
+    if (s.residency_every > 0) {
+        sampler.emplace(s.model);
+    }
     Progress progress(s.label, s.tokens.size(), "tokens");
     for (size_t i = 0; i < s.tokens.size(); ++i) {
         const Usage u0 = usage_now();
@@ -186,6 +255,10 @@ json decode_run(const WorkerSpec & s) {
             read_bytes.push_back(u0.read_bytes < 0 ? -1 : u1.read_bytes - u0.read_bytes);
             major_faults.push_back(u1.major_faults - u0.major_faults);
             minor_faults.push_back(u1.minor_faults - u0.minor_faults);
+            const int timed = int(i) - s.warmup;
+            if (sampler && (timed + 1) % s.residency_every == 0) {
+                residency.push_back({{"token", timed}, {"resident", sampler->resident_experts()}});
+            }
         }
         progress.advance(1);
     }
@@ -195,6 +268,9 @@ json decode_run(const WorkerSpec & s) {
                         {"major_faults", major_faults},
                         {"minor_faults", minor_faults}};
     out["read_bytes_counted"] = before_load.read_bytes >= 0;
+    if (sampler) {
+        out["residency"] = residency;
+    }
     // Before the traced pass, whose tap and writer are not llama.cpp's memory.
     out["process"] = resident_set();
     ctx.reset();
@@ -208,7 +284,8 @@ json decode_run(const WorkerSpec & s) {
 // mapping by `threads` readers at once, as llama.cpp's threads meet evicted experts.
 json probe_run(const WorkerSpec & s) {
     const GgufModel gguf = GgufModel::open(s.model);
-    std::vector<std::vector<ExpertSlab>> experts = routed_expert_slabs(s.model);
+    std::vector<std::vector<ExpertSlab>> experts = routed_expert_slabs(gguf, inspect_model(gguf, {}));
+    std::erase_if(experts, [](const std::vector<ExpertSlab> & e) { return e.empty(); });
     std::mt19937_64 rng(s.seed);
     std::shuffle(experts.begin(), experts.end(), rng);
     uint64_t asked = 0;
@@ -280,35 +357,11 @@ json probe_run(const WorkerSpec & s) {
 
 } // namespace
 
-std::vector<std::vector<ExpertSlab>> routed_expert_slabs(const fs::path & model) {
-    const GgufModel gguf = GgufModel::open(model);
-    const InspectReport info = inspect_model(gguf, {});
-    std::vector<std::vector<ExpertSlab>> experts;
-    for (int layer : info.routed_layers()) {
-        std::vector<std::vector<ExpertSlab>> of_layer(size_t(info.n_expert));
-        for (const TensorEntry & t : gguf.tensors()) {
-            if (t.cls.layer != layer || t.cls.role != TensorRole::Expert || t.outer_dim() != info.n_expert) {
-                continue;
-            }
-            const uint64_t per = t.nbytes / uint64_t(t.outer_dim());
-            for (int64_t e = 0; e < info.n_expert; ++e) {
-                of_layer[size_t(e)].push_back({t.shard, t.file_offset + uint64_t(e) * per, per});
-            }
-        }
-        for (auto & e : of_layer) {
-            if (!e.empty()) {
-                experts.push_back(std::move(e));
-            }
-        }
-    }
-    return experts;
-}
-
 json to_json(const WorkerSpec & s) {
     return {{"mode", s.mode},         {"label", s.label},     {"model", s.model.string()}, {"threads", s.threads},
             {"tokens", s.tokens},   {"warmup", s.warmup},        {"ctx", s.ctx}, {"repack", s.repack},
             {"trace", s.trace.string()}, {"trace_all", s.trace_all.string()}, {"trace_top", s.trace_top}, {"trace_meta", s.trace_meta},
-            {"probe_bytes", s.probe_bytes}, {"seed", s.seed}};
+            {"probe_bytes", s.probe_bytes}, {"seed", s.seed}, {"residency_every", s.residency_every}};
 }
 
 WorkerSpec worker_spec_from_json(const json & j, const std::string & origin) {
@@ -328,6 +381,7 @@ WorkerSpec worker_spec_from_json(const json & j, const std::string & origin) {
         s.trace_meta = j.at("trace_meta");
         s.probe_bytes = j.at("probe_bytes").get<uint64_t>();
         s.seed = j.at("seed").get<uint64_t>();
+        s.residency_every = j.at("residency_every").get<int>();
         return s;
     });
 }

@@ -22,6 +22,10 @@ struct WorkerSpec {
     int warmup = 0;
     int ctx = 0;
     bool repack = true;               // llama.cpp's default: weights it can repack are copied into memory
+    // decode: after every `residency_every`-th timed token (0: never), which routed experts
+    // are wholly in the page cache, by mincore() on a mapping of the worker's own that
+    // faults nothing.
+    int residency_every = 0;
     // decode: when `trace_all` is set, a second pass under a router tap writes the routing
     // of every token there and of the timed ones to `trace` (when set): the resident run,
     // warm from llama.cpp's prefetch at load.
@@ -39,13 +43,5 @@ WorkerSpec worker_spec_from_json(const nlohmann::json & j, const std::string & o
 
 // Runs the spec in this process and returns what it measured (docs/formats.md, "measure").
 nlohmann::json run_worker(const WorkerSpec & spec);
-
-// The routed experts of a model as the probe reads them: per (layer, expert), every
-// slab of its per-expert tensors, in file coordinates.
-struct ExpertSlab {
-    int shard = 0;
-    uint64_t offset = 0, bytes = 0;
-};
-std::vector<std::vector<ExpertSlab>> routed_expert_slabs(const std::filesystem::path & model);
 
 } // namespace moeprune

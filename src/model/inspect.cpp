@@ -1,4 +1,6 @@
 #include "model/inspect.h"
+
+#include <map>
 #include "core/errors.h"
 
 #include <fmt/format.h>
@@ -229,6 +231,27 @@ std::string to_text(const InspectReport & r) {
         }
     }
     return o.str();
+}
+
+std::vector<std::vector<ExpertSlab>> routed_expert_slabs(const GgufModel & model, const InspectReport & info) {
+    const std::vector<int> routed = info.routed_layers();
+    std::map<int, size_t> ordinal;
+    for (size_t o = 0; o < routed.size(); ++o) {
+        ordinal[routed[o]] = o;
+    }
+    std::vector<std::vector<ExpertSlab>> experts(routed.size() * size_t(info.n_expert));
+    for (const TensorEntry & t : model.tensors()) {
+        const auto it = ordinal.find(t.cls.layer);
+        if (it == ordinal.end() || t.cls.role != TensorRole::Expert || t.outer_dim() != info.n_expert) {
+            continue;
+        }
+        const uint64_t per = t.nbytes / uint64_t(t.outer_dim());
+        for (int64_t e = 0; e < info.n_expert; ++e) {
+            experts[it->second * size_t(info.n_expert) + size_t(e)].push_back(
+                {t.shard, t.file_offset + uint64_t(e) * per, per});
+        }
+    }
+    return experts;
 }
 
 } // namespace moeprune

@@ -59,6 +59,15 @@ struct InspectReport {
 };
 
 InspectReport inspect_model(const GgufModel & model, const std::vector<int64_t> & at_k);
+
+// One per-expert tensor's share of one expert, in file coordinates.
+struct ExpertSlab {
+    int shard = 0;
+    uint64_t offset = 0, bytes = 0;
+};
+// Every routed expert as the byte ranges it is read from: entry `ordinal * n_expert + e`
+// holds expert e of routed_layers()[ordinal], one slab per per-expert tensor.
+std::vector<std::vector<ExpertSlab>> routed_expert_slabs(const GgufModel & model, const InspectReport & info);
 nlohmann::json to_json(const InspectReport & r);
 std::string to_text(const InspectReport & r);
 

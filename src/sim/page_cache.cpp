@@ -146,6 +146,18 @@ uint64_t MappedFileCache::read_window(uint32_t from, uint32_t to, uint32_t mark)
     return in * page_bytes_;
 }
 
+bool MappedFileCache::resident(size_t file, uint64_t offset, uint64_t bytes) const {
+    const uint32_t begin = first_page_[file], end = first_page_[file + 1];
+    const uint32_t first = begin + uint32_t(offset / page_bytes_);
+    const uint32_t last = std::min(end - 1, begin + uint32_t((offset + std::max<uint64_t>(bytes, 1) - 1) / page_bytes_));
+    for (uint32_t p = first; p <= last; ++p) {
+        if (!cache_.resident(p)) {
+            return false;
+        }
+    }
+    return true;
+}
+
 MappedFileCache::Touch MappedFileCache::touch(size_t file, uint64_t offset, uint64_t bytes) {
     Touch t;
     if (bytes == 0) {

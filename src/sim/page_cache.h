@@ -81,6 +81,8 @@ public:
         uint64_t read_bytes = 0;   // pages they brought in
     };
     Touch touch(size_t file, uint64_t offset, uint64_t bytes);
+    // Whether every page of the range is cached (touching it would not fault).
+    bool resident(size_t file, uint64_t offset, uint64_t bytes) const;
 
 private:
     // Reads the missing pages of [from, to) of the file ending at `end`, marking `mark`.

@@ -78,7 +78,21 @@ TEST(Measure, DecodesUnderLimitsPredictsAndTracesTheTimedTokens) {
         EXPECT_GT(run.at("decode").at("tokens_per_second").get<double>(), 0);
         EXPECT_GT(run.at("predicted").at("tokens_per_second").get<double>(), 0);
         EXPECT_GE(run.at("error").get<double>(), 0);
+        // Which experts the kernel held, by mincore() after every timed token, against the simulation.
+        const json & residency = run.at("residency");
+        EXPECT_EQ(residency.at("samples"), 16) << residency;
+        EXPECT_EQ(run.at("detail").at("residency").size(), 16u);
+        EXPECT_EQ(residency.at("experts").get<size_t>(), m.at("model").at("routed_layers").size() * 16);
+        for (const char * share : {"agreement", "jaccard"}) {
+            EXPECT_GE(residency.at(share).get<double>(), 0) << residency;
+            EXPECT_LE(residency.at(share).get<double>(), 1) << residency;
+        }
+        EXPECT_LE(residency.at("measured_resident_mean").get<double>(), residency.at("experts").get<double>());
     }
+    // At 100% the whole model fits: llama.cpp's prefetch left every expert cached, and the simulation agrees.
+    const json & fits = m.at("runs").at(1).at("residency");
+    EXPECT_GE(fits.at("measured_resident_mean").get<double>(), 0.9 * fits.at("experts").get<double>()) << fits;
+    EXPECT_GE(fits.at("agreement").get<double>(), 0.9) << fits;
     // llama.cpp's llama-bench ran under the same limits: three repetitions, the first cold and left out.
     for (const json & run : {m.at("resident"), m.at("runs").at(0), m.at("runs").at(1)}) {
         const json & lb = run.at("llama_bench");

@@ -25,6 +25,11 @@ TEST(PageCache, FaultsReadTheWindowAroundThePage) {
     EXPECT_EQ(t.read_bytes, 8 * kPage);
     t = cache.touch(0, 99 * kPage, 1);           // 95..99, clipped at the end
     EXPECT_EQ(t.read_bytes, 5 * kPage);
+    // Resident means every page of the range is cached: 40..53 and 95..99 are, 8..39 not.
+    EXPECT_TRUE(cache.resident(0, 40 * kPage, 14 * kPage));
+    EXPECT_TRUE(cache.resident(0, 95 * kPage + 100, 5 * kPage - 100));
+    EXPECT_FALSE(cache.resident(0, 38 * kPage, 4 * kPage));
+    EXPECT_FALSE(cache.resident(0, 8 * kPage, 1));
 }
 
 // The window's mark, a quarter window from its end, reads ahead when touched: from the
