@@ -10,6 +10,7 @@
 #include "formats/trace.h"
 #include "model/model_file.h"
 #include "model/inspect.h"
+#include "plan/plan.h"
 #include "run/run.h"
 #include "slice/slice.h"
 
@@ -158,6 +159,20 @@ void gguf(const fs::path & p) {
     fs::remove(keep);
 }
 
+// plan --measured's path: a moeprune-measure report priced into a plan (the geometry of
+// the seeds' model, given by hand), its measured limits made options.
+void measure_report(const fs::path & p) {
+    PlanOptions o;
+    o.expert_mb = 0.01;
+    o.layers = 2;
+    o.experts = 4;
+    o.used = 2;
+    o.ks = {4};
+    o.ram_bytes = 1e9;
+    o.measured = p;
+    (void)make_plan(o);
+}
+
 } // namespace
 
 const std::vector<Reader> & readers() {
@@ -173,6 +188,7 @@ const std::vector<Reader> & readers() {
         {"trace_resealed", ".mptrace", trace_resealed},
         {"run_config", ".toml", run_config},
         {"gguf", ".gguf", gguf},
+        {"measure_report", ".json", measure_report},
     };
     return all;
 }

@@ -11,6 +11,7 @@
 #include "support/test_support.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <fmt/format.h>
 
@@ -92,6 +93,15 @@ TEST(FuzzSeeds, DISABLED_Write) {
     put("base_logits_resealed", "valid.mpkl", dir / "base.mpkl");
     put("trace_resealed", "valid.mptrace", dir / "t.mptrace");
     put("corpus_jsonl", "valid.jsonl", dir / "text.jsonl");
+    // measure needs a memory cgroup (root here); its report, and one without a storage probe.
+    run_ok(fmt::format("measure -m {} -f {} --warmup 1 --tokens 4 --ram 100% --probe-mib 1 --json {}",
+                       (dir / "m.gguf").string(), (dir / "text.jsonl").string(), (dir / "measure.json").string()));
+    put("measure_report", "valid.json", dir / "measure.json");
+    {
+        nlohmann::json m = nlohmann::json::parse(test::read_bytes(dir / "measure.json"));
+        m["probe"] = nullptr;
+        put_text("measure_report", "invalid-no-probe.json", m.dump(1));
+    }
     {
         std::string s = test::read_bytes(dir / "stats.json");
         put_text("stats", "invalid-truncated.json", s.substr(0, s.size() / 2));
