@@ -8,11 +8,11 @@
 # The model of bench/stream.sh (8 layers x 64 experts of 3.2 MiB q8_0, 2 GiB), resident
 # and under 25%, 50% and 100% of its expert bytes. For every limit `moeprune measure
 # --llama-bench` runs llama-bench's text generation (-p 0 -n TOKENS -r 3) in a fresh cgroup
-# of the same limit after dropping the model's pages; llama-bench's repetitions after the
-# first (which starts cold, as measure's warm-up does) are compared with measure's timed
-# tokens. Both load the model with llama.cpp's defaults (mmap, repacking allowed: q8_0 is
+# of the same limit after dropping the model's pages, right before and right after its own
+# run; llama-bench's repetitions after the first (which starts cold, as measure's warm-up
+# does), averaged over both, are compared with measure's timed tokens. Both load the model with llama.cpp's defaults (mmap, repacking allowed: q8_0 is
 # not repacked on x86). llama-bench decodes random tokens, measure the repository's docs.
-# Needs root or a delegated memory cgroup; about 8 minutes here.
+# Needs root or a delegated memory cgroup; about 10 minutes here.
 # Last line: llama-bench: points=N median_diff=M max_diff=E
 #   diff = |measure - llama-bench| / llama-bench tokens/s (target: E <= 0.10)
 set -euo pipefail

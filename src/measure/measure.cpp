@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <numeric>
 #include <optional>
@@ -359,7 +360,8 @@ private:
     WorkerSpec decode_spec(const std::string & label) const;
     WorkerExit run_worker_in(const WorkerSpec & spec, const MemoryCgroup & cgroup, const std::string & name,
                              const std::string & what);
-    void run_llama_bench(MeasuredRun & r, const std::string & name);
+    json llama_bench_once(uint64_t limit, const std::string & ram, const std::string & name);
+    void bracketed(MeasuredRun & r, uint64_t limit, const std::string & name, const std::function<void()> & decode);
 
     const MeasureOptions & opt_;
     MeasureReport rep_;
@@ -503,19 +505,20 @@ void Measurement::resident_run() {
                        {"text", rep_.text},
                        {"settings", {{"warmup", opt_.warmup}, {"tokens", opt_.tokens}, {"ctx", ctx_}, {"threads", threads_}}},
                        {"producer", "moeprune measure (resident run)"}};
-    drop_model_pages(gguf_->shard_paths());
-    MemoryCgroup cgroup(cgroups_, 0);
-    const WorkerExit w = run_worker_in(spec, cgroup, "resident", "the resident run");
     MeasuredRun & r = rep_.resident;
     r.ram = "resident";
     r.cache_bytes = rep_.routed_expert_bytes;
-    r.peak_bytes = cgroup.peak_bytes();
-    r.detail = w.result;
-    r.decode = with_json_errors("the resident run's result", [&] { return decode_figures(w.result); });
-    rep_.process_bytes = w.result.at("process").value("RssAnon", uint64_t(0));
+    bracketed(r, 0, "resident", [&] {
+        drop_model_pages(gguf_->shard_paths());
+        MemoryCgroup cgroup(cgroups_, 0);
+        const WorkerExit w = run_worker_in(spec, cgroup, "resident", "the resident run");
+        r.peak_bytes = cgroup.peak_bytes();
+        r.detail = w.result;
+        r.decode = with_json_errors("the resident run's result", [&] { return decode_figures(w.result); });
+        rep_.process_bytes = w.result.at("process").value("RssAnon", uint64_t(0));
+    });
     rep_.resident_need_bytes = rep_.resident_weight_bytes + rep_.process_bytes;
     all_tokens_trace_ = spec.trace_all;
-    run_llama_bench(r, "resident");
 }
 
 // llama.cpp's own benchmark of the same decode under the same limit, when asked for:
@@ -523,13 +526,12 @@ void Measurement::resident_run() {
 // position 0, the model loaded with llama.cpp's defaults), in a fresh cgroup of the same
 // limit after the model's pages are dropped. Its first repetition starts cold, as
 // measure's warm-up does; the later ones are timed in the state the limit lets the cache
-// reach, as measure's timed tokens are.
-void Measurement::run_llama_bench(MeasuredRun & r, const std::string & name) {
-    if (opt_.llama_bench.empty()) {
-        return;
-    }
+// reach, as measure's timed tokens are. It runs right before and right after measure's
+// own run, and their mean is compared, so that a machine drifting in speed during the
+// run shifts both sides alike.
+json Measurement::llama_bench_once(uint64_t limit, const std::string & ram, const std::string & name) {
     drop_model_pages(gguf_->shard_paths());
-    MemoryCgroup cgroup(cgroups_, r.limit_bytes);
+    MemoryCgroup cgroup(cgroups_, limit);
     const fs::path out = scratch_.path() / (name + ".llama-bench.json"), log = scratch_.path() / (name + ".llama-bench.log");
     const std::vector<std::string> args = {opt_.llama_bench.string(), "-m", opt_.model.string(), "-p", "0", "-n",
                                            std::to_string(opt_.tokens), "-r", "3", "-t", std::to_string(threads_),
@@ -538,22 +540,39 @@ void Measurement::run_llama_bench(MeasuredRun & r, const std::string & name) {
     if (w.signal != 0 || w.status != 0) {
         std::string tail = read_text_file(log);
         tail = tail.substr(tail.size() > 2000 ? tail.size() - 2000 : 0);
-        throw Error(fmt::format("{} under --ram {}: {}; its last messages:\n{}", opt_.llama_bench.string(), r.ram,
+        throw Error(fmt::format("{} under --ram {}: {}; its last messages:\n{}", opt_.llama_bench.string(), ram,
                                 w.signal ? fmt::format("killed by signal {}", w.signal) : fmt::format("status {}", w.status),
                                 tail));
     }
-    r.llama_bench = with_json_errors(out.string(), [&] {
+    return with_json_errors(out.string(), [&] {
         const json tests = parse_json(read_text_file(out), out.string());
         const auto samples = tests.at(0).at("samples_ts").get<std::vector<double>>();
         if (samples.size() < 2) {
             fail_file(out.string(), "holds fewer than the 2 repetitions asked for");
         }
         const double steady = std::accumulate(samples.begin() + 1, samples.end(), 0.0) / double(samples.size() - 1);
-        return json{{"command", fmt::format("{}", fmt::join(args, " "))},
-                    {"samples_ts", samples},
-                    {"tokens_per_second", steady},
-                    {"difference", std::abs(r.decode.tokens_per_second - steady) / steady}};
+        return json{{"command", fmt::format("{}", fmt::join(args, " "))}, {"samples_ts", samples}, {"tokens_per_second", steady}};
     });
+}
+
+// measure's run `decode` between two llama-bench runs under the same limit (each when asked for).
+void Measurement::bracketed(MeasuredRun & r, uint64_t limit, const std::string & name, const std::function<void()> & decode) {
+    if (opt_.llama_bench.empty()) {
+        decode();
+        return;
+    }
+    json before = llama_bench_once(limit, r.ram, name + "-before");
+    decode();
+    json after = llama_bench_once(limit, r.ram, name + "-after");
+    const double peer = (before.at("tokens_per_second").get<double>() + after.at("tokens_per_second").get<double>()) / 2;
+    const std::string command = before.at("command").get<std::string>();
+    before.erase("command");
+    after.erase("command");
+    r.llama_bench = {{"command", command},
+                     {"before", before},
+                     {"after", after},
+                     {"tokens_per_second", peer},
+                     {"difference", std::abs(r.decode.tokens_per_second - peer) / peer}};
 }
 
 // Every --ram as bytes of the whole child process, refused below what must stay resident.
@@ -611,20 +630,22 @@ void Measurement::probe_storage() {
 void Measurement::limited_runs() {
     for (size_t i = 0; i < limits_.size(); ++i) {
         const std::string & ram = opt_.ram[i];
-        drop_model_pages(gguf_->shard_paths());
-        MemoryCgroup cgroup(cgroups_, limits_[i]);
-        WorkerSpec spec = decode_spec(fmt::format("measure {} ({})", ram, mib(limits_[i])));
-        spec.residency_every = std::max(1, opt_.tokens / 16);
-        const WorkerExit w = run_worker_in(spec, cgroup,
-                                           fmt::format("run{}", i), fmt::format("--ram {}", ram));
         MeasuredRun r;
         r.ram = ram;
         r.limit_bytes = limits_[i];
         r.cache_bytes = limits_[i] - rep_.resident_need_bytes;
-        r.peak_bytes = cgroup.peak_bytes();
-        r.detail = w.result;
-        r.decode = with_json_errors(fmt::format("the result of --ram {}", ram), [&] { return decode_figures(w.result); });
-        run_llama_bench(r, fmt::format("run{}", i));
+        bracketed(r, limits_[i], fmt::format("run{}", i), [&] {
+            drop_model_pages(gguf_->shard_paths());
+            MemoryCgroup cgroup(cgroups_, limits_[i]);
+            WorkerSpec spec = decode_spec(fmt::format("measure {} ({})", ram, mib(limits_[i])));
+            spec.residency_every = std::max(1, opt_.tokens / 16);
+            spec.residency_experts = routed_expert_slabs(*gguf_, info_);
+            spec.shards = gguf_->shard_paths();
+            const WorkerExit w = run_worker_in(spec, cgroup, fmt::format("run{}", i), fmt::format("--ram {}", ram));
+            r.peak_bytes = cgroup.peak_bytes();
+            r.detail = w.result;
+            r.decode = with_json_errors(fmt::format("the result of --ram {}", ram), [&] { return decode_figures(w.result); });
+        });
         rep_.runs.push_back(std::move(r));
     }
 }
@@ -807,7 +828,7 @@ std::string to_text(const MeasureReport & r) {
     }
     for (const MeasuredRun * m : all_runs(r)) {
         if (!m->llama_bench.is_null()) {
-            out += fmt::format("llama-bench under {}: {:.2f} tokens/s (repetitions after the first), measure {:.2f}: {:.1f}% apart\n",
+            out += fmt::format("llama-bench under {}: {:.2f} tokens/s (before and after measure's run, repetitions after the first), measure {:.2f}: {:.1f}% apart\n",
                                m->ram, m->llama_bench.at("tokens_per_second").get<double>(), m->decode.tokens_per_second,
                                100 * m->llama_bench.at("difference").get<double>());
         }

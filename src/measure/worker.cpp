@@ -160,10 +160,9 @@ void trace_pass(llama_model * model, const WorkerSpec & s) {
 // pages the page cache holds, whoever faulted them.
 class ResidencySampler {
 public:
-    explicit ResidencySampler(const fs::path & model) {
-        const GgufModel gguf = GgufModel::open(model);
-        experts_ = routed_expert_slabs(gguf, inspect_model(gguf, {}));
-        for (const fs::path & shard : gguf.shard_paths()) {
+    ResidencySampler(std::vector<std::vector<ExpertSlab>> experts, const std::vector<fs::path> & shards)
+        : experts_(std::move(experts)) {
+        for (const fs::path & shard : shards) {
             const int fd = ::open(shard.c_str(), O_RDONLY);
             if (fd < 0) {
                 fail_file(shard.string(), "cannot be opened");
@@ -241,7 +240,7 @@ json decode_run(const WorkerSpec & s) {
     std::optional<ResidencySampler> sampler;
     json residency = json::array();
     if (s.residency_every > 0) {
-        sampler.emplace(s.model);
+        sampler.emplace(s.residency_experts, s.shards);
     }
     Progress progress(s.label, s.tokens.size(), "tokens");
     for (size_t i = 0; i < s.tokens.size(); ++i) {
@@ -361,7 +360,25 @@ json to_json(const WorkerSpec & s) {
     return {{"mode", s.mode},         {"label", s.label},     {"model", s.model.string()}, {"threads", s.threads},
             {"tokens", s.tokens},   {"warmup", s.warmup},        {"ctx", s.ctx}, {"repack", s.repack},
             {"trace", s.trace.string()}, {"trace_all", s.trace_all.string()}, {"trace_top", s.trace_top}, {"trace_meta", s.trace_meta},
-            {"probe_bytes", s.probe_bytes}, {"seed", s.seed}, {"residency_every", s.residency_every}};
+            {"probe_bytes", s.probe_bytes}, {"seed", s.seed}, {"residency_every", s.residency_every},
+            {"residency_experts", [&] {
+                 json experts = json::array();
+                 for (const auto & e : s.residency_experts) {
+                     json slabs = json::array();
+                     for (const ExpertSlab & slab : e) {
+                         slabs.push_back({slab.shard, slab.offset, slab.bytes});
+                     }
+                     experts.push_back(std::move(slabs));
+                 }
+                 return experts;
+             }()},
+            {"shards", [&] {
+                 json shards = json::array();
+                 for (const fs::path & p : s.shards) {
+                     shards.push_back(p.string());
+                 }
+                 return shards;
+             }()}};
 }
 
 WorkerSpec worker_spec_from_json(const json & j, const std::string & origin) {
@@ -382,6 +399,15 @@ WorkerSpec worker_spec_from_json(const json & j, const std::string & origin) {
         s.probe_bytes = j.at("probe_bytes").get<uint64_t>();
         s.seed = j.at("seed").get<uint64_t>();
         s.residency_every = j.at("residency_every").get<int>();
+        for (const json & e : j.at("residency_experts")) {
+            std::vector<ExpertSlab> & slabs = s.residency_experts.emplace_back();
+            for (const json & slab : e) {
+                slabs.push_back({slab.at(0).get<int>(), slab.at(1).get<uint64_t>(), slab.at(2).get<uint64_t>()});
+            }
+        }
+        for (const json & p : j.at("shards")) {
+            s.shards.push_back(p.get<std::string>());
+        }
         return s;
     });
 }

@@ -3,6 +3,8 @@
 // faults and allocates is all charged to its own memory cgroup and counted by its own
 // counters. It decodes as llama.cpp generates (one token per llama_decode, the model
 // mapped as llama.cpp maps it by default), or probes the storage under the model.
+#include "model/inspect.h"
+
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -22,10 +24,14 @@ struct WorkerSpec {
     int warmup = 0;
     int ctx = 0;
     bool repack = true;               // llama.cpp's default: weights it can repack are copied into memory
-    // decode: after every `residency_every`-th timed token (0: never), which routed experts
-    // are wholly in the page cache, by mincore() on a mapping of the worker's own that
-    // faults nothing.
+    // decode: after every `residency_every`-th timed token (0: never), which of
+    // `residency_experts` (the measure process's routed_expert_slabs of `shards`) are wholly
+    // in the page cache, by mincore() on a mapping of the worker's own that faults nothing.
+    // Given rather than read from the model here, so that the worker's own memory is what
+    // the resident run measured.
     int residency_every = 0;
+    std::vector<std::vector<ExpertSlab>> residency_experts;
+    std::vector<std::filesystem::path> shards;
     // decode: when `trace_all` is set, a second pass under a router tap writes the routing
     // of every token there and of the timed ones to `trace` (when set): the resident run,
     // warm from llama.cpp's prefetch at load.

@@ -23,7 +23,7 @@ std::string moeprune_cmd(const std::string & args) { return test::bin("moeprune"
 // A small model and ~700 tokens of text in `dir`.
 void make_inputs(const test::TempDir & dir) {
     const auto r = test::run_command(moeprune_cmd(fmt::format(
-        "synth --layers 4 --experts 16 --used 4 --type q8_0 -o {}", (dir / "m.gguf").string())));
+        "synth --layers 4 --experts 16 --used 4 --ff 512 --type q8_0 -o {}", (dir / "m.gguf").string())));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     test::write_text(dir / "text.txt", test::mixed_text());
 }
@@ -93,11 +93,18 @@ TEST(Measure, DecodesUnderLimitsPredictsAndTracesTheTimedTokens) {
     const json & fits = m.at("runs").at(1).at("residency");
     EXPECT_GE(fits.at("measured_resident_mean").get<double>(), 0.9 * fits.at("experts").get<double>()) << fits;
     EXPECT_GE(fits.at("agreement").get<double>(), 0.9) << fits;
-    // llama.cpp's llama-bench ran under the same limits: three repetitions, the first cold and left out.
+    // llama.cpp's llama-bench ran under the same limits, before and after each run: three
+    // repetitions each, the first cold and left out.
     for (const json & run : {m.at("resident"), m.at("runs").at(0), m.at("runs").at(1)}) {
         const json & lb = run.at("llama_bench");
-        ASSERT_EQ(lb.at("samples_ts").size(), 3u) << lb;
-        const double steady = (lb.at("samples_ts")[1].get<double>() + lb.at("samples_ts")[2].get<double>()) / 2;
+        double steady = 0;
+        for (const char * side : {"before", "after"}) {
+            const json & samples = lb.at(side).at("samples_ts");
+            ASSERT_EQ(samples.size(), 3u) << lb;
+            const double mean = (samples[1].get<double>() + samples[2].get<double>()) / 2;
+            EXPECT_DOUBLE_EQ(lb.at(side).at("tokens_per_second").get<double>(), mean);
+            steady += mean / 2;
+        }
         EXPECT_DOUBLE_EQ(lb.at("tokens_per_second").get<double>(), steady);
         EXPECT_NEAR(lb.at("difference").get<double>(),
                     std::abs(run.at("decode").at("tokens_per_second").get<double>() - steady) / steady, 1e-9);

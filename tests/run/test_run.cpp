@@ -296,7 +296,7 @@ TEST_F(RunTest, MeasuredRunCalibratesThePlanAndVerifiesTheRecommendation) {
     }
     const fs::path run = tmp_ / "run";
     const std::string args = fmt::format("run -m {} --corpus {} --criteria reap,freq -c 128 -t 2 -k 6,8 --ram 0.3GB "
-                                         "--measure 50%,100% --measure-tokens 16 --verify -o {}",
+                                         "--measure 75%,150% --measure-tokens 16 --verify -o {}",
                                          (d() / "m.gguf").string(), (d() / "corpus.toml").string(), run.string());
     auto r = test::run_command(moeprune_cmd(args));
     ASSERT_EQ(r.exit_code, 0) << r.output;
