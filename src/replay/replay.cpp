@@ -34,8 +34,10 @@ namespace {
 struct LayerData {
     uint32_t width = 0;                 // candidate slots kept per token
     std::vector<uint16_t> n_cand;       // survivors kept (<= width)
-    std::vector<int32_t> cand;          // [t * width + i], best first
-    std::vector<float> logit;
+    // [t * width + i], best first; left unwritten past n_cand (a global replay holds
+    // every layer's, and writing them twice showed in its time)
+    std::unique_ptr<int32_t[]> cand_ids;
+    std::unique_ptr<float[]> cand_logits;
     std::vector<uint8_t> n_unbiased;    // min(k, survivors)
     std::vector<int32_t> unbiased;      // [t * k + j], ascending
     std::vector<uint8_t> forced;        // k - n_unbiased
@@ -44,6 +46,10 @@ struct LayerData {
     std::span<const int32_t> unbiased_of(uint64_t t, int k) const {
         return {unbiased.data() + t * uint64_t(k), n_unbiased[t]};
     }
+    int32_t * cand(uint64_t t) const { return cand_ids.get() + t * width; }
+    float * logit(uint64_t t) const { return cand_logits.get() + t * width; }
+    std::span<const int32_t> cand_of(uint64_t t) const { return {cand(t), n_cand[t]}; }
+    std::span<const float> logit_of(uint64_t t) const { return {logit(t), n_cand[t]}; }
 };
 
 struct Config {
@@ -79,8 +85,8 @@ LayerData load_layer(const Setup & s, uint32_t layer) {
     LayerData d;
     d.width = s.keep_candidates ? h.top_m : 0;  // plain replays need only the unbiased top-k
     d.n_cand.assign(n_tok, 0);
-    d.cand.assign(n_tok * d.width, -1);
-    d.logit.assign(n_tok * d.width, 0.0f);
+    d.cand_ids = std::make_unique_for_overwrite<int32_t[]>(n_tok * d.width);
+    d.cand_logits = std::make_unique_for_overwrite<float[]>(n_tok * d.width);
     d.n_unbiased.assign(n_tok, 0);
     d.unbiased.assign(n_tok * uint64_t(k), -1);
     d.forced.assign(n_tok, 0);
@@ -93,6 +99,8 @@ LayerData load_layer(const Setup & s, uint32_t layer) {
         for (uint32_t i = 0; i < n; ++i) {
             const uint64_t t = first + i;
             int32_t * u = d.unbiased.data() + t * uint64_t(k);
+            int32_t * cand = d.cand(t);
+            float * logit = d.logit(t);
             uint32_t survivors = 0;
             float z0 = 0, zk = 0;
             for (uint32_t m = 0; m < h.top_m; ++m) {
@@ -106,8 +114,8 @@ LayerData load_layer(const Setup & s, uint32_t layer) {
                     continue;
                 }
                 if (survivors < d.width) {
-                    d.cand[t * d.width + survivors] = id;
-                    d.logit[t * d.width + survivors] = z;
+                    cand[survivors] = id;
+                    logit[survivors] = z;
                 }
                 if (survivors < uint32_t(k)) {
                     u[survivors] = id;
@@ -254,8 +262,7 @@ public:
             }
         }
         const std::span<const int32_t> ranked = credits_candidates_ ? ranked_of(t, d, id_base) : std::span<const int32_t>{};
-        const Request req{chosen, ranked, credits_candidates_ ? std::span<const float>(d.logit.data() + t * d.width, d.n_cand[t])
-                                                              : std::span<const float>{}};
+        const Request req{chosen, ranked, credits_candidates_ ? d.logit_of(t) : std::span<const float>{}};
         const int misses = policy_->access(req);
         if (counted) {
             pc.misses += uint64_t(misses);
@@ -300,7 +307,7 @@ private:
     }
 
     std::span<const int32_t> ranked_of(uint64_t t, const LayerData & d, int32_t id_base) {
-        const int32_t * c = d.cand.data() + t * d.width;
+        const int32_t * c = d.cand(t);
         if (id_base == 0) {
             return {c, d.n_cand[t]};
         }
@@ -326,8 +333,8 @@ private:
             }
             return chosen_;
         }
-        const float * z = d.logit.data() + t * d.width;
-        const int32_t * cand = d.cand.data() + t * d.width;
+        const float * z = d.logit(t);
+        const int32_t * cand = d.cand(t);
         const double delta = s_.moce_prior ? d.prior_delta[t] : double(z[0]) - double(z[k - 1]);
         const MocePick pick = moce_pick(z, d.n_cand[t], k, lambda_ * delta, s_.j,
                                         [&](uint32_t i) { return policy_->resident(id_base + cand[i]); }, moce_);
@@ -417,9 +424,7 @@ void replay_all_sizes(const Setup & s, const ReplayOptions & opt, uint32_t l, co
             stack->reset();
         }
         const std::span<const int32_t> chosen = d.unbiased_of(t, s.k);
-        stack->depths(credits ? Request{chosen, {d.cand.data() + t * d.width, d.n_cand[t]}, {d.logit.data() + t * d.width, d.n_cand[t]}}
-                              : Request{chosen, {}, {}},
-                      depth);
+        stack->depths(credits ? Request{chosen, d.cand_of(t), d.logit_of(t)} : Request{chosen, {}, {}}, depth);
         if (t < opt.warmup) {
             continue;
         }
@@ -764,8 +769,7 @@ Counts replay_per_layer(const ReplayOptions & opt, const Setup & s, const std::v
                     if (!credits) {
                         return Request{d.unbiased_of(t, s.k), {}, {}};
                     }
-                    return Request{d.unbiased_of(t, s.k), {d.cand.data() + t * d.width, d.n_cand[t]},
-                                   {d.logit.data() + t * d.width, d.n_cand[t]}};
+                    return Request{d.unbiased_of(t, s.k), d.cand_of(t), d.logit_of(t)};
                 }));
             }
         }
@@ -837,6 +841,14 @@ Counts replay_global(const ReplayOptions & opt, const Setup & s, const std::vect
                 runner.reset();
             }
             for (uint32_t l = 0; l < h.n_layer; ++l) {
+                // Each layer's rows are a stream of their own, 48 apart: fetched a
+                // token ahead, a credit of candidates does not wait for them.
+                if (layers[l].width > 0 && t + 1 < n_tok) {
+                    for (uint32_t i = 0; i < layers[l].width; i += 16) {
+                        __builtin_prefetch(layers[l].cand(t + 1) + i);
+                        __builtin_prefetch(layers[l].logit(t + 1) + i);
+                    }
+                }
                 const std::span<const int32_t> predicted =
                     preds[l].n && !s.batched[t] ? preds[l].of(t) : std::span<const int32_t>{};
                 runner.token(t, l, layers[l], int32_t(l) * s.n_expert, predicted,
