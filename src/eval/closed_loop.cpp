@@ -53,6 +53,8 @@ RouterTap::RouterTap(const MaskFacts & facts, int top_m, const ClosedLoopConfig 
         }
         for (Layer & l : layers_) {
             l.policy = make_policy(config_->policy, n_ids, config_->cache, config_->params);
+            l.step = std::make_unique<RoutingStep>(*l.policy, config_->lambda, config_->j,
+                                                   policy_credits_candidates(config_->policy));
         }
     }
 }
@@ -213,41 +215,35 @@ void RouterTap::route_layer(int ordinal, ggml_tensor * topk) {
             continue;
         }
         // The replay rules (docs/replay.md) on this token's candidates and this layer's cache.
-        const uint32_t n = uint32_t(m);
         ranked_new_.resize(m);
         for (size_t r = 0; r < m; ++r) {
             ranked_new_[r] = to_new ? (*to_new)[size_t(ranked_[r])] : ranked_[r];
         }
+        unbiased_new_.resize(size_t(k));
+        for (int i = 0; i < k; ++i) {
+            unbiased_new_[size_t(i)] = to_new ? (*to_new)[size_t(graph_row[i])] : graph_row[i];
+            if (unbiased_new_[size_t(i)] < 0) {
+                throw Error(fmt::format("{}: layer {} routed to expert {}, which the keep map removes", facts_.arch, layer,
+                                        graph_row[i]));
+            }
+        }
+        std::sort(unbiased_new_.begin(), unbiased_new_.end());
         double delta = double(z_[0]) - double(z_[size_t(k - 1)]);
         if (config_->moce_prior) {
             delta = L.prior.add(delta);
         }
-        row_.assign(graph_row, graph_row + k);
-        if (config_->lambda > 0 && n > uint32_t(k)) {
-            const MocePick pick = moce_pick(z_.data(), n, k, config_->lambda * delta, config_->j,
-                                            [&](uint32_t i) { return L.policy->resident(ranked_new_[i]); }, moce_);
-            PhaseCounts & c = counting_ ? counts_ : uncounted_;
-            c.swaps += pick.swaps;
-            c.moved_mass += pick.moved_mass;
-            if (pick.swaps > 0) {
-                for (int i = 0; i < k; ++i) {
-                    row_[size_t(i)] = ranked_[moce_.order[size_t(i)]];
-                }
-                std::memcpy(graph_row, row_.data(), size_t(k) * sizeof(int32_t));
-                wrote = true;
-            }
-        }
-        chosen_new_.resize(size_t(k));
-        for (int i = 0; i < k; ++i) {
-            chosen_new_[size_t(i)] = to_new ? (*to_new)[size_t(row_[size_t(i)])] : row_[size_t(i)];
-            if (chosen_new_[size_t(i)] < 0) {
-                throw Error(fmt::format("{}: layer {} routed to expert {}, which the keep map removes", facts_.arch, layer,
-                                        row_[size_t(i)]));
-            }
-        }
-        std::sort(chosen_new_.begin(), chosen_new_.end());
-        const int misses = L.policy->access({chosen_new_, ranked_new_, z_});
         PhaseCounts & c = counting_ ? counts_ : uncounted_;
+        const std::span<const int32_t> chosen = L.step->choose(ranked_new_, z_, unbiased_new_, k, delta, c);
+        row_.assign(graph_row, graph_row + k);
+        if (L.step->rerouted()) {
+            const std::span<const uint32_t> ranks = L.step->chosen_ranks(k);
+            for (int i = 0; i < k; ++i) {
+                row_[size_t(i)] = ranked_[ranks[size_t(i)]];
+            }
+            std::memcpy(graph_row, row_.data(), size_t(k) * sizeof(int32_t));
+            wrote = true;
+        }
+        const int misses = L.step->request(chosen, ranked_new_, z_);
         c.tokens += ordinal == 0;
         c.picks += uint64_t(k);
         c.misses += uint64_t(misses);

@@ -16,6 +16,7 @@
 #include "formats/keep_map.h"
 #include "sim/moce.h"
 #include "sim/policy.h"
+#include "sim/routing.h"
 #include "replay/replay.h"
 
 #include "ggml.h"
@@ -86,6 +87,7 @@ public:
 private:
     struct Layer {
         std::unique_ptr<CachePolicy> policy;
+        std::unique_ptr<RoutingStep> step;   // routes through `policy`
         MocePrior prior;
         std::vector<float> logits, selection, probs;
         bool logits_from_probs = false;
@@ -114,8 +116,7 @@ private:
     std::vector<float> win_logits_;
     PhaseCounts counts_, uncounted_;
     bool counting_ = true;
-    MoceScratch moce_;
-    std::vector<int32_t> order_, ranked_, ranked_new_, chosen_new_, row_;
+    std::vector<int32_t> order_, ranked_, ranked_new_, unbiased_new_, row_;
     std::vector<float> z_;
     std::vector<char> in_topk_;
     std::vector<uint8_t> raw_;

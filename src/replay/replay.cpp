@@ -1,5 +1,6 @@
 #include "replay/replay.h"
 #include "sim/moce.h"
+#include "sim/routing.h"
 #include "core/atomic_file.h"
 #include "core/errors.h"
 #include "core/parallel.h"
@@ -201,9 +202,8 @@ public:
     Runner(const Setup & s, const ReplayOptions & opt, const Config & c, int slots, const AccessSequence * future,
            int n_ids, const KeySchedule * keys = nullptr)
         : s_(s), opt_(opt), lambda_(c.lambda), slots_(slots),
-          policy_(make_policy(c.policy, n_ids, slots, s.params, future, keys)), credits_candidates_(
-              policy_credits_candidates(c.policy)),
-          plain_(lambda_ == 0.0 && !credits_candidates_), in_union_(size_t(n_ids), 0) {}
+          policy_(make_policy(c.policy, n_ids, slots, s.params, future, keys)),
+          step_(*policy_, c.lambda, s.j, policy_credits_candidates(c.policy)), in_union_(size_t(n_ids), 0) {}
 
     void reset() { policy_->reset(); }
 
@@ -221,8 +221,8 @@ public:
             return;
         }
         const bool counted = t >= opt_.warmup;
-        if (plain_ && predicted.empty() && id_base == 0) {  // most of a sweep: nothing but the policy
-            const int misses = policy_->access({d.unbiased_of(t, s_.k), {}, {}});
+        if (!step_.reads_candidates() && predicted.empty() && id_base == 0) {  // most of a sweep: nothing but the policy
+            const int misses = step_.request(d.unbiased_of(t, s_.k), {}, {});
             if (counted) {
                 const int forced = d.forced[t];
                 pc.picks += uint64_t(s_.k);
@@ -261,9 +261,7 @@ public:
                 pc.prefetch_bytes += double(loads) * bytes(l);
             }
         }
-        const std::span<const int32_t> ranked = credits_candidates_ ? ranked_of(t, d, id_base) : std::span<const int32_t>{};
-        const Request req{chosen, ranked, credits_candidates_ ? d.logit_of(t) : std::span<const float>{}};
-        const int misses = policy_->access(req);
+        const int misses = step_.request(chosen, ranked_, d.logit_of(t));
         if (counted) {
             pc.misses += uint64_t(misses);
             expose(l, uint64_t(misses) - hidden + uint64_t(forced), pc);
@@ -306,48 +304,26 @@ private:
         }
     }
 
-    std::span<const int32_t> ranked_of(uint64_t t, const LayerData & d, int32_t id_base) {
-        const int32_t * c = d.cand(t);
-        if (id_base == 0) {
-            return {c, d.n_cand[t]};
-        }
-        ranked_.assign(c, c + d.n_cand[t]);
-        for (int32_t & e : ranked_) {
-            e += id_base;
-        }
-        return ranked_;
-    }
-
-    // The token's chosen experts (cache ids, ascending); MoCE re-routes toward
-    // residents when lambda > 0 and more than k candidates survive.
+    // Token t's candidates and top-k as this cache's ids (layer ids + id_base), routed
+    // by the shared step; ranked_ holds the candidates until the next call.
     std::span<const int32_t> route(uint64_t t, const LayerData & d, int32_t id_base, bool counted, PhaseCounts & pc) {
         const int k = s_.k;
-        const std::span<const int32_t> u = d.unbiased_of(t, k);
-        if (lambda_ == 0.0 || d.n_cand[t] <= uint32_t(k)) {
-            if (id_base == 0) {
-                return u;
-            }
-            chosen_.assign(u.begin(), u.end());
-            for (int32_t & e : chosen_) {
-                e += id_base;
-            }
-            return chosen_;
+        ranked_ = step_.reads_candidates() ? with_base(d.cand_of(t), id_base, ranked_buf_) : std::span<const int32_t>{};
+        const bool moce = lambda_ > 0.0 && d.n_cand[t] > uint32_t(k);
+        const double delta = !moce ? 0.0 : s_.moce_prior ? d.prior_delta[t] : double(d.logit(t)[0]) - double(d.logit(t)[k - 1]);
+        return step_.choose(ranked_, d.logit_of(t), with_base(d.unbiased_of(t, k), id_base, unbiased_buf_), k, delta,
+                            counted ? pc : uncounted_);
+    }
+
+    static std::span<const int32_t> with_base(std::span<const int32_t> ids, int32_t id_base, std::vector<int32_t> & buf) {
+        if (id_base == 0) {
+            return ids;
         }
-        const float * z = d.logit(t);
-        const int32_t * cand = d.cand(t);
-        const double delta = s_.moce_prior ? d.prior_delta[t] : double(z[0]) - double(z[k - 1]);
-        const MocePick pick = moce_pick(z, d.n_cand[t], k, lambda_ * delta, s_.j,
-                                        [&](uint32_t i) { return policy_->resident(id_base + cand[i]); }, moce_);
-        chosen_.clear();
-        for (int i = 0; i < k; ++i) {
-            chosen_.push_back(id_base + cand[moce_.order[size_t(i)]]);
+        buf.assign(ids.begin(), ids.end());
+        for (int32_t & e : buf) {
+            e += id_base;
         }
-        std::sort(chosen_.begin(), chosen_.end());
-        if (counted) {
-            pc.swaps += pick.swaps;
-            pc.moved_mass += pick.moved_mass;
-        }
-        return chosen_;
+        return buf;
     }
 
     const Setup & s_;
@@ -355,11 +331,11 @@ private:
     double lambda_;
     int slots_;
     std::unique_ptr<CachePolicy> policy_;
-    bool credits_candidates_;
-    bool plain_;   // unbiased routing, no candidate credit
+    RoutingStep step_;
+    PhaseCounts uncounted_;   // MoCE's counts during the warm-up
+    std::span<const int32_t> ranked_;
     std::vector<uint64_t> in_union_;   // per expert: 1 + first token of the batch whose union holds it
-    std::vector<int32_t> chosen_, ranked_, union_;
-    MoceScratch moce_;
+    std::vector<int32_t> ranked_buf_, unbiased_buf_, union_;
 };
 
 // The requests an unbiased routing makes of one cache, for Belady: per layer
