@@ -69,7 +69,11 @@ JsonFields::JsonFields(const json & object, std::string file, std::string path)
     }
 }
 
-void JsonFields::fail(const std::string & key, const std::string & why) const { fail_file(file_ + ": " + child(key), why); }
+void JsonPlace::fail(const std::string & key, const std::string & why) const {
+    fail_file(file + ": " + (path.empty() ? key : path + "." + key), why);
+}
+
+void JsonFields::fail(const std::string & key, const std::string & why) const { place().fail(key, why); }
 
 bool JsonFields::has(const std::string & key) const { return object_.contains(key) && !object_[key].is_null(); }
 

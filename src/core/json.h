@@ -21,6 +21,14 @@ nlohmann::json parse_json(const std::string & text, const std::string & origin);
 // naming `origin`; readers check the fields they know with messages of their own.
 template <typename F> auto with_json_errors(const std::string & origin, F && read) -> decltype(read());
 
+// Where a field of a file sits, kept after the document is gone: a typed record read
+// from another command's result refuses a value later by file and field, as
+// JsonFields does.
+struct JsonPlace {
+    std::string file, path;   // path: "records[3]"; empty for the whole file
+    [[noreturn]] void fail(const std::string & key, const std::string & why) const;
+};
+
 // One object of a result another command wrote, read field by field: every refusal names
 // the file, the path to the field ("records[3].misses_per_token") and what a possible
 // value is, never the JSON library's words. A reader of another command's numbers
@@ -30,6 +38,7 @@ public:
     // `path`: where the object sits in the file ("records[3]"); empty for the whole file.
     JsonFields(const nlohmann::json & object, std::string file, std::string path = "");
     std::string where() const { return path_.empty() ? file_ : file_ + ": " + path_; }
+    JsonPlace place() const { return {file_, path_}; }
     bool has(const std::string & key) const;
     const nlohmann::json & any(const std::string & key) const;
     JsonFields object(const std::string & key) const;

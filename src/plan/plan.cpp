@@ -4,6 +4,7 @@
 #include "core/errors.h"
 #include "core/json.h"
 #include "formats/keep_map.h"
+#include "formats/stage_reports.h"
 #include "model/model_file.h"
 #include "model/inspect.h"
 #include "sim/policy.h"
@@ -328,138 +329,145 @@ public:
     // closed loop: an option that reroutes (λ > 0) has only the closed loop's KLD.
     void read_evals() {
         for (const auto & path : opt.evals) {
-            const json r = parse_json(read_text_file(path), path.string());
-            const JsonFields report(r, path.string());
-            if (!r.is_object() || r.value("format", json()) != "moeprune-eval") {
-                fail_file(path.string(), "is not a moeprune-eval report (\"format\")");
-            }
-            check_model(report.object("base"), "this eval report");
-            for (const JsonFields & c : report.objects("candidates")) {
-                if (c.string("kind") == "closed-loop") {
-                    auto [criterion, k] = c.has("keep") ? map_identity(c.string("keep"), c.string("keep"))
-                                                        : std::pair<std::string, int64_t>{"none", g.n_expert};
+            const EvalFile report = read_eval_report(path);
+            check_model(JsonFields(report.base, report.path, "base"), "this eval report");
+            for (const EvalFileCandidate & c : report.candidates) {
+                if (c.kind == "closed-loop") {
+                    auto [criterion, k] =
+                        c.keep ? map_identity(*c.keep, *c.keep) : std::pair<std::string, int64_t>{"none", g.n_expert};
                     if (k <= 0 || k > g.n_expert) {
-                        c.fail("keep", fmt::format("names K {}, but the model has {} experts", k, g.n_expert));
+                        c.place.fail("keep", fmt::format("names K {}, but the model has {} experts", k, g.n_expert));
                     }
-                    closed_kld[{criterion, k, c.string("policy"), c.integer("cache", 1, g.n_expert),
-                                c.number("lambda", 0, std::numeric_limits<double>::infinity())}] =
-                        c.object("all").number("kld_mean", 0, std::numeric_limits<double>::infinity());
+                    if (c.cache > g.n_expert) {
+                        c.place.fail("cache", fmt::format("is {}, not an integer in [1, {}]", c.cache, g.n_expert));
+                    }
+                    closed_kld[{criterion, k, c.policy, c.cache, c.lambda}] = measured_kld(c);
                     continue;
                 }
-                if (c.string("kind") != "keep") {
+                if (c.kind != "keep") {
                     continue;
                 }
-                const auto [criterion, k] = map_identity(c.has("source") ? c.string("source") : "", c.string("name"));
+                const auto [criterion, k] = map_identity(c.source, c.name);
                 if (k > 0) {
                     if (k < g.used || k > g.n_expert) {
-                        c.fail("name", fmt::format("names K {}, but the model has {} experts and uses {} per token", k,
-                                                   g.n_expert, g.used));
+                        c.place.fail("name", fmt::format("names K {}, but the model has {} experts and uses {} per token",
+                                                         k, g.n_expert, g.used));
                     }
-                    kld[{criterion, k}] =
-                        c.object("all").number("kld_mean", 0, std::numeric_limits<double>::infinity());
+                    kld[{criterion, k}] = measured_kld(c);
                 }
             }
             eval_inputs.push_back({{"file", path.string()}, {"digest", file_digest(path)}});
         }
     }
 
+    static double measured_kld(const EvalFileCandidate & c) {
+        if (!c.all.kld_mean) {
+            c.place.fail("all.kld_mean", "is null, not a number in [0, inf]");
+        }
+        return *c.all.kld_mean;
+    }
+
     // Replayed caches.
     void read_replays() {
         for (const auto & path : opt.replays) {
-            const json r = parse_json(read_text_file(path), path.string());
-            const JsonFields report(r, path.string());
-            if (!r.is_object() || r.value("format", json()) != "moeprune-replay") {
-                fail_file(path.string(), "is not a moeprune-replay result (\"format\")");
-            }
-            const JsonFields in = report.object("inputs");
-            const JsonFields meta = in.object("trace_meta");
-            if (meta.has("model")) {
-                check_model(meta.object("model"), "the trace this replay ran on");
+            const ReplayFile report = read_replay_report(path);
+            if (report.trace_model) {
+                check_model(JsonFields(*report.trace_model, report.path, "inputs.trace_meta.model"),
+                            "the trace this replay ran on");
             } else {
                 std::fprintf(stderr,
                              "moeprune plan: %s: the trace it replayed names no model (not made by moeprune collect "
                              "or eval): it is taken to be of %s\n",
                              path.c_str(), g.source.c_str());
             }
-            if (size_t(in.integer("n_layer", 1, 100000)) != L) {
-                in.fail("n_layer", fmt::format("is {}: it replays {} MoE layers, the plan's model has {}",
-                                               in.integer("n_layer", 1, 100000), in.integer("n_layer", 1, 100000), L));
+            const JsonPlace & in = report.inputs_place;
+            if (size_t(report.n_layer) != L) {
+                in.fail("n_layer", fmt::format("is {}: it replays {} MoE layers, the plan's model has {}", report.n_layer,
+                                               report.n_layer, L));
             }
-            if (in.integer("n_expert", 1, 65536) != g.n_expert) {
-                in.fail("n_expert", fmt::format("is {}: the plan's model has {} experts",
-                                                in.integer("n_expert", 1, 65536), g.n_expert));
+            if (report.n_expert != g.n_expert) {
+                in.fail("n_expert", fmt::format("is {}: the plan's model has {} experts", report.n_expert, g.n_expert));
             }
-            const std::string keep = in.has("keep") ? in.string("keep") : "";
             auto [criterion, k] =
-                keep.empty() ? std::pair<std::string, int64_t>{"none", g.n_expert} : map_identity(keep, keep);
-            if (in.has("n_expert_after_keep")) {
-                k = in.integer("n_expert_after_keep", g.used, g.n_expert);
+                report.keep ? map_identity(*report.keep, *report.keep) : std::pair<std::string, int64_t>{"none", g.n_expert};
+            if (report.n_expert_after_keep) {
+                k = *report.n_expert_after_keep;
+                if (k < g.used || k > g.n_expert) {
+                    in.fail("n_expert_after_keep",
+                            fmt::format("is {}, not an integer in [{}, {}]", k, g.used, g.n_expert));
+                }
             }
             if (k < g.used || k > g.n_expert) {
                 in.fail("keep", fmt::format("keeps {} experts, but the model has {} and uses {} per token", k,
                                             g.n_expert, g.used));
             }
-            const bool global = in.has("cache_scope") && in.string("cache_scope") == "global";
             planned.insert({criterion, k});
-            const double max_count = std::numeric_limits<double>::infinity();
-            for (const JsonFields & rec : report.objects("records")) {
-                const std::string policy = rec.string("policy");
-                const auto & known = policy_names();
-                if (std::find(known.begin(), known.end(), policy) == known.end()) {
-                    rec.fail("policy", fmt::format("is \"{}\", not a cache policy of this moeprune", policy));
-                }
-                const int64_t slot_max = global ? k * int64_t(L) : k;
-                const std::vector<int64_t> slots = rec.integers("slots", 1, slot_max);
-                if (slots.empty() || (!global && slots.size() != 1 && slots.size() != L) ||
-                    (global && slots.size() != 1)) {
-                    rec.fail("slots", fmt::format("holds {} sizes: one, or one per MoE layer ({}) of a per-layer cache",
-                                                  slots.size(), L));
-                }
-                double resident = g.other;
-                if (global) {
-                    resident += double(slots[0]) * g.mean();
-                } else {
-                    for (size_t l = 0; l < L; ++l) {
-                        resident += double(slots.size() == 1 ? slots[0] : slots[l]) * g.bytes[l];
-                    }
-                }
-                const double misses = rec.number("misses_per_token", 0, max_count);
-                double bytes = misses * g.mean();
-                double rounds = double(L) * std::ceil(misses / double(L) / tp.queue_depth);
-                if (rec.has("misses_per_token_per_layer") && rec.any("misses_per_token_per_layer").is_array()) {
-                    const std::vector<double> per_layer = rec.numbers("misses_per_token_per_layer", 0, max_count);
-                    if (per_layer.size() == L) {
-                        bytes = rounds = 0;
-                        for (size_t l = 0; l < L; ++l) {
-                            bytes += per_layer[l] * g.bytes[l];
-                            rounds += std::ceil(per_layer[l] / tp.queue_depth);
-                        }
-                    }
-                }
-                if (rec.has("read_rounds_per_token")) {
-                    rounds = rec.number("read_rounds_per_token", 0, max_count);
-                }
-                const double lambda = rec.has("lambda") ? rec.number("lambda", 0, max_count) : 0.0;
-                const int64_t cache = rec.has("cache") ? rec.integer("cache", 1, slot_max) : slots[0];
-                json o = {{"k", k},
-                          {"criterion", criterion},
-                          {"cache_experts", cache},
-                          {"cache_scope", global ? "global" : "per-layer"},
-                          {"policy", policy},
-                          {"lambda", lambda},
-                          {"routed_bytes", double(k) * g.sum()},
-                          {"resident_bytes", resident},
-                          {"misses_per_token", misses},
-                          {"read_bytes_per_token", bytes},
-                          {"tok_per_s", tok_per_s(token_seconds({bytes, rounds, 0}, L, tp))},
-                          {"source", "replay " + path.string()}};
-                if (rec.has("cliff") && rec.boolean("cliff")) {
-                    o["note"] = "global cache smaller than one token's experts";
-                }
-                add(std::move(o));
+            for (const ReplayRecordFigures & rec : report.records) {
+                add_replayed_option(rec, criterion, k, report.global, path);
             }
             replay_inputs.push_back({{"file", path.string()}, {"digest", file_digest(path)}});
         }
+    }
+
+    // One replayed cache of the map (criterion, K), priced.
+    void add_replayed_option(const ReplayRecordFigures & rec, const std::string & criterion, int64_t k, bool global,
+                             const std::filesystem::path & path) {
+        const auto & known = policy_names();
+        if (std::find(known.begin(), known.end(), rec.policy) == known.end()) {
+            rec.place.fail("policy", fmt::format("is \"{}\", not a cache policy of this moeprune", rec.policy));
+        }
+        const int64_t slot_max = global ? k * int64_t(L) : k;
+        for (size_t i = 0; i < rec.slots.size(); ++i) {
+            if (rec.slots[i] > slot_max) {
+                rec.place.fail(fmt::format("slots[{}]", i),
+                               fmt::format("is {}, not an integer in [1, {}]", rec.slots[i], slot_max));
+            }
+        }
+        if (rec.slots.empty() || (!global && rec.slots.size() != 1 && rec.slots.size() != L) ||
+            (global && rec.slots.size() != 1)) {
+            rec.place.fail("slots", fmt::format("holds {} sizes: one, or one per MoE layer ({}) of a per-layer cache",
+                                                rec.slots.size(), L));
+        }
+        if (rec.cache && *rec.cache > slot_max) {
+            rec.place.fail("cache", fmt::format("is {}, not an integer in [1, {}]", *rec.cache, slot_max));
+        }
+        double resident = g.other;
+        if (global) {
+            resident += double(rec.slots[0]) * g.mean();
+        } else {
+            for (size_t l = 0; l < L; ++l) {
+                resident += double(rec.slots.size() == 1 ? rec.slots[0] : rec.slots[l]) * g.bytes[l];
+            }
+        }
+        const double misses = rec.misses_per_token;
+        double bytes = misses * g.mean();
+        double rounds = double(L) * std::ceil(misses / double(L) / tp.queue_depth);
+        if (rec.misses_per_token_per_layer && rec.misses_per_token_per_layer->size() == L) {
+            bytes = rounds = 0;
+            for (size_t l = 0; l < L; ++l) {
+                bytes += (*rec.misses_per_token_per_layer)[l] * g.bytes[l];
+                rounds += std::ceil((*rec.misses_per_token_per_layer)[l] / tp.queue_depth);
+            }
+        }
+        if (rec.read_rounds_per_token) {
+            rounds = *rec.read_rounds_per_token;
+        }
+        json o = {{"k", k},
+                  {"criterion", criterion},
+                  {"cache_experts", rec.cache ? *rec.cache : rec.slots[0]},
+                  {"cache_scope", global ? "global" : "per-layer"},
+                  {"policy", rec.policy},
+                  {"lambda", rec.lambda},
+                  {"routed_bytes", double(k) * g.sum()},
+                  {"resident_bytes", resident},
+                  {"misses_per_token", misses},
+                  {"read_bytes_per_token", bytes},
+                  {"tok_per_s", tok_per_s(token_seconds({bytes, rounds, 0}, L, tp))},
+                  {"source", "replay " + path.string()}};
+        if (rec.cliff) {
+            o["note"] = "global cache smaller than one token's experts";
+        }
+        add(std::move(o));
     }
 
     // Every K: all of it resident, and the caches given by hand.

@@ -3,6 +3,7 @@
 #include "core/errors.h"
 #include "core/json.h"
 #include "formats/keep_map.h"
+#include "formats/stage_reports.h"
 #include "sim/policy.h"
 
 #include <fmt/format.h>
@@ -139,27 +140,27 @@ const std::vector<std::string> kClosedColumns = {"map", "policy", "cache", "lamb
                                                  "misses_per_token", "open_loop_misses_per_token", "tok_per_s",
                                                  "open_loop_tok_per_s"};
 
+template <class T> json or_null(const std::optional<T> & v) { return v ? json(*v) : json(nullptr); }
+
 // Quality: KLD per criterion, K and domain.
-json kld_rows(const json & eval, int64_t n_expert) {
+json kld_rows(const EvalFile & eval, int64_t n_expert) {
     json kld_rows = json::array();
-    for (const json & c : eval.at("candidates")) {
-        if (c.at("kind") != "keep") {
+    for (const EvalFileCandidate & c : eval.candidates) {
+        if (c.kind != "keep") {
             continue;
         }
-        const auto name = map_name(c.value("source", ""), n_expert);
-        const std::string & criterion = name.first;
-        const auto k = name.second;
-        const auto row = [&](const std::string & domain, const json & st) {
+        const auto [criterion, k] = map_name(c.source, n_expert);
+        const auto row = [&](const std::string & domain, const EvalFigures & st) {
             kld_rows.push_back({{"criterion", criterion},
                                 {"k", k},
                                 {"domain", domain},
-                                {"kld_mean", st.at("kld_mean")},
-                                {"kld_p99", st.at("kld_p99")},
-                                {"same_top1", st.at("same_top1")},
-                                {"tokens", st.at("tokens")}});
+                                {"kld_mean", or_null(st.kld_mean)},
+                                {"kld_p99", or_null(st.kld_p99)},
+                                {"same_top1", or_null(st.same_top1)},
+                                {"tokens", st.tokens}});
         };
-        row("all", c.at("all"));
-        for (const auto & [d, st] : c.at("domains").items()) {
+        row("all", c.all);
+        for (const auto & [d, st] : c.domains) {
             row(d, st);
         }
     }
@@ -198,30 +199,29 @@ json layer_rows(const json & select) {
     return layer_rows;
 }
 
+std::string map_label(const std::string & criterion, int64_t k) {
+    return criterion == "none" ? std::string("unpruned") : keep_map_label(criterion, k);
+}
+
 // Caches: misses/token per policy and size, for every map, with Belady as the bound.
 json replay_rows(const std::vector<fs::path> & replays, int64_t n_expert, json & throughput_inputs) {
     json rows = json::array();
     for (const fs::path & p : replays) {
-        const json r = load(p);
-        with_json_errors(p.string(), [&] {
-            const json & inputs = r.at("inputs");
-            const json & keep = inputs.value("keep", json(nullptr));
-            const auto [criterion, k] = map_name(keep.is_string() ? keep.get<std::string>() : "", n_expert);
-            throughput_inputs = inputs.value("throughput", json(nullptr));
-            for (const json & rec : r.at("records")) {
-                const std::string policy = rec.at("policy").get<std::string>();
-                rows.push_back({{"map", criterion == "none" ? std::string("unpruned") : keep_map_label(criterion, k)},
-                                {"criterion", criterion},
-                                {"k", k},
-                                {"policy", policy},
-                                {"cache", rec.at("slots").at(0)},
-                                {"lambda", rec.at("lambda")},
-                                {"misses_per_token", rec.at("misses_per_token")},
-                                {"hit_rate", rec.at("hit_rate")},
-                                {"tokens_per_s", rec.value("tokens_per_s", json(nullptr))},
-                                {"bound", policy_reads_future(policy) ? "Belady (offline bound)" : "online policy"}});
-            }
-        });
+        const ReplayFile r = read_replay_report(p);
+        const auto [criterion, k] = map_name(r.keep.value_or(""), n_expert);
+        throughput_inputs = r.throughput;
+        for (const ReplayRecordFigures & rec : r.records) {
+            rows.push_back({{"map", map_label(criterion, k)},
+                            {"criterion", criterion},
+                            {"k", k},
+                            {"policy", rec.policy},
+                            {"cache", rec.slots.at(0)},
+                            {"lambda", rec.lambda},
+                            {"misses_per_token", rec.misses_per_token},
+                            {"hit_rate", or_null(rec.hit_rate)},
+                            {"tokens_per_s", or_null(rec.tokens_per_s)},
+                            {"bound", policy_reads_future(rec.policy) ? "Belady (offline bound)" : "online policy"}});
+        }
     }
     return rows;
 }
@@ -231,29 +231,24 @@ json replay_rows(const std::vector<fs::path> & replays, int64_t n_expert, json &
 json closed_loop_rows(const std::vector<fs::path> & evals, int64_t n_expert) {
     json rows = json::array();
     for (const fs::path & p : evals) {
-        const json r = load(p);
-        with_json_errors(p.string(), [&] {
-            for (const json & c : r.at("candidates")) {
-                if (c.at("kind") != "closed-loop") {
-                    continue;
-                }
-                const json & keep = c.value("keep", json(nullptr));
-                const auto [criterion, k] = map_name(keep.is_string() ? keep.get<std::string>() : "", n_expert);
-                const json & all = c.at("all");
-                rows.push_back({{"map", criterion == "none" ? std::string("unpruned") : keep_map_label(criterion, k)},
-                                {"criterion", criterion},
-                                {"k", k},
-                                {"policy", c.at("policy")},
-                                {"cache", c.at("cache")},
-                                {"lambda", c.at("lambda")},
-                                {"kld_mean", all.at("kld_mean")},
-                                {"same_top1", all.at("same_top1")},
-                                {"misses_per_token", all.at("misses_per_token")},
-                                {"open_loop_misses_per_token", all.at("open_loop_misses_per_token")},
-                                {"tok_per_s", all.at("tok_per_s")},
-                                {"open_loop_tok_per_s", all.at("open_loop_tok_per_s")}});
+        for (const EvalFileCandidate & c : read_eval_report(p).candidates) {
+            if (c.kind != "closed-loop") {
+                continue;
             }
-        });
+            const auto [criterion, k] = map_name(c.keep.value_or(""), n_expert);
+            rows.push_back({{"map", map_label(criterion, k)},
+                            {"criterion", criterion},
+                            {"k", k},
+                            {"policy", c.policy},
+                            {"cache", c.cache},
+                            {"lambda", c.lambda},
+                            {"kld_mean", or_null(c.all.kld_mean)},
+                            {"same_top1", or_null(c.all.same_top1)},
+                            {"misses_per_token", or_null(c.loop.misses_per_token)},
+                            {"open_loop_misses_per_token", or_null(c.loop.open_loop_misses_per_token)},
+                            {"tok_per_s", or_null(c.loop.tok_per_s)},
+                            {"open_loop_tok_per_s", or_null(c.loop.open_loop_tok_per_s)}});
+        }
     }
     return rows;
 }
@@ -530,12 +525,12 @@ Promise.all(Object.entries(specs).map(([id, spec]) =>
 } // namespace
 
 std::vector<fs::path> write_report(const ReportInputs & in) {
-    const json corpus = load(in.corpus), select = load(in.select), eval = load(in.eval), plan = load(in.plan);
+    const json corpus = load(in.corpus), select = load(in.select), plan = load(in.plan);
     const int64_t n_expert = with_json_errors(
         in.plan.string(), [&] { return plan.at("inputs").at("geometry").at("experts").get<int64_t>(); });
     // A stage output without a field the report reads is refused naming the file.
     ReportRows rows;
-    rows.kld = with_json_errors(in.eval.string(), [&] { return kld_rows(eval, n_expert); });
+    rows.kld = kld_rows(read_eval_report(in.eval), n_expert);
     rows.layers = with_json_errors(in.select.string(), [&] { return layer_rows(select); });
     rows.replay = replay_rows(in.replays, n_expert, rows.throughput_inputs);
     rows.closed = closed_loop_rows(in.closed_loop_evals, n_expert);

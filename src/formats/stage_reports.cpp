@@ -1,0 +1,131 @@
+#include "formats/stage_reports.h"
+#include "core/atomic_file.h"
+#include "core/errors.h"
+
+#include <fmt/format.h>
+
+#include <limits>
+
+namespace moeprune {
+
+namespace {
+
+using nlohmann::json;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+std::optional<double> optional_number(const JsonFields & f, const std::string & key, double lo, double hi) {
+    return f.has(key) ? std::optional(f.number(key, lo, hi)) : std::nullopt;
+}
+
+std::optional<std::string> optional_string(const JsonFields & f, const std::string & key) {
+    return f.has(key) ? std::optional(f.string(key)) : std::nullopt;
+}
+
+// The document of `path` when its "format" is `format`.
+json read_report(const std::filesystem::path & path, const char * format, const char * what) {
+    json r = parse_json(read_text_file(path), path.string());
+    if (!r.is_object() || r.value("format", json()) != format) {
+        fail_file(path.string(), fmt::format("is not {} (\"format\")", what));
+    }
+    return r;
+}
+
+EvalFigures figures_of(const JsonFields & f) {
+    EvalFigures e;
+    e.kld_mean = optional_number(f, "kld_mean", 0, kInf);
+    e.kld_p99 = optional_number(f, "kld_p99", 0, kInf);
+    e.same_top1 = optional_number(f, "same_top1", 0, 1);
+    e.tokens = f.has("tokens") ? f.integer("tokens", 0, std::numeric_limits<int64_t>::max()) : 0;
+    return e;
+}
+
+EvalFileCandidate candidate_of(const JsonFields & c) {
+    EvalFileCandidate out;
+    out.place = c.place();
+    out.kind = c.string("kind");
+    if (out.kind == "closed-loop") {
+        out.keep = optional_string(c, "keep");
+        out.policy = c.string("policy");
+        out.cache = c.integer("cache", 1, std::numeric_limits<int64_t>::max());
+        out.lambda = c.number("lambda", 0, kInf);
+        const JsonFields all = c.object("all");
+        out.all = figures_of(all);
+        out.loop = {optional_number(all, "misses_per_token", 0, kInf),
+                    optional_number(all, "open_loop_misses_per_token", 0, kInf), optional_number(all, "tok_per_s", 0, kInf),
+                    optional_number(all, "open_loop_tok_per_s", 0, kInf)};
+    } else if (out.kind == "keep") {
+        out.name = c.string("name");
+        out.source = c.has("source") ? c.string("source") : "";
+        out.all = figures_of(c.object("all"));
+        if (c.has("domains")) {
+            const JsonFields domains = c.object("domains");
+            for (const auto & [domain, unused] : c.any("domains").items()) {
+                out.domains.emplace_back(domain, figures_of(domains.object(domain)));
+            }
+        }
+    }
+    return out;
+}
+
+ReplayRecordFigures record_of(const JsonFields & rec) {
+    ReplayRecordFigures out;
+    out.place = rec.place();
+    out.policy = rec.string("policy");
+    out.slots = rec.integers("slots", 1, std::numeric_limits<int64_t>::max());
+    if (rec.has("cache")) {
+        out.cache = rec.integer("cache", 1, std::numeric_limits<int64_t>::max());
+    }
+    out.lambda = rec.has("lambda") ? rec.number("lambda", 0, kInf) : 0.0;
+    out.cliff = rec.has("cliff") && rec.boolean("cliff");
+    out.misses_per_token = rec.number("misses_per_token", 0, kInf);
+    if (rec.has("misses_per_token_per_layer") && rec.any("misses_per_token_per_layer").is_array()) {
+        out.misses_per_token_per_layer = rec.numbers("misses_per_token_per_layer", 0, kInf);
+    }
+    out.read_rounds_per_token = optional_number(rec, "read_rounds_per_token", 0, kInf);
+    out.hit_rate = optional_number(rec, "hit_rate", 0, 1);
+    out.tokens_per_s = optional_number(rec, "tokens_per_s", 0, kInf);
+    return out;
+}
+
+} // namespace
+
+EvalFile read_eval_report(const std::filesystem::path & path) {
+    const json r = read_report(path, "moeprune-eval", "a moeprune-eval report");
+    const JsonFields report(r, path.string());
+    EvalFile out;
+    out.path = path.string();
+    (void)report.object("base");  // an object, or refused by name
+    out.base = r.at("base");
+    for (const JsonFields & c : report.objects("candidates")) {
+        out.candidates.push_back(candidate_of(c));
+    }
+    return out;
+}
+
+ReplayFile read_replay_report(const std::filesystem::path & path) {
+    const json r = read_report(path, "moeprune-replay", "a moeprune-replay result");
+    const JsonFields report(r, path.string());
+    const JsonFields in = report.object("inputs");
+    ReplayFile out;
+    out.path = path.string();
+    out.inputs_place = in.place();
+    const JsonFields meta = in.object("trace_meta");
+    if (meta.has("model")) {
+        (void)meta.object("model");
+        out.trace_model = r.at("inputs").at("trace_meta").at("model");
+    }
+    out.n_layer = in.integer("n_layer", 1, 100000);
+    out.n_expert = in.integer("n_expert", 1, 65536);
+    out.keep = optional_string(in, "keep");
+    if (in.has("n_expert_after_keep")) {
+        out.n_expert_after_keep = in.integer("n_expert_after_keep", 1, 65536);
+    }
+    out.global = in.has("cache_scope") && in.string("cache_scope") == "global";
+    out.throughput = r.at("inputs").value("throughput", json(nullptr));
+    for (const JsonFields & rec : report.objects("records")) {
+        out.records.push_back(record_of(rec));
+    }
+    return out;
+}
+
+} // namespace moeprune

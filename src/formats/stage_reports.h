@@ -1,0 +1,81 @@
+#pragma once
+// What later stages read back of eval's and replay's report files (docs/formats.md),
+// typed and checked once here: plan and report take these records instead of indexing
+// the JSON by key. (The stages' own EvalReport and ReplayReport are what they write.) A record keeps its place in the file, so a reader that knows more (the
+// model's expert count, its layers) refuses a value by file and field.
+#include "core/json.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace moeprune {
+
+// eval's figures over a set of positions ("all", or one domain). Null in the file
+// (no position scored) reads as nullopt.
+struct EvalFigures {
+    std::optional<double> kld_mean, kld_p99, same_top1;
+    int64_t tokens = 0;
+};
+
+// A closed-loop candidate's cache figures beside the open-loop replay of its tokens.
+struct ClosedLoopFigures {
+    std::optional<double> misses_per_token, open_loop_misses_per_token, tok_per_s, open_loop_tok_per_s;
+};
+
+struct EvalFileCandidate {
+    JsonPlace place;                 // "candidates[3]"
+    std::string kind;                // "keep" (a masked keep map), "closed-loop", or one later stages pass over
+    std::string name;
+    std::string source;              // keep: the map's file as given ("" when none)
+    std::optional<std::string> keep; // closed-loop: the keep map it ran under
+    std::string policy;              // closed-loop: its cache
+    int64_t cache = 0;
+    double lambda = 0;
+    EvalFigures all;
+    std::vector<std::pair<std::string, EvalFigures>> domains;
+    ClosedLoopFigures loop;          // closed-loop only
+};
+
+struct EvalFile {
+    std::string path;
+    nlohmann::json base;             // the model measured, as eval recorded it
+    std::vector<EvalFileCandidate> candidates;
+};
+
+// A moeprune-eval report; refuses another format and impossible values by field.
+EvalFile read_eval_report(const std::filesystem::path & path);
+
+struct ReplayRecordFigures {
+    JsonPlace place;                 // "records[3]"
+    std::string policy;
+    std::vector<int64_t> slots;      // one size, or one per MoE layer
+    std::optional<int64_t> cache;    // the size asked for, where slots were derived from it
+    double lambda = 0;
+    bool cliff = false;              // a global cache smaller than one token's experts
+    double misses_per_token = 0;
+    std::optional<std::vector<double>> misses_per_token_per_layer;
+    std::optional<double> read_rounds_per_token, hit_rate, tokens_per_s;
+};
+
+struct ReplayFile {
+    std::string path;
+    std::optional<nlohmann::json> trace_model;   // inputs.trace_meta.model, when the trace names its model
+    int64_t n_layer = 0, n_expert = 0;
+    std::optional<std::string> keep;             // the keep map replayed
+    std::optional<int64_t> n_expert_after_keep;
+    bool global = false;                         // one cache shared by all layers
+    nlohmann::json throughput;                   // the throughput settings, as recorded (null when absent)
+    JsonPlace inputs_place;
+    std::vector<ReplayRecordFigures> records;
+};
+
+// A moeprune-replay result; refuses another format and impossible values by field.
+ReplayFile read_replay_report(const std::filesystem::path & path);
+
+} // namespace moeprune

@@ -1,0 +1,176 @@
+#include "core/atomic_file.h"
+#include "core/errors.h"
+#include "formats/stage_reports.h"
+#include "support/test_support.h"
+
+#include <gtest/gtest.h>
+
+using namespace moeprune;
+using nlohmann::json;
+
+namespace {
+
+json eval_doc() {
+    return {{"format", "moeprune-eval"},
+            {"base", {{"model", "m.gguf"}, {"digest", "abc"}, {"n_expert", 16}}},
+            {"candidates",
+             {{{"kind", "base"}, {"name", "m.gguf"}},
+              {{"kind", "keep"},
+               {"name", "freq-k8"},
+               {"source", "keep/freq-k8.json"},
+               {"all", {{"kld_mean", 0.25}, {"kld_p99", 1.5}, {"same_top1", 0.75}, {"tokens", 400}}},
+               {"domains",
+                {{"prose", {{"kld_mean", 0.5}, {"kld_p99", nullptr}, {"same_top1", 0.5}, {"tokens", 100}}},
+                 {"code", {{"kld_mean", 0.125}, {"kld_p99", 0.75}, {"same_top1", 1.0}, {"tokens", 300}}}}}},
+              {{"kind", "closed-loop"},
+               {"keep", "keep/reap-k12.json"},
+               {"policy", "lru"},
+               {"cache", 10},
+               {"lambda", 0.5},
+               {"all",
+                {{"kld_mean", 0.0625},
+                 {"same_top1", 0.875},
+                 {"tokens", 400},
+                 {"misses_per_token", 3.5},
+                 {"open_loop_misses_per_token", 4.0},
+                 {"tok_per_s", nullptr},
+                 {"open_loop_tok_per_s", 12.0}}}}}}};
+}
+
+json replay_doc() {
+    return {{"format", "moeprune-replay"},
+            {"inputs",
+             {{"trace_meta", {{"model", {{"digest", "abc"}, {"n_expert", 16}}}}},
+              {"n_layer", 2},
+              {"n_expert", 16},
+              {"keep", "keep/freq-k8.json"},
+              {"n_expert_after_keep", 8},
+              {"cache_scope", "global"},
+              {"throughput", {{"ssd_gbps", 3.5}}}}},
+            {"records",
+             {{{"policy", "lru"},
+               {"slots", {6}},
+               {"cache", 6},
+               {"lambda", 0},
+               {"misses_per_token", 2.5},
+               {"misses_per_token_per_layer", {1.0, 1.5}},
+               {"read_rounds_per_token", 2.0},
+               {"hit_rate", 0.75},
+               {"tokens_per_s", 30.0},
+               {"cliff", true}},
+              {{"policy", "belady"}, {"slots", {6, 7}}, {"misses_per_token", 1.0}, {"hit_rate", 0.9}}}}};
+}
+
+std::filesystem::path write(const test::TempDir & dir, const std::string & name, const json & doc) {
+    const auto path = dir / name;
+    write_file_atomic(path, doc.dump());
+    return path;
+}
+
+template <class Read> void expect_refused(Read read, const std::filesystem::path & path, const std::string & needle) {
+    try {
+        read(path);
+        FAIL() << "accepted " << path;
+    } catch (const Error & e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find(path.string()), std::string::npos) << msg;
+        EXPECT_NE(msg.find(needle), std::string::npos) << msg;
+    }
+}
+
+} // namespace
+
+TEST(StageReports, EvalCandidatesAreTypedWithTheirDomainsByNameAndNullsAsUnknown) {
+    test::TempDir dir;
+    const EvalFile r = read_eval_report(write(dir, "eval.json", eval_doc()));
+    EXPECT_EQ(r.base.at("digest"), "abc");
+    ASSERT_EQ(r.candidates.size(), 3u);
+    EXPECT_EQ(r.candidates[0].kind, "base");
+    const EvalFileCandidate & keep = r.candidates[1];
+    EXPECT_EQ(keep.kind, "keep");
+    EXPECT_EQ(keep.name, "freq-k8");
+    EXPECT_EQ(keep.source, "keep/freq-k8.json");
+    EXPECT_EQ(keep.all.kld_mean, 0.25);
+    EXPECT_EQ(keep.all.kld_p99, 1.5);
+    EXPECT_EQ(keep.all.tokens, 400);
+    ASSERT_EQ(keep.domains.size(), 2u);
+    EXPECT_EQ(keep.domains[0].first, "code");
+    EXPECT_EQ(keep.domains[0].second.same_top1, 1.0);
+    EXPECT_EQ(keep.domains[1].first, "prose");
+    EXPECT_FALSE(keep.domains[1].second.kld_p99.has_value());
+    const EvalFileCandidate & loop = r.candidates[2];
+    EXPECT_EQ(loop.keep, "keep/reap-k12.json");
+    EXPECT_EQ(loop.policy, "lru");
+    EXPECT_EQ(loop.cache, 10);
+    EXPECT_EQ(loop.lambda, 0.5);
+    EXPECT_EQ(loop.loop.misses_per_token, 3.5);
+    EXPECT_EQ(loop.loop.open_loop_misses_per_token, 4.0);
+    EXPECT_FALSE(loop.loop.tok_per_s.has_value());
+    EXPECT_EQ(loop.loop.open_loop_tok_per_s, 12.0);
+}
+
+TEST(StageReports, ReplayRecordsAreTypedWithTheirOptionalFields) {
+    test::TempDir dir;
+    const ReplayFile r = read_replay_report(write(dir, "replay.json", replay_doc()));
+    ASSERT_TRUE(r.trace_model.has_value());
+    EXPECT_EQ(r.trace_model->at("digest"), "abc");
+    EXPECT_EQ(r.n_layer, 2);
+    EXPECT_EQ(r.n_expert, 16);
+    EXPECT_EQ(r.keep, "keep/freq-k8.json");
+    EXPECT_EQ(r.n_expert_after_keep, 8);
+    EXPECT_TRUE(r.global);
+    EXPECT_EQ(r.throughput.at("ssd_gbps"), 3.5);
+    ASSERT_EQ(r.records.size(), 2u);
+    const ReplayRecordFigures & a = r.records[0];
+    EXPECT_EQ(a.policy, "lru");
+    EXPECT_EQ(a.slots, (std::vector<int64_t>{6}));
+    EXPECT_EQ(a.cache, 6);
+    EXPECT_TRUE(a.cliff);
+    EXPECT_EQ(a.misses_per_token_per_layer, (std::vector<double>{1.0, 1.5}));
+    EXPECT_EQ(a.read_rounds_per_token, 2.0);
+    EXPECT_EQ(a.tokens_per_s, 30.0);
+    const ReplayRecordFigures & b = r.records[1];
+    EXPECT_EQ(b.slots, (std::vector<int64_t>{6, 7}));
+    EXPECT_FALSE(b.cache.has_value());
+    EXPECT_EQ(b.lambda, 0.0);
+    EXPECT_FALSE(b.cliff);
+    EXPECT_FALSE(b.misses_per_token_per_layer.has_value());
+    EXPECT_FALSE(b.tokens_per_s.has_value());
+}
+
+TEST(StageReports, ImpossibleValuesAreRefusedByFileAndField) {
+    test::TempDir dir;
+    json e = eval_doc();
+    e["format"] = "moeprune-replay";
+    expect_refused(read_eval_report, write(dir, "a.json", e), "is not a moeprune-eval report");
+    e = eval_doc();
+    e["candidates"][1]["all"]["kld_mean"] = -1;
+    expect_refused(read_eval_report, write(dir, "b.json", e), "candidates[1].all.kld_mean: is -1");
+    e = eval_doc();
+    e["candidates"][2]["cache"] = 0;
+    expect_refused(read_eval_report, write(dir, "c.json", e), "candidates[2].cache: is 0");
+    e = eval_doc();
+    e["candidates"][1]["domains"]["code"]["same_top1"] = 2;
+    expect_refused(read_eval_report, write(dir, "d.json", e), "candidates[1].domains.code.same_top1: is 2");
+
+    json r = replay_doc();
+    r["records"][1]["slots"] = {4, -1};
+    expect_refused(read_replay_report, write(dir, "e.json", r), "records[1].slots[1]: is -1");
+    r = replay_doc();
+    r["inputs"]["n_layer"] = 0;
+    expect_refused(read_replay_report, write(dir, "f.json", r), "inputs.n_layer: is 0");
+    r = replay_doc();
+    r["records"][0].erase("misses_per_token");
+    expect_refused(read_replay_report, write(dir, "g.json", r), "records[0].misses_per_token: is missing");
+
+    // A record refuses later what only its reader can judge, by the same file and field.
+    const ReplayFile ok = read_replay_report(write(dir, "h.json", replay_doc()));
+    try {
+        ok.records[1].place.fail("slots[1]", "is 7, more than the map keeps");
+        FAIL();
+    } catch (const Error & err) {
+        EXPECT_NE(std::string(err.what()).find((dir / "h.json").string() + ": records[1].slots[1]: is 7"),
+                  std::string::npos)
+            << err.what();
+    }
+}
