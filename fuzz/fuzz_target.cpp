@@ -23,10 +23,21 @@ std::filesystem::path input_path() {
     return dir / ("moeprune-fuzz-" + std::to_string(::getpid()) + target().extension);
 }
 
+// The input's file, removed when the fuzzer exits (libFuzzer ends its runs with exit(),
+// which destroys this): runs of every target otherwise leave one file each in /dev/shm.
+struct InputFile {
+    std::filesystem::path path = input_path();
+    ~InputFile() {
+        std::error_code ec;
+        std::filesystem::remove(path, ec);
+    }
+};
+
 } // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
-    static const std::filesystem::path path = input_path();
+    static const InputFile input;
+    const std::filesystem::path & path = input.path;
     FILE * f = std::fopen(path.c_str(), "wb");
     if (!f || std::fwrite(data, 1, size, f) != size || std::fclose(f) != 0) {
         std::perror(path.c_str());

@@ -6,6 +6,7 @@
 #include "corpus/sources.h"
 #include "formats/base_logits.h"
 #include "formats/keep_map.h"
+#include "formats/stage_reports.h"
 #include "formats/stats.h"
 #include "formats/trace.h"
 #include "model/model_file.h"
@@ -173,6 +174,22 @@ void measure_report(const fs::path & p) {
     (void)make_plan(o);
 }
 
+// plan's and report's reading of select, eval and replay reports: the file is read as
+// the report its "format" names (an eval report when it names none of the three).
+void stage_report(const fs::path & p) {
+    const nlohmann::json doc = parse_json(read_text_file(p), p.string());
+    const std::string format = doc.is_object() && doc.contains("format") && doc["format"].is_string()
+                                   ? doc["format"].get<std::string>()
+                                   : "";
+    if (format == "moeprune-select") {
+        (void)read_select_report(p);
+    } else if (format == "moeprune-replay") {
+        (void)read_replay_report(p);
+    } else {
+        (void)read_eval_report(p);
+    }
+}
+
 } // namespace
 
 const std::vector<Reader> & readers() {
@@ -189,6 +206,7 @@ const std::vector<Reader> & readers() {
         {"run_config", ".toml", run_config},
         {"gguf", ".gguf", gguf},
         {"measure_report", ".json", measure_report},
+        {"stage_report", ".json", stage_report},
     };
     return all;
 }

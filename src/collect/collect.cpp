@@ -856,6 +856,49 @@ void record_run(SaliencyStats & stats, CollectResult & res, const Collector & co
 
 } // namespace
 
+namespace {
+
+// Without checkpoints nothing can resume a failed run's trace: it goes with the failure.
+struct PartialTrace {
+    fs::path path;
+    bool keep = false, committed = false;
+    ~PartialTrace() {
+        if (!committed && !keep && !path.empty()) {
+            std::error_code ec;
+            fs::remove(path, ec);
+        }
+    }
+};
+
+// Every output is written whole under a temporary name before any takes its final
+// one, the statistics last: a failed write (disk full) leaves no finished trace or
+// imatrix beside no statistics. Only a failed rename between the renames could.
+// `trace_partial`: the closed trace to rename into place, or empty.
+void commit_outputs(const CollectOptions & opt, SaliencyStats & stats, std::optional<ImatrixAccumulator> & imatrix,
+                    const fs::path & trace_partial) {
+    std::optional<AtomicOutput> imatrix_out;
+    if (imatrix) {
+        imatrix_out.emplace(opt.imatrix);
+        imatrix->write(*imatrix_out, {opt.corpus.string()}, uint32_t(opt.ctx));
+        stats.settings["imatrix"] = opt.imatrix.string();
+    }
+    AtomicOutput stats_out(opt.output);
+    write_stats(stats_out, stats);
+    if (imatrix_out) {
+        imatrix_out->commit();
+    }
+    if (!trace_partial.empty()) {
+        std::error_code ec;
+        fs::rename(trace_partial, opt.trace, ec);
+        if (ec) {
+            fail_file(opt.trace.string(), "cannot rename " + trace_partial.string() + " into place: " + ec.message());
+        }
+    }
+    stats_out.commit();
+}
+
+} // namespace
+
 CollectResult collect(const CollectOptions & opt) {
     check_collect_options(opt);
     const GgufModel gguf = GgufModel::open(opt.model);
@@ -902,17 +945,7 @@ CollectResult collect(const CollectOptions & opt) {
     if (!resumed.prob_drops.empty()) {
         collector.set_prob_drops(resumed.prob_drops);
     }
-    // Without checkpoints nothing can resume a failed run's trace: it goes with the failure.
-    struct PartialTrace {
-        fs::path path;
-        bool keep = false, committed = false;
-        ~PartialTrace() {
-            if (!committed && !keep && !path.empty()) {
-                std::error_code ec;
-                fs::remove(path, ec);
-            }
-        }
-    } trace_guard{trace_partial, opt.save_every > 0};
+    PartialTrace trace_guard{trace_partial, opt.save_every > 0};
     const std::unique_ptr<TraceWriter> trace =
         opt.trace.empty() ? nullptr : open_trace(opt, info, corpus, stats.model, settings, collector.trace_m(),
                                                  trace_partial, resumed.trace_from);
@@ -937,28 +970,7 @@ CollectResult collect(const CollectOptions & opt) {
         throw Error(fmt::format("{} invariant(s) broken, statistics kept in {} for inspection: {}", inv.size(),
                                 bad.string(), inv.front().detail));
     }
-    // Every output is written whole under a temporary name before any takes its final
-    // one, the statistics last: a failed write (disk full) leaves no finished trace or
-    // imatrix beside no statistics. Only a failed rename between the renames could.
-    std::optional<AtomicOutput> imatrix_out;
-    if (imatrix) {
-        imatrix_out.emplace(opt.imatrix);
-        imatrix->write(*imatrix_out, {opt.corpus.string()}, uint32_t(opt.ctx));
-        stats.settings["imatrix"] = opt.imatrix.string();
-    }
-    AtomicOutput stats_out(opt.output);
-    write_stats(stats_out, stats);
-    if (imatrix_out) {
-        imatrix_out->commit();
-    }
-    if (trace) {
-        std::error_code ec;
-        fs::rename(trace_partial, opt.trace, ec);
-        if (ec) {
-            fail_file(opt.trace.string(), "cannot rename " + trace_partial.string() + " into place: " + ec.message());
-        }
-    }
-    stats_out.commit();
+    commit_outputs(opt, stats, imatrix, trace ? trace_partial : fs::path());
     trace_guard.committed = true;
     std::error_code ec;
     fs::remove(checkpoint_path, ec);  // a leftover checkpoint only makes a later --resume refuse

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <limits>
+#include <map>
 
 namespace moeprune {
 
@@ -12,6 +13,8 @@ namespace {
 
 using nlohmann::json;
 constexpr double kInf = std::numeric_limits<double>::infinity();
+// A share summed in another order than its total can pass 1 by rounding.
+constexpr double kShareMax = 1.0 + 1e-9;
 
 std::optional<double> optional_number(const JsonFields & f, const std::string & key, double lo, double hi) {
     return f.has(key) ? std::optional(f.number(key, lo, hi)) : std::nullopt;
@@ -87,7 +90,45 @@ ReplayRecordFigures record_of(const JsonFields & rec) {
     return out;
 }
 
+SelectResultFigures result_of(const JsonFields & r) {
+    SelectResultFigures out;
+    out.criterion = r.string("metric");
+    out.k = r.integer("k", 1, 65536);
+    std::map<int64_t, JsonFields> screen;   // by layer
+    if (r.has("screen") && r.object("screen").has("layers")) {
+        for (const JsonFields & l : r.object("screen").objects("layers")) {
+            screen.emplace(l.integer("layer", 0, 1 << 20), l);
+        }
+    }
+    for (const JsonFields & l : r.objects("layers")) {
+        SelectLayerFigures f;
+        f.layer = l.integer("layer", 0, 1 << 20);
+        f.reap_share = l.number("reap_share", 0, kShareMax);
+        f.count_share = l.number("count_share", 0, kShareMax);
+        if (l.has("heldout")) {
+            f.heldout_reap_share = l.object("heldout").number("reap_share", 0, kShareMax);
+        }
+        if (const auto s = screen.find(f.layer); s != screen.end()) {
+            f.replaced_share = s->second.number("replaced_share", 0, kShareMax);
+            f.moved_mass = s->second.number("moved_mass", 0, kShareMax);
+        }
+        out.layers.push_back(f);
+    }
+    return out;
+}
+
 } // namespace
+
+SelectFile read_select_report(const std::filesystem::path & path) {
+    const json r = read_report(path, "moeprune-select", "a moeprune-select report");
+    const JsonFields report(r, path.string());
+    SelectFile out;
+    out.path = path.string();
+    for (const JsonFields & result : report.objects("results")) {
+        out.results.push_back(result_of(result));
+    }
+    return out;
+}
 
 EvalFile read_eval_report(const std::filesystem::path & path) {
     const json r = read_report(path, "moeprune-eval", "a moeprune-eval report");

@@ -1,5 +1,5 @@
 #pragma once
-// What later stages read back of eval's and replay's report files (docs/formats.md),
+// What later stages read back of select's, eval's and replay's report files (docs/formats.md),
 // typed and checked once here: plan and report take these records instead of indexing
 // the JSON by key. (The stages' own EvalReport and ReplayReport are what they write.) A record keeps its place in the file, so a reader that knows more (the
 // model's expert count, its layers) refuses a value by file and field.
@@ -77,5 +77,27 @@ struct ReplayFile {
 
 // A moeprune-replay result; refuses another format and impossible values by field.
 ReplayFile read_replay_report(const std::filesystem::path & path);
+
+// select's figures for one layer of one keep map.
+struct SelectLayerFigures {
+    int64_t layer = 0;
+    double reap_share = 0, count_share = 0;          // of the statistics' routing the map keeps
+    std::optional<double> heldout_reap_share;        // with held-out statistics
+    std::optional<double> replaced_share, moved_mass; // the substitution screen, with a trace
+};
+
+struct SelectResultFigures {
+    std::string criterion;
+    int64_t k = 0;
+    std::vector<SelectLayerFigures> layers;
+};
+
+struct SelectFile {
+    std::string path;
+    std::vector<SelectResultFigures> results;
+};
+
+// A moeprune-select report; refuses another format and impossible values by field.
+SelectFile read_select_report(const std::filesystem::path & path);
 
 } // namespace moeprune

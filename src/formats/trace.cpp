@@ -231,14 +231,19 @@ TraceInMemory::TraceInMemory(TraceHeader header)
 
 void TraceInMemory::append(const TraceTokenMeta & meta, const uint16_t * ids, const float * logits) {
     const uint32_t m = header_.top_m;
-    meta_.push_back(meta);
+    // Checked before anything is kept: a refused token leaves the trace as it was.
     for (uint32_t l = 0; l < header_.n_layer; ++l) {
         for (uint32_t i = 0; i < m; ++i) {
             if (ids[l * m + i] >= header_.n_expert) {
                 throw Error(fmt::format("in-memory trace: expert id {} at layer {} is not below n_expert {}",
                                         ids[l * m + i], l, header_.n_expert));
             }
-            ids_[l].push_back(ids[l * m + i]);
+        }
+    }
+    meta_.push_back(meta);
+    for (uint32_t l = 0; l < header_.n_layer; ++l) {
+        ids_[l].insert(ids_[l].end(), ids + l * m, ids + (l + 1) * m);
+        for (uint32_t i = 0; i < m; ++i) {
             logits_[l].push_back(traced_logit(logits[l * m + i]));
         }
     }

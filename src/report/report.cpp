@@ -168,32 +168,19 @@ json kld_rows(const EvalFile & eval, int64_t n_expert) {
 }
 
 // Per layer: kept share (statistics and held out) and substitution.
-json layer_rows(const json & select) {
+json layer_rows(const SelectFile & select) {
     json layer_rows = json::array();
-    for (const json & r : select.at("results")) {
-        const std::string map = keep_map_label(r.at("metric").get<std::string>(), r.at("k").get<int64_t>());
-        std::map<int, json> screen;
-        if (r.contains("screen")) {
-            for (const json & l : r.at("screen").value("layers", json::array())) {
-                screen[l.at("layer").get<int>()] = l;
-            }
-        }
-        for (const json & l : r.at("layers")) {
-            const int layer = l.at("layer").get<int>();
-            json row = {{"map", map},
-                        {"criterion", r.at("metric")},
-                        {"k", r.at("k")},
-                        {"layer", layer},
-                        {"kept_reap_share", l.at("reap_share")},
-                        {"kept_count_share", l.at("count_share")},
-                        {"heldout_reap_share", l.value("heldout", json::object()).value("reap_share", json(nullptr))},
-                        {"replaced_share", nullptr},
-                        {"moved_mass", nullptr}};
-            if (screen.count(layer)) {
-                row["replaced_share"] = screen[layer].at("replaced_share");
-                row["moved_mass"] = screen[layer].at("moved_mass");
-            }
-            layer_rows.push_back(row);
+    for (const SelectResultFigures & r : select.results) {
+        for (const SelectLayerFigures & l : r.layers) {
+            layer_rows.push_back({{"map", keep_map_label(r.criterion, r.k)},
+                                  {"criterion", r.criterion},
+                                  {"k", r.k},
+                                  {"layer", l.layer},
+                                  {"kept_reap_share", l.reap_share},
+                                  {"kept_count_share", l.count_share},
+                                  {"heldout_reap_share", or_null(l.heldout_reap_share)},
+                                  {"replaced_share", or_null(l.replaced_share)},
+                                  {"moved_mass", or_null(l.moved_mass)}});
         }
     }
     return layer_rows;
@@ -525,13 +512,13 @@ Promise.all(Object.entries(specs).map(([id, spec]) =>
 } // namespace
 
 std::vector<fs::path> write_report(const ReportInputs & in) {
-    const json corpus = load(in.corpus), select = load(in.select), plan = load(in.plan);
+    const json corpus = load(in.corpus), plan = load(in.plan);
     const int64_t n_expert = with_json_errors(
         in.plan.string(), [&] { return plan.at("inputs").at("geometry").at("experts").get<int64_t>(); });
     // A stage output without a field the report reads is refused naming the file.
     ReportRows rows;
     rows.kld = kld_rows(read_eval_report(in.eval), n_expert);
-    rows.layers = with_json_errors(in.select.string(), [&] { return layer_rows(select); });
+    rows.layers = layer_rows(read_select_report(in.select));
     rows.replay = replay_rows(in.replays, n_expert, rows.throughput_inputs);
     rows.closed = closed_loop_rows(in.closed_loop_evals, n_expert);
     rows.plan = with_json_errors(in.plan.string(), [&] { return plan_rows(plan); });

@@ -174,3 +174,39 @@ TEST(StageReports, ImpossibleValuesAreRefusedByFileAndField) {
             << err.what();
     }
 }
+
+TEST(StageReports, SelectLayersCarryTheirHeldOutShareAndScreenWhereTheReportHasThem) {
+    test::TempDir dir;
+    const json doc = {
+        {"format", "moeprune-select"},
+        {"results",
+         {{{"metric", "reap"},
+           {"k", 6},
+           {"layers",
+            {{{"layer", 1}, {"reap_share", 0.75}, {"count_share", 0.5}, {"heldout", {{"reap_share", 0.625}}}},
+             {{"layer", 3}, {"reap_share", 1.0}, {"count_share", 1.0}}}},
+           {"screen", {{"layers", {{{"layer", 3}, {"replaced_share", 0.25}, {"moved_mass", 0.125}}}}}}},
+          {{"metric", "freq"}, {"k", 4}, {"layers", json::array()}}}}};
+    const SelectFile s = read_select_report(write(dir, "select.json", doc));
+    ASSERT_EQ(s.results.size(), 2u);
+    EXPECT_EQ(s.results[0].criterion, "reap");
+    EXPECT_EQ(s.results[0].k, 6);
+    ASSERT_EQ(s.results[0].layers.size(), 2u);
+    const SelectLayerFigures & a = s.results[0].layers[0];
+    EXPECT_EQ(a.layer, 1);
+    EXPECT_EQ(a.reap_share, 0.75);
+    EXPECT_EQ(a.heldout_reap_share, 0.625);
+    EXPECT_FALSE(a.replaced_share.has_value()) << "the screen names layer 3 only";
+    const SelectLayerFigures & b = s.results[0].layers[1];
+    EXPECT_FALSE(b.heldout_reap_share.has_value());
+    EXPECT_EQ(b.replaced_share, 0.25);
+    EXPECT_EQ(b.moved_mass, 0.125);
+    EXPECT_EQ(s.results[1].criterion, "freq");
+
+    json bad = doc;
+    bad["results"][0]["layers"][1]["reap_share"] = 1.5;
+    expect_refused(read_select_report, write(dir, "bad.json", bad), "results[0].layers[1].reap_share: is 1.5");
+    bad = doc;
+    bad["format"] = "moeprune-eval";
+    expect_refused(read_select_report, write(dir, "other.json", bad), "is not a moeprune-select report");
+}

@@ -446,3 +446,25 @@ TEST(TraceInMemory, GivesBackWhatTheFileReaderGivesBackOfTheSameTokens) {
     std::vector<uint16_t> bad(kLayers * kTopM, kExperts);
     EXPECT_THROW(mem.append(token_meta(0), bad.data(), logits.data()), Error);
 }
+
+TEST(TraceInMemory, ARefusedTokenLeavesTheTraceAsItWas) {
+    TraceHeader h;
+    h.n_layer = kLayers;
+    h.n_expert = kExperts;
+    h.top_m = kTopM;
+    h.domains = {"chat", "code"};
+    TraceInMemory mem(h);
+    std::vector<uint16_t> ids;
+    std::vector<float> logits;
+    token_record(0, ids, logits);
+    mem.append(token_meta(0), ids.data(), logits.data());
+    token_record(1, ids, logits);
+    ids.back() = uint16_t(kExperts);  // the last layer names an expert past n_expert
+    EXPECT_THROW(mem.append(token_meta(1), ids.data(), logits.data()), Error);
+    ASSERT_EQ(mem.n_tokens(), 1u);
+    for (uint32_t l = 0; l < kLayers; ++l) {
+        uint64_t seen = 0;
+        mem.for_each_layer_chunk(l, [&](uint64_t, uint32_t n, const uint16_t *, const float *) { seen += n; });
+        EXPECT_EQ(seen, 1u) << "layer " << l;
+    }
+}

@@ -102,6 +102,23 @@ TEST(FuzzSeeds, DISABLED_Write) {
         m["probe"] = nullptr;
         put_text("measure_report", "invalid-no-probe.json", m.dump(1));
     }
+    // The reports plan and report read back: select's, eval's (a keep map and a closed
+    // loop) and replay's, and one with an impossible figure.
+    run_ok(fmt::format("select --stats {} --trace {} -k 3 --metric freq -o {} --json {}", (dir / "stats.json").string(),
+                       (dir / "t.mptrace").string(), (dir / "keep").string(), (dir / "select.json").string()));
+    run_ok(fmt::format("eval -m {} -f {} -c 32 --base {} --keep {} --cache-policy lru --cache 3 --lambda 0.5 --json {}",
+                       (dir / "m.gguf").string(), (dir / "text.jsonl").string(), (dir / "base.mpkl").string(),
+                       (dir / "keep" / "freq-k3.json").string(), (dir / "eval.json").string()));
+    run_ok(fmt::format("replay --trace {} --policy lru,belady --cache 2,3 --json {}", (dir / "t.mptrace").string(),
+                       (dir / "replay.json").string()));
+    put("stage_report", "valid-select.json", dir / "select.json");
+    put("stage_report", "valid-eval.json", dir / "eval.json");
+    put("stage_report", "valid-replay.json", dir / "replay.json");
+    {
+        nlohmann::json r = nlohmann::json::parse(test::read_bytes(dir / "replay.json"));
+        r["records"][0]["misses_per_token"] = -1;
+        put_text("stage_report", "invalid-negative-misses.json", r.dump(1));
+    }
     {
         std::string s = test::read_bytes(dir / "stats.json");
         put_text("stats", "invalid-truncated.json", s.substr(0, s.size() / 2));
