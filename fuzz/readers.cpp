@@ -174,8 +174,8 @@ void measure_report(const fs::path & p) {
     (void)make_plan(o);
 }
 
-// plan's and report's reading of select, eval and replay reports: the file is read as
-// the report its "format" names (an eval report when it names none of the three).
+// run's, plan's and report's reading of select, eval, replay and plan reports: the file
+// is read as the report its "format" names (an eval report when it names none of them).
 void stage_report(const fs::path & p) {
     const nlohmann::json doc = parse_json(read_text_file(p), p.string());
     const std::string format = doc.is_object() && doc.contains("format") && doc["format"].is_string()
@@ -185,6 +185,8 @@ void stage_report(const fs::path & p) {
         (void)read_select_report(p);
     } else if (format == "moeprune-replay") {
         (void)read_replay_report(p);
+    } else if (format == "moeprune-plan") {
+        (void)read_plan_report(p);
     } else {
         (void)read_eval_report(p);
     }

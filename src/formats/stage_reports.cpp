@@ -117,7 +117,44 @@ SelectResultFigures result_of(const JsonFields & r) {
     return out;
 }
 
+PlanOptionFigures option_of(const JsonFields & o, const json & fields) {
+    PlanOptionFigures out;
+    out.place = o.place();
+    out.fields = fields;
+    out.k = o.integer("k", 1, 65536);
+    out.criterion = o.string("criterion");
+    out.policy = o.string("policy");
+    if (o.has("cache_experts")) {
+        out.cache_experts = o.integer("cache_experts", 1, std::numeric_limits<int64_t>::max());
+    }
+    out.resident_bytes = optional_number(o, "resident_bytes", 0, kInf);
+    out.tok_per_s = optional_number(o, "tok_per_s", 0, kInf);
+    return out;
+}
+
 } // namespace
+
+PlanFile read_plan_report(const std::filesystem::path & path) {
+    const json r = read_report(path, "moeprune-plan", "a moeprune-plan report");
+    const JsonFields report(r, path.string());
+    PlanFile out;
+    out.path = path.string();
+    out.n_expert = report.object("inputs").object("geometry").integer("experts", 1, 65536);
+    out.inputs = r.at("inputs");
+    const std::vector<JsonFields> options = report.objects("options");
+    for (size_t i = 0; i < options.size(); ++i) {
+        out.options.push_back(option_of(options[i], r.at("options").at(i)));
+    }
+    const int64_t last = int64_t(options.size()) - 1;
+    for (const int64_t i : report.integers("pareto", 0, last)) {
+        out.pareto.push_back(size_t(i));
+    }
+    if (report.has("recommended")) {
+        out.recommended = size_t(report.integer("recommended", 0, last));
+    }
+    out.why = report.string("why");
+    return out;
+}
 
 SelectFile read_select_report(const std::filesystem::path & path) {
     const json r = read_report(path, "moeprune-select", "a moeprune-select report");

@@ -1,5 +1,5 @@
 #pragma once
-// What later stages read back of select's, eval's and replay's report files (docs/formats.md),
+// What later stages read back of select's, eval's, replay's and plan's report files (docs/formats.md),
 // typed and checked once here: plan and report take these records instead of indexing
 // the JSON by key. (The stages' own EvalReport and ReplayReport are what they write.) A record keeps its place in the file, so a reader that knows more (the
 // model's expert count, its layers) refuses a value by file and field.
@@ -99,5 +99,32 @@ struct SelectFile {
 
 // A moeprune-select report; refuses another format and impossible values by field.
 SelectFile read_select_report(const std::filesystem::path & path);
+
+// One option of a plan: what run and report act on, typed; `fields` is the option as
+// the plan wrote it, for the report's tables that show every column.
+struct PlanOptionFigures {
+    JsonPlace place;                   // "options[3]"
+    nlohmann::json fields;
+    int64_t k = 0;
+    std::string criterion, policy;
+    std::optional<int64_t> cache_experts;
+    std::optional<double> resident_bytes, tok_per_s;
+};
+
+struct PlanFile {
+    std::string path;
+    nlohmann::json inputs;             // geometry, RAM, throughput, measured: shown as written
+    int64_t n_expert = 0;              // inputs.geometry.experts
+    std::vector<PlanOptionFigures> options;
+    std::vector<size_t> pareto;        // indices into options
+    std::optional<size_t> recommended;
+    std::string why;
+
+    const PlanOptionFigures * recommendation() const { return recommended ? &options[*recommended] : nullptr; }
+};
+
+// A moeprune-plan report; refuses another format, impossible values and indices that
+// name no option, by field.
+PlanFile read_plan_report(const std::filesystem::path & path);
 
 } // namespace moeprune

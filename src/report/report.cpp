@@ -241,26 +241,20 @@ json closed_loop_rows(const std::vector<fs::path> & evals, int64_t n_expert) {
 }
 
 // The plan's options, with the front and the recommendation marked.
-json plan_rows(const json & plan) {
+json plan_rows(const PlanFile & plan) {
     json plan_rows = json::array();
-    std::set<size_t> front;
-    for (const json & i : plan.at("pareto")) {
-        front.insert(i.get<size_t>());
-    }
-    for (size_t i = 0; i < plan.at("options").size(); ++i) {
-        const json & o = plan.at("options")[i];
-        json row = o;
+    const std::set<size_t> front(plan.pareto.begin(), plan.pareto.end());
+    for (size_t i = 0; i < plan.options.size(); ++i) {
+        const PlanOptionFigures & o = plan.options[i];
+        json row = o.fields;
         row["option"] = i;
-        row["resident_gb"] =
-            o.at("resident_bytes").is_null() ? json(nullptr) : json(o.at("resident_bytes").get<double>() / 1e9);
+        row["resident_gb"] = o.resident_bytes ? json(*o.resident_bytes / 1e9) : json(nullptr);
         row["pareto"] = front.count(i) > 0;
-        row["recommended"] = !plan.at("recommended").is_null() && plan.at("recommended").get<size_t>() == i;
-        row["label"] = fmt::format("{} K{} {} {}", o.at("criterion").get<std::string>(), o.at("k").get<int64_t>(),
-                                   o.at("policy").get<std::string>(),
-                                   o.at("cache_experts").is_null() ? std::string("-") : o.at("cache_experts").dump());
+        row["recommended"] = plan.recommended == i;
+        row["label"] = fmt::format("{} K{} {} {}", o.criterion, o.k, o.policy,
+                                   o.cache_experts ? std::to_string(*o.cache_experts) : std::string("-"));
         plan_rows.push_back(row);
     }
-
     return plan_rows;
 }
 
@@ -387,13 +381,13 @@ std::string cell(const json & v) {
     return html_escape(v.is_string() ? v.get<std::string>() : v.is_number_float() ? fmt::format("{:.4g}", v.get<double>()) : v.dump());
 }
 
-std::string measured_section(const json & rows, const json & plan) {
+std::string measured_section(const json & rows, const PlanFile & plan) {
     std::string body = "<h2>Predicted vs measured</h2>\n";
     if (rows.empty()) {
         return body + "<p>Nothing measured in this run (run --measure): every tokens/s here rests on the guessed SSD "
                       "bandwidth and compute time below.</p>\n";
     }
-    const json & m = plan.at("inputs").at("measured");
+    const json & m = plan.inputs.at("measured");
     body += "<p>llama.cpp's own decode of the whole model under each memory limit (moeprune measure, measure/measure.json), "
             "beside what moeprune predicts for it from the resident run, the storage probe and the router trace alone "
             "(report/measured.csv). Error is |predicted - measured| / measured tokens/s";
@@ -442,18 +436,18 @@ std::string closed_loop_section(const json & closed_rows) {
 }
 
 // The HTML: the chart library inlined, every spec with its data.
-std::string report_html(const ReportInputs & in, const json & plan, const json & corpus, const ReportRows & rows,
+std::string report_html(const ReportInputs & in, const PlanFile & plan, const json & corpus, const ReportRows & rows,
                         const json & charts) {
     const std::string libs = chart_scripts();
     const json & leak = corpus.at("leak_check");
     const json & throughput_inputs = rows.throughput_inputs;
     // A measured plan's timing is the measurement's, not the guesses the replays were priced with.
-    const json & ti = throughput_inputs.is_null() || !plan.at("inputs").value("measured", json()).is_null()
-                          ? plan.at("inputs").at("throughput")
+    const json & ti = throughput_inputs.is_null() || !plan.inputs.value("measured", json()).is_null()
+                          ? plan.inputs.at("throughput")
                           : throughput_inputs;
-    const json & geo = plan.at("inputs").at("geometry");
+    const json & geo = plan.inputs.at("geometry");
     std::string body;
-    body += "<h1>moeprune run report</h1>\n<p class=\"why\"><b>Recommended:</b> " + html_escape(plan.at("why").get<std::string>()) + "</p>\n";
+    body += "<h1>moeprune run report</h1>\n<p class=\"why\"><b>Recommended:</b> " + html_escape(plan.why) + "</p>\n";
     const auto section = [&](const std::string & id, const std::string & title, const std::string & note) {
         body += "<h2>" + html_escape(title) + "</h2>\n";
         if (!note.empty()) {
@@ -480,12 +474,12 @@ std::string report_html(const ReportInputs & in, const json & plan, const json &
                    {"experts, used per token", geo.at("experts").dump() + ", " + geo.at("used").dump()},
                    {"bytes of one expert (first layer)", geo.at("expert_bytes")[0].dump()},
                    {"other weights (bytes)", geo.at("other_bytes").dump()},
-                   {"RAM budget (bytes)", plan.at("inputs").at("budget_bytes").dump()},
+                   {"RAM budget (bytes)", plan.inputs.at("budget_bytes").dump()},
                    {"SSD GB/s", ti.value("ssd_gbps", json(nullptr)).dump()},
                    {"read latency (us)", ti.value("read_latency_us", json(nullptr)).dump()},
                    {"queue depth", ti.value("queue_depth", json(nullptr)).dump()},
                    {"compute per token (ms)", ti.value("compute_ms", json(nullptr)).dump()},
-                   {"formula", plan.at("inputs").at("throughput").at("model").get<std::string>()}}) +
+                   {"formula", plan.inputs.at("throughput").at("model").get<std::string>()}}) +
             "\n<h2>Settings</h2>\n<pre>" + html_escape(in.config) + "</pre>\n";
     const std::string specs = charts.dump(-1, ' ', false, json::error_handler_t::replace);
     std::string page = "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>moeprune report</title>\n<style>"
@@ -512,16 +506,16 @@ Promise.all(Object.entries(specs).map(([id, spec]) =>
 } // namespace
 
 std::vector<fs::path> write_report(const ReportInputs & in) {
-    const json corpus = load(in.corpus), plan = load(in.plan);
-    const int64_t n_expert = with_json_errors(
-        in.plan.string(), [&] { return plan.at("inputs").at("geometry").at("experts").get<int64_t>(); });
+    const json corpus = load(in.corpus);
+    const PlanFile plan = read_plan_report(in.plan);
+    const int64_t n_expert = plan.n_expert;
     // A stage output without a field the report reads is refused naming the file.
     ReportRows rows;
     rows.kld = kld_rows(read_eval_report(in.eval), n_expert);
     rows.layers = layer_rows(read_select_report(in.select));
     rows.replay = replay_rows(in.replays, n_expert, rows.throughput_inputs);
     rows.closed = closed_loop_rows(in.closed_loop_evals, n_expert);
-    rows.plan = with_json_errors(in.plan.string(), [&] { return plan_rows(plan); });
+    rows.plan = plan_rows(plan);
     rows.corpus = with_json_errors(in.corpus.string(), [&] { return corpus_rows(corpus); });
     if (!in.measure.empty()) {
         rows.measured = with_json_errors(in.measure.string(), [&] { return measured_rows(load(in.measure)); });
@@ -534,7 +528,7 @@ std::vector<fs::path> write_report(const ReportInputs & in) {
         return json{{"format", "moeprune-report"},
                     {"version", 1},
                     {"config", in.config},
-                    {"recommendation", {{"option", plan.at("recommended")}, {"why", plan.at("why")}}},
+                    {"recommendation", {{"option", plan.recommended ? json(*plan.recommended) : json(nullptr)}, {"why", plan.why}}},
                     {"corpus",
                      {{"domains", corpus.at("domains")},
                       {"leak_check", leak},
@@ -544,7 +538,7 @@ std::vector<fs::path> write_report(const ReportInputs & in) {
                     {"kld", rows.kld},
                     {"layers", rows.layers},
                     {"replay", rows.replay},
-                    {"plan", plan},
+                    {"plan", load(in.plan)},
                     {"throughput", rows.throughput_inputs},
                     {"closed_loop", rows.closed.empty() ? json(nullptr) : rows.closed},
                     {"measured", rows.measured.empty() ? json(nullptr) : rows.measured},

@@ -10,6 +10,7 @@
 #include "corpus/sources.h"
 #include "eval/eval.h"
 #include "formats/keep_map.h"
+#include "formats/stage_reports.h"
 #include "formats/stats.h"
 #include "measure/measure.h"
 #include "model/model_file.h"
@@ -698,13 +699,12 @@ void report_stage(Runner & run, const RunConfig & c, const RunPaths & at, const 
 
 // The maps to slice: every one, or the recommended option's; returns what the summary
 // adds.
-std::string slice_stage(Runner & run, const RunConfig & c, const RunPaths & at, const RunMaps & m, const json & plan) {
+std::string slice_stage(Runner & run, const RunConfig & c, const RunPaths & at, const RunMaps & m, const PlanFile & plan) {
     std::vector<fs::path> chosen;
     if (c.slice == "all") {
         chosen = m.maps;
-    } else if (!plan.at("recommended").is_null()) {
-        const json & o = plan.at("options").at(plan.at("recommended").get<size_t>());
-        const fs::path map = at.maps_dir / keep_map_file_name(o.at("criterion").get<std::string>(), o.at("k").get<int64_t>());
+    } else if (const PlanOptionFigures * o = plan.recommendation()) {
+        const fs::path map = at.maps_dir / keep_map_file_name(o->criterion, o->k);
         if (fs::exists(map)) {
             chosen.push_back(map);
         }
@@ -728,17 +728,15 @@ std::string slice_stage(Runner & run, const RunConfig & c, const RunPaths & at, 
 
 // The recommendation as llama.cpp runs it: its sliced model (the model itself when it keeps
 // every expert) measured at --ram, next to the tokens/s the plan predicted for it.
-std::string verify_stage(Runner & run, const RunOptions & opt, const RunPaths & at, const json & plan) {
+std::string verify_stage(Runner & run, const RunOptions & opt, const RunPaths & at, const PlanFile & plan) {
     const RunConfig & c = opt.config;
-    if (plan.at("recommended").is_null()) {
+    const PlanOptionFigures * o = plan.recommendation();
+    if (!o) {
         return "\nverify: the plan recommends nothing to verify";
     }
-    const json & o = plan.at("options").at(plan.at("recommended").get<size_t>());
     fs::path model = c.model;
-    if (o.at("k").get<int64_t>() < plan.at("inputs").at("geometry").at("experts").get<int64_t>()) {
-        model = at.dir / "slice" /
-                (fs::path(keep_map_file_name(o.at("criterion").get<std::string>(), o.at("k").get<int64_t>())).stem().string() +
-                 ".gguf");
+    if (o->k < plan.n_expert) {
+        model = at.dir / "slice" / (fs::path(keep_map_file_name(o->criterion, o->k)).stem().string() + ".gguf");
         if (!fs::exists(model)) {
             fail_file(model.string(), "is missing: verify measures the recommended option's sliced model");
         }
@@ -751,15 +749,14 @@ std::string verify_stage(Runner & run, const RunOptions & opt, const RunPaths & 
                   json result = {{"format", "moeprune-verify"},
                                  {"version", 1},
                                  {"plan", at.plan_json.string()},
-                                 {"option", o},
+                                 {"option", o->fields},
                                  {"model", model.string()},
                                  {"ram", c.ram},
-                                 {"predicted_tok_per_s", o.at("tok_per_s")},
+                                 {"predicted_tok_per_s", o->tok_per_s ? json(*o->tok_per_s) : json(nullptr)},
                                  {"measured_tok_per_s", measured},
                                  {"measured_read_bytes_per_token", v.at("runs").at(0).at("decode").at("read_bytes_per_token")},
                                  {"measured_major_faults_per_token", v.at("runs").at(0).at("decode").at("major_faults_per_token")},
-                                 {"error", o.at("tok_per_s").is_null() ? json(nullptr)
-                                                                      : json(std::abs(o.at("tok_per_s").get<double>() - measured) / measured)},
+                                 {"error", o->tok_per_s ? json(std::abs(*o->tok_per_s - measured) / measured) : json(nullptr)},
                                  {"measure", at.verify_json.string()}};
                   const fs::path summary = at.dir / "verify" / "summary.json";
                   write_file_atomic(summary, result.dump(1) + "\n");
@@ -804,8 +801,8 @@ std::string run_pipeline(const RunOptions & opt) {
     plan_stage(run, c, at, maps);
     report_stage(run, c, at, maps);
 
-    const json plan = parse_json(read_text_file(at.plan_json), at.plan_json.string());
-    std::string summary = "recommended: " + plan.value("why", std::string("-"));
+    const PlanFile plan = read_plan_report(at.plan_json);
+    std::string summary = "recommended: " + plan.why;
     if (!slice.empty()) {
         RunConfig sliced = c;
         sliced.slice = slice;

@@ -210,3 +210,43 @@ TEST(StageReports, SelectLayersCarryTheirHeldOutShareAndScreenWhereTheReportHasT
     bad["format"] = "moeprune-eval";
     expect_refused(read_select_report, write(dir, "other.json", bad), "is not a moeprune-select report");
 }
+
+TEST(StageReports, PlanOptionsAndItsRecommendationAreTypedAndIndicesMustNameAnOption) {
+    test::TempDir dir;
+    const json option_a = {{"k", 8},  {"criterion", "reap"}, {"policy", "lru"}, {"cache_experts", 4},
+                           {"resident_bytes", 2e9}, {"tok_per_s", 12.5}, {"kld_mean", 0.1}};
+    const json option_b = {{"k", 16}, {"criterion", "none"}, {"policy", "all-resident"}, {"cache_experts", nullptr},
+                           {"resident_bytes", nullptr}, {"tok_per_s", nullptr}};
+    const json doc = {{"format", "moeprune-plan"},
+                      {"inputs", {{"geometry", {{"experts", 16}}}, {"budget_bytes", 3e9}}},
+                      {"options", {option_a, option_b}},
+                      {"pareto", {1, 0}},
+                      {"recommended", 0},
+                      {"why", "fastest under the KLD bound"}};
+    const PlanFile p = read_plan_report(write(dir, "plan.json", doc));
+    EXPECT_EQ(p.n_expert, 16);
+    EXPECT_EQ(p.inputs.at("budget_bytes"), 3e9);
+    ASSERT_EQ(p.options.size(), 2u);
+    EXPECT_EQ(p.options[0].fields, option_a);
+    EXPECT_EQ(p.options[0].cache_experts, 4);
+    EXPECT_EQ(p.options[0].tok_per_s, 12.5);
+    EXPECT_FALSE(p.options[1].cache_experts.has_value());
+    EXPECT_FALSE(p.options[1].tok_per_s.has_value());
+    EXPECT_EQ(p.pareto, (std::vector<size_t>{1, 0}));
+    ASSERT_NE(p.recommendation(), nullptr);
+    EXPECT_EQ(p.recommendation()->criterion, "reap");
+    EXPECT_EQ(p.why, "fastest under the KLD bound");
+
+    json none = doc;
+    none["recommended"] = nullptr;
+    EXPECT_EQ(read_plan_report(write(dir, "none.json", none)).recommendation(), nullptr);
+    json bad = doc;
+    bad["recommended"] = 2;
+    expect_refused(read_plan_report, write(dir, "bad.json", bad), "recommended: is 2");
+    bad = doc;
+    bad["pareto"] = {0, 5};
+    expect_refused(read_plan_report, write(dir, "bad2.json", bad), "pareto[1]: is 5");
+    bad = doc;
+    bad["options"][1]["k"] = 0;
+    expect_refused(read_plan_report, write(dir, "bad3.json", bad), "options[1].k: is 0");
+}

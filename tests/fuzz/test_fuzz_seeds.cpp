@@ -102,8 +102,8 @@ TEST(FuzzSeeds, DISABLED_Write) {
         m["probe"] = nullptr;
         put_text("measure_report", "invalid-no-probe.json", m.dump(1));
     }
-    // The reports plan and report read back: select's, eval's (a keep map and a closed
-    // loop) and replay's, and one with an impossible figure.
+    // The reports run, plan and report read back: select's, eval's (a keep map and a
+    // closed loop), replay's and plan's, and one with an impossible figure.
     run_ok(fmt::format("select --stats {} --trace {} -k 3 --metric freq -o {} --json {}", (dir / "stats.json").string(),
                        (dir / "t.mptrace").string(), (dir / "keep").string(), (dir / "select.json").string()));
     run_ok(fmt::format("eval -m {} -f {} -c 32 --base {} --keep {} --cache-policy lru --cache 3 --lambda 0.5 --json {}",
@@ -114,6 +114,9 @@ TEST(FuzzSeeds, DISABLED_Write) {
     put("stage_report", "valid-select.json", dir / "select.json");
     put("stage_report", "valid-eval.json", dir / "eval.json");
     put("stage_report", "valid-replay.json", dir / "replay.json");
+    run_ok(fmt::format("plan -m {} --eval {} --replay {} --ram 1G --reserve 100M --json {}", (dir / "m.gguf").string(),
+                       (dir / "eval.json").string(), (dir / "replay.json").string(), (dir / "plan.json").string()));
+    put("stage_report", "valid-plan.json", dir / "plan.json");
     {
         nlohmann::json r = nlohmann::json::parse(test::read_bytes(dir / "replay.json"));
         r["records"][0]["misses_per_token"] = -1;
