@@ -572,18 +572,8 @@ std::unique_ptr<TraceWriter> open_trace(const CollectOptions & opt, const Inspec
 
 // A context whose graph callback is the collector.
 ContextPtr collect_context(const CollectOptions & opt, llama_model * model, int threads, Collector & collector) {
-    llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = uint32_t(opt.ctx);
-    cp.n_batch = uint32_t(opt.batch);
-    cp.n_ubatch = uint32_t(std::min(opt.ubatch, opt.batch));
-    cp.n_threads = cp.n_threads_batch = threads;
-    cp.cb_eval = &Collector::callback;
-    cp.cb_eval_user_data = &collector;
-    ContextPtr ctx(llama_init_from_model(model, cp), llama_free);
-    if (!ctx) {
-        throw Error("llama.cpp could not create a context of " + std::to_string(opt.ctx) + " tokens");
-    }
-    return ctx;
+    return new_context(model, {opt.ctx, opt.batch, std::min(opt.ubatch, opt.batch), threads, &Collector::callback,
+                               &collector});
 }
 
 // Where a resumed run continues: what its checkpoint had counted.

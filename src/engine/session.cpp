@@ -58,6 +58,22 @@ ModelPtr load_model(const std::filesystem::path & path, int gpu_layers) {
     return model;
 }
 
+ContextPtr new_context(llama_model * model, const ContextSettings & s) {
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = uint32_t(s.ctx);
+    cp.n_batch = uint32_t(s.batch);
+    cp.n_ubatch = uint32_t(s.ubatch);
+    cp.n_seq_max = 1;
+    cp.n_threads = cp.n_threads_batch = s.threads;
+    cp.cb_eval = s.callback;
+    cp.cb_eval_user_data = s.callback_data;
+    ContextPtr ctx(llama_init_from_model(model, cp), llama_free);
+    if (!ctx) {
+        throw Error(fmt::format("llama.cpp could not create a context of {} tokens", s.ctx));
+    }
+    return ctx;
+}
+
 std::string render_chat(const llama_model * model, const CorpusDocument & d, bool for_generation,
                         const std::string & where) {
     const char * tmpl = llama_model_chat_template(model, nullptr);

@@ -23,6 +23,16 @@ void init_llama(const std::vector<std::string> & rpc);
 
 ModelPtr load_model(const std::filesystem::path & path, int gpu_layers);
 
+// A context of one sequence for a pass: its sizes, and the graph callback (an observer
+// of router nodes) with its data.
+struct ContextSettings {
+    int ctx = 0, batch = 0, ubatch = 0, threads = 1;
+    ggml_backend_sched_eval_callback callback = nullptr;
+    void * callback_data = nullptr;
+};
+// Refused, naming the size asked for, when llama.cpp cannot make it.
+ContextPtr new_context(llama_model * model, const ContextSettings & s);
+
 // A conversation rendered with the model's chat template; with `for_generation`, up to
 // the last user turn, followed by the assistant prompt. `where` names the document.
 std::string render_chat(const llama_model * model, const CorpusDocument & d, bool for_generation, const std::string & where);

@@ -220,12 +220,10 @@ void RouterTap::route_layer(int ordinal, ggml_tensor * topk) {
             ranked_new_[r] = to_new ? (*to_new)[size_t(ranked_[r])] : ranked_[r];
         }
         unbiased_new_.resize(size_t(k));
+        int32_t removed = -1;   // a graph choice the keep map removes: an error unless MoCE routes around it
         for (int i = 0; i < k; ++i) {
             unbiased_new_[size_t(i)] = to_new ? (*to_new)[size_t(graph_row[i])] : graph_row[i];
-            if (unbiased_new_[size_t(i)] < 0) {
-                throw Error(fmt::format("{}: layer {} routed to expert {}, which the keep map removes", facts_.arch, layer,
-                                        graph_row[i]));
-            }
+            removed = removed < 0 && unbiased_new_[size_t(i)] < 0 ? graph_row[i] : removed;
         }
         std::sort(unbiased_new_.begin(), unbiased_new_.end());
         double delta = double(z_[0]) - double(z_[size_t(k - 1)]);
@@ -234,6 +232,10 @@ void RouterTap::route_layer(int ordinal, ggml_tensor * topk) {
         }
         PhaseCounts & c = counting_ ? counts_ : uncounted_;
         const std::span<const int32_t> chosen = L.step->choose(ranked_new_, z_, unbiased_new_, k, delta, c);
+        if (removed >= 0 && !L.step->rerouted()) {
+            throw Error(fmt::format("{}: layer {} routed to expert {}, which the keep map removes", facts_.arch, layer,
+                                    removed));
+        }
         row_.assign(graph_row, graph_row + k);
         if (L.step->rerouted()) {
             const std::span<const uint32_t> ranks = L.step->chosen_ranks(k);

@@ -203,20 +203,8 @@ std::string unique_name(const std::string & stem, const std::vector<EvalCandidat
 
 ContextPtr make_context(llama_model * model, const EvalOptions & opt, int threads, ggml_backend_sched_eval_callback cb,
                         void * cb_data) {
-    llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = uint32_t(opt.ctx);
     // A window is one llama_decode, so its logits stay readable while the candidates run.
-    cp.n_batch = uint32_t(std::max(opt.batch, opt.ctx));
-    cp.n_ubatch = uint32_t(std::min(opt.ubatch, opt.ctx));
-    cp.n_seq_max = 1;
-    cp.n_threads = cp.n_threads_batch = threads;
-    cp.cb_eval = cb;
-    cp.cb_eval_user_data = cb_data;
-    ContextPtr ctx(llama_init_from_model(model, cp), llama_free);
-    if (!ctx) {
-        throw Error(fmt::format("llama.cpp could not create a context of {} tokens", opt.ctx));
-    }
-    return ctx;
+    return new_context(model, {opt.ctx, std::max(opt.batch, opt.ctx), std::min(opt.ubatch, opt.ctx), threads, cb, cb_data});
 }
 
 // `rethrow` reports what a callback of the pass caught. A pass that watches routing makes
@@ -635,16 +623,11 @@ void EvalRun::read_model() {
     if (!info.problems.empty()) {
         fail_file(opt.model.string(), "is inconsistent (see moeprune inspect): " + fmt::format("{}", fmt::join(info.problems, "; ")));
     }
-    facts.arch = info.arch;
-    facts.n_expert = info.n_expert;
-    facts.n_expert_used = info.n_expert_used;
+    facts = mask_facts(info);
     opt.j = moce_j(given.j, int(info.n_expert_used));
     if (closed_loop) {
         refuse_inert_moce(*opt.j, int(info.n_expert_used), opt.lambdas);
     }
-    facts.n_groups = info.expert_group_count;
-    facts.n_group_used = info.expert_group_used_count;
-    facts.moe_layers = info.routed_layers();
 }
 
 // Keep maps are read and checked against the model before anything runs.

@@ -11,6 +11,17 @@
 
 namespace moeprune {
 
+MaskFacts mask_facts(const InspectReport & info) {
+    MaskFacts facts;
+    facts.arch = info.arch;
+    facts.n_expert = info.n_expert;
+    facts.n_expert_used = info.n_expert_used;
+    facts.n_groups = info.expert_group_count;
+    facts.n_group_used = info.expert_group_used_count;
+    facts.moe_layers = info.routed_layers();
+    return facts;
+}
+
 bool RouterMask::callback(ggml_tensor * t, bool ask, void * ud) {
     auto * self = static_cast<RouterMask *>(ud);
     return self->guarded([&] { return self->on_node(t, ask); });

@@ -15,6 +15,7 @@
 // and every chosen expert is a kept one.
 #include "engine/router_graph.h"
 #include "formats/keep_map.h"
+#include "model/inspect.h"
 
 #include "ggml.h"
 
@@ -37,6 +38,9 @@ struct MaskFacts {
     int64_t n_expert = 0, n_expert_used = 0, n_groups = 0, n_group_used = 0;
     std::vector<int> moe_layers;  // block indices the forward pass runs
 };
+
+// The facts of a model the mask and the router tap need, as inspect reads them.
+MaskFacts mask_facts(const InspectReport & info);
 
 class RouterMask : public GraphObserverFailure {
 public:

@@ -195,6 +195,9 @@ ReplayFile read_replay_report(const std::filesystem::path & path) {
     out.n_layer = in.integer("n_layer", 1, 100000);
     out.n_expert = in.integer("n_expert", 1, 65536);
     out.keep = optional_string(in, "keep");
+    if (out.keep && out.keep->empty()) {
+        out.keep.reset();  // no keep map, as null says
+    }
     if (in.has("n_expert_after_keep")) {
         out.n_expert_after_keep = in.integer("n_expert_after_keep", 1, 65536);
     }

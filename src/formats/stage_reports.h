@@ -67,7 +67,7 @@ struct ReplayFile {
     std::string path;
     std::optional<nlohmann::json> trace_model;   // inputs.trace_meta.model, when the trace names its model
     int64_t n_layer = 0, n_expert = 0;
-    std::optional<std::string> keep;             // the keep map replayed
+    std::optional<std::string> keep;             // the keep map replayed (none: null or "")
     std::optional<int64_t> n_expert_after_keep;
     bool global = false;                         // one cache shared by all layers
     nlohmann::json throughput;                   // the throughput settings, as recorded (null when absent)

@@ -75,18 +75,7 @@ json resident_set() {
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 ContextPtr decode_context(llama_model * model, const WorkerSpec & s, ggml_backend_sched_eval_callback cb, void * ud) {
-    llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = uint32_t(s.ctx);
-    cp.n_batch = cp.n_ubatch = 1;
-    cp.n_seq_max = 1;
-    cp.n_threads = cp.n_threads_batch = s.threads;
-    cp.cb_eval = cb;
-    cp.cb_eval_user_data = ud;
-    ContextPtr ctx(llama_init_from_model(model, cp), llama_free);
-    if (!ctx) {
-        throw Error(fmt::format("llama.cpp could not create a context of {} tokens", s.ctx));
-    }
-    return ctx;
+    return new_context(model, {s.ctx, 1, 1, s.threads, cb, ud});
 }
 
 // One token at the next position, its logits requested as a generation step requests them.
@@ -105,13 +94,7 @@ void decode_one(llama_context * ctx, int32_t token, int pos) {
 void trace_pass(llama_model * model, const WorkerSpec & s) {
     const GgufModel gguf = GgufModel::open(s.model);
     const InspectReport info = inspect_model(gguf, {});
-    MaskFacts facts;
-    facts.arch = info.arch;
-    facts.n_expert = info.n_expert;
-    facts.n_expert_used = info.n_expert_used;
-    facts.n_groups = info.expert_group_count;
-    facts.n_group_used = info.expert_group_used_count;
-    facts.moe_layers = info.routed_layers();
+    const MaskFacts facts = mask_facts(info);
     const int top = std::min(s.trace_top, int(info.n_expert));
     RouterTap tap(facts, top, nullptr, nullptr, nullptr, {});
     ContextPtr ctx = decode_context(model, s, &RouterTap::callback, &tap);

@@ -149,7 +149,10 @@ json kld_rows(const EvalFile & eval, int64_t n_expert) {
         if (c.kind != "keep") {
             continue;
         }
-        const auto [criterion, k] = map_name(c.source, n_expert);
+        // Named, not bound: a lambda of clang 15 cannot capture a structured binding.
+        const std::pair<std::string, int64_t> map = map_name(c.source, n_expert);
+        const std::string & criterion = map.first;
+        const int64_t k = map.second;
         const auto row = [&](const std::string & domain, const EvalFigures & st) {
             kld_rows.push_back({{"criterion", criterion},
                                 {"k", k},
