@@ -17,8 +17,8 @@ CMAKE_ARGS += -DMOEPRUNE_SANITIZE=$(SANITIZE)
 export ASAN_OPTIONS ?= detect_leaks=1:abort_on_error=1
 export LSAN_OPTIONS ?= suppressions=$(CURDIR)/tests/lsan.supp
 export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
-# The architecture matrix runs in the plain pass only: it is llama.cpp's graphs, 54 times.
-CTEST_ARGS += -LE arch
+# The architecture matrix and the realism tier run in the plain pass only: they are llama.cpp's graphs, 54 times, and its decode of the trained model.
+CTEST_ARGS += -LE 'arch|realism'
 endif
 DEMO_DIR   ?= demo
 # make fuzz: every libFuzzer target (fuzz/) for FUZZ_RUNS executions, in build-fuzz/ (clang).
@@ -30,7 +30,7 @@ CTEST_ARGS ?=
 .PHONY: archs build deps llama configure demo test fuzz fuzz-build fuzz-seeds faults bench clean
 
 build: configure
-	cmake --build $(BUILD_DIR) -j $(JOBS) --target moeprune llama-peers moeprune_tests moeprune_arch_tests
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target moeprune llama-peers moeprune_tests moeprune_arch_tests moeprune_realism_tests
 
 deps:
 	@bash scripts/install-deps.sh

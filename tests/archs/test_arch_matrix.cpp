@@ -189,10 +189,7 @@ double mean_kld(const std::vector<float> & p_logits, const std::vector<float> & 
 }
 
 bool perplexity_runs(const fs::path & model, const fs::path & text, std::string * log) {
-    const auto r = test::run_command(fmt::format("{} -m {} -f {} -c 128 -b 128 --chunks 2 -t 1",
-                                                 test::bin("llama-perplexity").string(), model.string(), text.string()));
-    *log = r.output;
-    return r.exit_code == 0 && r.output.find("Final estimate: PPL") != std::string::npos;
+    return test::llama_perplexity(model, text, "-c 128 -b 128 --chunks 2 -t 1", log).has_value();
 }
 
 KeepMap keep_map(const InspectReport & rep, const std::function<std::vector<int32_t>(int)> & kept) {

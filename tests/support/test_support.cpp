@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 #include <random>
+#include <regex>
 #include <sstream>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -41,6 +42,19 @@ CommandResult run_command(const std::string & command) {
 }
 
 fs::path bin(const std::string & name) { return fs::path(MOEPRUNE_BIN_DIR) / name; }
+
+std::optional<double> llama_perplexity(const fs::path & model, const fs::path & text, const std::string & args,
+                                       std::string * log) {
+    static const std::regex estimate(R"(Final estimate: PPL = ([0-9.]+|nan|inf))");
+    for (int attempt = 0; attempt < 3; ++attempt) {
+        const auto r = run_command(bin("llama-perplexity").string() + " -m " + model.string() + " -f " + text.string() + " " + args);
+        if (log) *log = r.output;
+        if (r.exit_code != 0) return std::nullopt;
+        std::smatch m;
+        if (std::regex_search(r.output, m, estimate)) return std::stod(m[1]);
+    }
+    return std::nullopt;
+}
 
 std::string mixed_text() {
     std::ostringstream o;

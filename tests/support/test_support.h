@@ -2,6 +2,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,14 @@ std::filesystem::path bin(const std::string & name);  // build/bin/NAME
 std::string mixed_text();
 
 void write_text(const std::filesystem::path & path, const std::string & text);
+
+// llama-perplexity's final estimate for `model` on `text` (extra arguments appended), or
+// nullopt when it fails; `log` receives its last output. llama.cpp's logger writes from a
+// thread that can lose the last lines at exit (about 1 run in 15 here, exit status 0), so
+// a run whose output lacks the estimate is repeated, up to three times: the computation is
+// deterministic, only its printing is lost.
+std::optional<double> llama_perplexity(const std::filesystem::path & model, const std::filesystem::path & text,
+                                       const std::string & args, std::string * log = nullptr);
 std::string read_bytes(const std::filesystem::path & path);
 
 // Writes a trace in the seed pipeline's Q4RT v1 layout, independently of the library's

@@ -1,0 +1,351 @@
+// The trained fixture (tests/fixtures/trained/, made by tools/train/make-fixture.sh): the
+// file is the model PyTorch trained, it has learned, and on a model with something to
+// lose the pruning decisions come out the way they should (the realism tier).
+#include "support/test_support.h"
+
+#include "llama.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <set>
+
+using namespace moeprune;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+const fs::path fixture_dir = fs::path(MOEPRUNE_SOURCE_DIR) / "tests" / "fixtures" / "trained";
+const fs::path trained_model = fixture_dir / "model.gguf";
+
+json read_json(const fs::path & p) { return json::parse(test::read_bytes(p)); }
+
+std::string moeprune_cmd(const std::string & args) { return test::bin("moeprune").string() + " " + args; }
+
+void run_ok(const std::string & command) {
+    const auto r = test::run_command(command);
+    ASSERT_EQ(r.exit_code, 0) << command << "\n" << r.output;
+}
+
+struct LlamaModel {
+    std::unique_ptr<llama_model, decltype(&llama_model_free)> model{nullptr, llama_model_free};
+    LlamaModel() {
+        llama_backend_init();
+        llama_model_params mp = llama_model_default_params();
+        model.reset(llama_model_load_from_file(trained_model.c_str(), mp));
+    }
+};
+
+// Documents of one domain of a fixture corpus, as plain text.
+std::string domain_text(const fs::path & jsonl, const std::string & domain) {
+    std::istringstream in(test::read_bytes(jsonl));
+    std::string out;
+    for (std::string line; std::getline(in, line);) {
+        const json j = json::parse(line);
+        if (j.value("domain", "") == domain && j.contains("text")) out += j["text"].get<std::string>() + "\n";
+    }
+    return out;
+}
+
+std::vector<llama_token> plain_tokens(const llama_vocab * vocab, const std::string & text) {
+    std::vector<llama_token> toks(text.size() + 8);
+    const int n = llama_tokenize(vocab, text.c_str(), int32_t(text.size()), toks.data(), int32_t(toks.size()), false, false);
+    toks.resize(size_t(std::max(n, 0)));
+    return toks;
+}
+
+// Perplexity on `tokens` of the unigram model of a domain's training split (counts
+// recorded by tools/train/data.py, add-one smoothed over the vocabulary).
+double unigram_ppl(const json & counts, int n_vocab, const std::vector<llama_token> & tokens) {
+    std::map<int, double> count;
+    double total = 0;
+    const auto ids = counts["ids"].get<std::vector<int>>();
+    const auto ns = counts["counts"].get<std::vector<double>>();
+    for (size_t i = 0; i < ids.size(); ++i) {
+        count[ids[i]] = ns[i];
+        total += ns[i];
+    }
+    double nll = 0;
+    for (llama_token t : tokens) nll -= std::log((count[t] + 1) / (total + n_vocab));
+    return std::exp(nll / double(tokens.size()));
+}
+
+// The best any unigram model can do on `tokens`: their own frequencies.
+double oracle_unigram_ppl(const std::vector<llama_token> & tokens) {
+    std::map<llama_token, double> count;
+    for (llama_token t : tokens) count[t] += 1;
+    const double n = double(tokens.size());
+    double h = 0;
+    for (const auto & [tok, c] : count) h -= c / n * std::log(c / n);
+    return std::exp(h);
+}
+
+}  // namespace
+
+// The GGUF holds the trained weights and llama.cpp's graph computes what PyTorch's
+// forward computed: every logit the recipe recorded on held-out windows (each position's
+// 16 highest and 16 fixed random ids), within 1e-3, with llama.cpp in f32 throughout.
+TEST(TrainedModel, LlamaCppLogitsMatchPyTorch) {
+    const json ref = read_json(fixture_dir / "reference-logits.json");
+    LlamaModel m;
+    ASSERT_NE(m.model, nullptr);
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = 256;
+    cp.n_batch = 256;
+    cp.n_ubatch = 256;
+    cp.n_threads = 2;
+    // f32 throughout: the f16 KV cache and the CPU flash-attention kernel (which rounds to
+    // f16 inside) each move logits by about 1e-3.
+    cp.type_k = GGML_TYPE_F32;
+    cp.type_v = GGML_TYPE_F32;
+    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    std::unique_ptr<llama_context, decltype(&llama_free)> ctx(llama_init_from_model(m.model.get(), cp), llama_free);
+    ASSERT_NE(ctx, nullptr);
+    double max_delta = 0;
+    size_t compared = 0;
+    std::set<std::string> domains;
+    for (const auto & seq : ref["sequences"]) {
+        const auto tokens = seq["tokens"].get<std::vector<llama_token>>();
+        llama_memory_clear(llama_get_memory(ctx.get()), true);
+        llama_batch batch = llama_batch_init(int32_t(tokens.size()), 0, 1);
+        for (size_t i = 0; i < tokens.size(); ++i) {
+            batch.token[i] = tokens[i];
+            batch.pos[i] = int32_t(i);
+            batch.n_seq_id[i] = 1;
+            batch.seq_id[i][0] = 0;
+            batch.logits[i] = true;
+        }
+        batch.n_tokens = int32_t(tokens.size());
+        ASSERT_EQ(llama_decode(ctx.get(), batch), 0);
+        llama_batch_free(batch);
+        const auto & positions = seq["positions"];
+        for (size_t p = 0; p < positions.size(); ++p) {
+            const float * logits = llama_get_logits_ith(ctx.get(), int32_t(p));
+            const auto ids = positions[p]["ids"].get<std::vector<int>>();
+            const auto want = positions[p]["logits"].get<std::vector<double>>();
+            for (size_t i = 0; i < ids.size(); ++i) {
+                max_delta = std::max(max_delta, std::abs(double(logits[ids[i]]) - want[i]));
+                ++compared;
+            }
+        }
+        domains.insert(seq["domain"].get<std::string>());
+    }
+    std::printf("[ trained  ] max |logit(llama.cpp) - logit(PyTorch)| = %.3g over %zu logits\n", max_delta, compared);
+    // The file carries its recipe: seed, settings and the digests of the data it saw.
+    for (const char * key : {"moeprune.train.recipe", "moeprune.train.seed", "moeprune.train.settings",
+                             "moeprune.train.data_sha256", "moeprune.train.train_seconds"}) {
+        char value[4096];
+        EXPECT_GT(llama_model_meta_val_str(m.model.get(), key, value, sizeof(value)), 0) << key;
+    }
+    EXPECT_EQ(domains, (std::set<std::string>{"prose", "code", "zh", "chat"}));
+    EXPECT_GT(compared, 10000u);
+    EXPECT_LE(max_delta, 1e-3);
+}
+
+// It has learned: llama-perplexity on each held-out text domain is at most a third of
+// the perplexity of that domain's training unigram model on the same text. The unigram
+// fitted on the held-out text itself (a bound no unigram model reaches) is printed too.
+TEST(TrainedModel, HeldOutPerplexityIsAThirdOfUnigrams) {
+    test::TempDir dir;
+    LlamaModel m;
+    ASSERT_NE(m.model, nullptr);
+    const llama_vocab * vocab = llama_model_get_vocab(m.model.get());
+    const json unigrams = read_json(fixture_dir / "unigram-counts.json")["domains"];
+    for (const std::string domain : {"prose", "code", "zh"}) {
+        const std::string text = domain_text(fixture_dir / "eval.jsonl", domain);
+        const fs::path file = dir / (domain + ".txt");
+        test::write_text(file, text);
+        std::string log;
+        const auto estimate = test::llama_perplexity(trained_model, file, "-c 128 -b 128 -t 2", &log);
+        ASSERT_TRUE(estimate.has_value()) << log;
+        const double ppl = *estimate;
+        const auto tokens = plain_tokens(vocab, text);
+        // Four or more of llama-perplexity's 128-token chunks (the Chinese held-out text has about 850 tokens).
+        ASSERT_GE(tokens.size(), 4u * 128u) << domain;
+        const double unigram = unigram_ppl(unigrams.at(domain), llama_vocab_n_tokens(vocab), tokens);
+        const double oracle = oracle_unigram_ppl(tokens);
+        std::printf("[ trained  ] %-5s held-out PPL %.1f; training unigram %.1f (ratio %.3f); the text's own unigram %.1f (ratio %.3f)\n",
+                    domain.c_str(), ppl, unigram, ppl / unigram, oracle, ppl / oracle);
+        EXPECT_LE(ppl, unigram / 3) << domain;
+    }
+}
+
+// The realism tier: one collect over the fixture's calibration corpus (Chinese its
+// minority), keep maps of every criterion at one K (domain-max ranking frequency within
+// each domain), reap maps at a small and a large K, and eval on held-out text and chat.
+class TrainedRealism : public ::testing::Test {
+protected:
+    static constexpr int kept = 12;  // of 32 experts per layer
+    static inline std::unique_ptr<test::TempDir> dir;
+    static inline json stats, eval_report;
+
+    static void SetUpTestSuite() {
+        dir = std::make_unique<test::TempDir>();
+        const fs::path d = dir->path();
+        const std::string stats_file = (d / "stats.json").string();
+        run_ok(moeprune_cmd(fmt::format("collect -m {} -f {} -o {} -c 256 -t 2", trained_model.string(),
+                                        (fixture_dir / "calib.jsonl").string(), stats_file)));
+        run_ok(moeprune_cmd(fmt::format("select --stats {} -k {} --metric freq soft-freq reap reap-lcb ean domain-max random "
+                                        "--domain-metric freq --seed 7 -o {}", stats_file, kept, (d / "maps").string())));
+        run_ok(moeprune_cmd(fmt::format("select --stats {} -k 4 24 --metric reap -o {}", stats_file, (d / "reap").string())));
+        for (const char * k : {"reap-k4.json", "reap-k24.json"}) fs::copy_file(d / "reap" / k, d / "maps" / k);
+        run_ok(moeprune_cmd(fmt::format("eval -m {} -f {} --keep-dir {} -c 256 -t 2 --generate 64 --json {}", trained_model.string(),
+                                        (fixture_dir / "eval.jsonl").string(), (d / "maps").string(),
+                                        (d / "eval.json").string())));
+        stats = read_json(d / "stats.json");
+        eval_report = read_json(d / "eval.json");
+    }
+    static void TearDownTestSuite() { dir.reset(); }
+
+    static const json & candidate(const std::string & name) {
+        for (const auto & c : eval_report["candidates"])
+            if (c["name"] == name) return c;
+        throw std::runtime_error("no candidate " + name);
+    }
+    static std::string map_name(const std::string & metric) { return fmt::format("{}-k{}", metric, kept); }
+};
+
+// Its experts specialize without planting: in most layers code and Chinese route to
+// different experts (Jensen-Shannon divergence of their expert-frequency distributions, in
+// bits: 0 for the same distribution, 1 for disjoint ones), and in every domain some experts
+// carry that domain's routing at twice or more their overall share (a domain with 30% of
+// the tokens cannot reach more than 3.3 times).
+TEST_F(TrainedRealism, ExpertsSpecializeWithoutPlanting) {
+    const auto distribution = [](const json & layer) {
+        auto c = layer["count"].get<std::vector<double>>();
+        double total = 0;
+        for (double v : c) total += v;
+        for (double & v : c) v /= total;
+        return c;
+    };
+    int differing = 0;
+    const size_t n_layer = stats["layers"].size();
+    for (size_t l = 0; l < n_layer; ++l) {
+        const auto p = distribution(stats["domains"]["code"]["layers"][l]), q = distribution(stats["domains"]["zh"]["layers"][l]);
+        double jsd = 0;
+        for (size_t e = 0; e < p.size(); ++e) {
+            const double m = (p[e] + q[e]) / 2;
+            if (p[e] > 0) jsd += 0.5 * p[e] * std::log2(p[e] / m);
+            if (q[e] > 0) jsd += 0.5 * q[e] * std::log2(q[e] / m);
+        }
+        std::printf("[ trained  ] layer %zu: JSD(code, zh) = %.3f bits\n", l, jsd);
+        differing += jsd > 0.1;
+    }
+    EXPECT_GT(differing, int(n_layer) / 2);
+    for (const auto & [domain, d] : stats["domains"].items()) {
+        const double share_of_domain = d["n_tokens"].get<double>() / stats["n_tokens"].get<double>();
+        int specialists = 0;
+        double strongest = 0;
+        for (size_t l = 0; l < n_layer; ++l) {
+            const auto all = stats["layers"][l]["count"].get<std::vector<double>>();
+            const auto in = d["layers"][l]["count"].get<std::vector<double>>();
+            for (size_t e = 0; e < all.size(); ++e) {
+                if (all[e] < 20) continue;
+                const double multiple = (in[e] / all[e]) / share_of_domain;
+                strongest = std::max(strongest, multiple);
+                specialists += multiple >= 2;
+            }
+        }
+        std::printf("[ trained  ] %-5s (%.0f%% of calib tokens): %d experts at >= 2x their overall share, strongest %.1fx\n",
+                    domain.c_str(), 100 * share_of_domain, specialists, strongest);
+        EXPECT_GT(specialists, 0) << domain;
+    }
+}
+
+// Behaviour checks have something to measure: the base model ends at least 80% of the
+// held-out chat answers with the template's end token within 64 tokens.
+TEST_F(TrainedRealism, BaseEndsChatAnswers) {
+    const double terminated = eval_report["generation"]["base_terminated"].get<double>();
+    std::printf("[ trained  ] base ends %.1f%% of %d held-out chat prompts within 64 tokens\n", 100 * terminated,
+                candidate(map_name("freq"))["all"]["gen_prompts"].get<int>());
+    EXPECT_GE(terminated, 0.8);
+}
+
+// Every informed criterion costs less mean KLD than a seeded random keep map.
+TEST_F(TrainedRealism, InformedCriteriaBeatRandom) {
+    const double random = candidate(map_name("random"))["all"]["kld_mean"].get<double>();
+    for (const std::string metric : {"freq", "soft-freq", "reap", "reap-lcb", "ean", "domain-max"}) {
+        const double kld = candidate(map_name(metric))["all"]["kld_mean"].get<double>();
+        std::printf("[ trained  ] K=%d %-10s mean KLD %.4f (random %.4f)\n", kept, metric.c_str(), kld, random);
+        EXPECT_LT(kld, random) << metric;
+    }
+}
+
+// domain-max keeps the calibration minority's specialists, which freq drops, and costs
+// less KLD on Chinese than freq. A layer's Chinese specialists: its two experts with the
+// most Chinese hits among those that carry Chinese routing at three times or more their
+// overall share.
+TEST_F(TrainedRealism, DomainMaxKeepsTheMinoritysSpecialists) {
+    const auto keep_of = [&](const std::string & metric) {
+        return read_json(dir->path() / "maps" / (map_name(metric) + ".json"))["layers"];
+    };
+    const json freq = keep_of("freq"), dmax = keep_of("domain-max");
+    const json & zh = stats["domains"]["zh"];
+    const double zh_tokens = zh["n_tokens"].get<double>(), all_tokens = stats["n_tokens"].get<double>();
+    int specialists = 0, kept_by_dmax = 0, kept_by_freq = 0;
+    for (size_t l = 0; l < stats["layers"].size(); ++l) {
+        const auto all = stats["layers"][l]["count"].get<std::vector<double>>();
+        const auto in_zh = zh["layers"][l]["count"].get<std::vector<double>>();
+        const auto fk = freq[std::to_string(l)].get<std::set<int>>(), dk = dmax[std::to_string(l)].get<std::set<int>>();
+        std::vector<int> layer_specialists;
+        for (size_t e = 0; e < all.size(); ++e)
+            if (in_zh[e] >= 20 && in_zh[e] / zh_tokens >= 3 * all[e] / all_tokens) layer_specialists.push_back(int(e));
+        std::sort(layer_specialists.begin(), layer_specialists.end(), [&](int a, int b) { return in_zh[size_t(a)] > in_zh[size_t(b)]; });
+        layer_specialists.resize(std::min<size_t>(layer_specialists.size(), 2));
+        for (int e : layer_specialists) {
+            ++specialists;
+            kept_by_dmax += int(dk.count(e));
+            kept_by_freq += int(fk.count(e));
+        }
+    }
+    const double kld_dmax = candidate(map_name("domain-max"))["domains"]["zh"]["kld_mean"].get<double>();
+    const double kld_freq = candidate(map_name("freq"))["domains"]["zh"]["kld_mean"].get<double>();
+    std::printf("[ trained  ] %d Chinese specialists: domain-max keeps %d, freq %d; zh KLD %.4f vs %.4f\n", specialists,
+                kept_by_dmax, kept_by_freq, kld_dmax, kld_freq);
+    ASSERT_GT(specialists, 0);
+    EXPECT_EQ(kept_by_dmax, specialists);
+    EXPECT_LT(kept_by_freq, specialists);
+    EXPECT_LT(kld_dmax, kld_freq);
+}
+
+// The behaviour checks see a heavy prune: at K=4 greedy chat answers part from the
+// base's sooner, and match it less often, than at K=24 by the same criterion.
+TEST_F(TrainedRealism, BehaviourFailsMoreAtSmallK) {
+    const json & small = candidate("reap-k4")["all"];
+    const json & large = candidate("reap-k24")["all"];
+    std::printf("[ trained  ] reap K=4: divergence %.2f tokens, exact %.2f, clean end %.2f; K=24: divergence %.2f, exact %.2f, clean end %.2f\n",
+                small["gen_divergence_mean"].get<double>(), small["gen_exact_match"].get<double>(),
+                small["gen_clean_termination"].get<double>(), large["gen_divergence_mean"].get<double>(),
+                large["gen_exact_match"].get<double>(), large["gen_clean_termination"].get<double>());
+    EXPECT_LT(small["gen_divergence_mean"].get<double>(), large["gen_divergence_mean"].get<double>());
+    EXPECT_LT(small["gen_exact_match"].get<double>(), large["gen_exact_match"].get<double>());
+}
+
+// The compact base (top-T logits plus the tail's mass) is a tight bound on a trained
+// model: at T = 256 its tail holds a minority of the probability (on the random synthetic
+// models, nearly all of it), and the bound reaches most of the exact KLD.
+TEST_F(TrainedRealism, CompactBaseBoundIsTight) {
+    const fs::path d = dir->path();
+    const std::string reap_map = (d / "maps" / (map_name("reap") + ".json")).string();
+    run_ok(moeprune_cmd(fmt::format("eval -m {} -f {} -c 256 -t 2 --top 256 --base-out {}", trained_model.string(),
+                                    (fixture_dir / "eval.jsonl").string(), (d / "base.mpkl").string())));
+    run_ok(moeprune_cmd(fmt::format("eval -m {} -f {} -c 256 -t 2 --base {} --keep {} --json {}", trained_model.string(),
+                                    (fixture_dir / "eval.jsonl").string(), (d / "base.mpkl").string(), reap_map,
+                                    (d / "bound.json").string())));
+    const json bound = read_json(d / "bound.json");
+    const double tail = bound["base"]["tail_mass_mean"].get<double>();
+    const double kld_bound = bound["candidates"][0]["all"]["kld_mean"].get<double>();
+    const double kld_exact = candidate(map_name("reap"))["all"]["kld_mean"].get<double>();
+    std::printf("[ trained  ] top-%d base: tail_mass_mean %.4f, KLD bound %.4f vs exact %.4f (%.0f%%)\n",
+                bound["base"]["top"].get<int>(), tail, kld_bound, kld_exact, 100 * kld_bound / kld_exact);
+    EXPECT_LT(tail, 0.5);
+    EXPECT_LE(kld_bound, kld_exact * (1 + 1e-6));
+    EXPECT_GE(kld_bound, 0.85 * kld_exact);
+}
