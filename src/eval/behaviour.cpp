@@ -87,7 +87,10 @@ BehaviourStats behaviour_stats(const std::vector<BehaviourSample> & samples) {
         exact += x.base->tokens == x.candidate->tokens;
         if (x.base->terminated) {
             ++base_terminated;
-            cand_terminated += x.candidate->terminated;
+            // An answer that is nothing but the end token, where the base said something,
+            // looks like a clean stop and is the failure of a heavily pruned model.
+            const bool answered = x.candidate->tokens.size() > 1 || x.base->tokens.size() <= 1;
+            cand_terminated += x.candidate->terminated && answered;
         }
         const auto base_calls = tool_call_names(x.base->text);
         if (base_calls && !base_calls->empty()) {

@@ -29,7 +29,7 @@ struct BehaviourStats {
     uint64_t prompts = 0;
     double exact_match = 0;                    // share of continuations identical to the base's
     double divergence_mean = 0, divergence_median = 0;   // tokens before the first that differs
-    std::optional<double> clean_termination;   // where the base terminated: share where the candidate did
+    std::optional<double> clean_termination;   // where the base terminated: share where the candidate answered and did
     std::optional<double> tool_call_ok;        // where the base called tools: share with the same calls, parsed
     std::optional<double> think_balanced;      // terminated candidates using <think>: share with every block closed
     double repeat_4gram = 0;                   // mean share of 4-grams that repeat an earlier one

@@ -311,6 +311,11 @@ TEST(Behaviour, ChecksOnTranscriptsWithKnownAnswers) {
     // Terminated candidates with think tags: closed_think yes, unclosed_but_stopped no.
     ASSERT_TRUE(s.think_balanced.has_value());
     EXPECT_DOUBLE_EQ(*s.think_balanced, 0.5);
+    // Ending at once, with the end token alone, is no clean stop where the base answered;
+    // where the base said nothing either, it is.
+    const Continuation silent = said("", {99}, true);
+    EXPECT_DOUBLE_EQ(*behaviour_stats({{&base_text, &silent, false}, {&base_text, &closed_think, false}}).clean_termination, 0.5);
+    EXPECT_DOUBLE_EQ(*behaviour_stats({{&silent, &silent, false}}).clean_termination, 1.0);
     // No base called a tool and none terminated: those measures do not apply.
     const BehaviourStats none = behaviour_stats({{&open_think, &open_think, false}});
     EXPECT_FALSE(none.clean_termination.has_value());

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -183,6 +184,10 @@ TEST(TrainedModel, HeldOutPerplexityIsAThirdOfUnigrams) {
 class TrainedRealism : public ::testing::Test {
 protected:
     static constexpr int kept = 12;  // of 32 experts per layer
+    // Every criterion select has but random, domain-max and domain-mix ranking frequency
+    // within each domain, domain-mix weighing the four domains equally.
+    static inline const std::vector<std::string> informed = {"freq", "soft-freq", "reap", "reap-sum", "ean", "ean-sum",
+                                                              "reap-lcb", "hybrid", "domain-max", "domain-mix"};
     static inline std::unique_ptr<test::TempDir> dir;
     static inline json stats, eval_report;
 
@@ -192,8 +197,16 @@ protected:
         const std::string stats_file = (d / "stats.json").string();
         run_ok(moeprune_cmd(fmt::format("collect -m {} -f {} -o {} -c 256 -t 2", trained_model.string(),
                                         (fixture_dir / "calib.jsonl").string(), stats_file)));
-        run_ok(moeprune_cmd(fmt::format("select --stats {} -k {} --metric freq soft-freq reap reap-lcb ean domain-max random "
-                                        "--domain-metric freq --seed 7 -o {}", stats_file, kept, (d / "maps").string())));
+        run_ok(moeprune_cmd(fmt::format("select --stats {} -k {} --metric {} random --domain-metric freq "
+                                        "--domain-weights prose=1,code=1,zh=1,chat=1 --seed 7 -o {}",
+                                        stats_file, kept, fmt::join(informed, " "), (d / "maps").string())));
+        // Two more random maps, so that an informed criterion is not judged against one lucky draw.
+        for (const int seed : {8, 9}) {
+            const fs::path out = d / fmt::format("random{}", seed);
+            run_ok(moeprune_cmd(fmt::format("select --stats {} -k {} --metric random --seed {} -o {}", stats_file, kept, seed,
+                                            out.string())));
+            fs::copy_file(out / map_file("random"), d / "maps" / fmt::format("random{}-k{}.json", seed, kept));
+        }
         run_ok(moeprune_cmd(fmt::format("select --stats {} -k 4 24 --metric reap -o {}", stats_file, (d / "reap").string())));
         for (const char * k : {"reap-k4.json", "reap-k24.json"}) fs::copy_file(d / "reap" / k, d / "maps" / k);
         run_ok(moeprune_cmd(fmt::format("eval -m {} -f {} --keep-dir {} -c 256 -t 2 --generate 64 --json {}", trained_model.string(),
@@ -210,6 +223,7 @@ protected:
         throw std::runtime_error("no candidate " + name);
     }
     static std::string map_name(const std::string & metric) { return fmt::format("{}-k{}", metric, kept); }
+    static std::string map_file(const std::string & metric) { return map_name(metric) + ".json"; }
 };
 
 // Its experts specialize without planting: in most layers code and Chinese route to
@@ -268,13 +282,27 @@ TEST_F(TrainedRealism, BaseEndsChatAnswers) {
     EXPECT_GE(terminated, 0.8);
 }
 
-// Every informed criterion costs less mean KLD than a seeded random keep map.
+// Every informed criterion costs less mean KLD than a seeded random keep map (seed 7).
+// Two more random maps show the spread of random draws (0.59 to 0.79 here): every
+// criterion that weighs what experts output, or protects domains, beats all three; freq
+// and soft-freq, which count only router choices, beat seed 7's and fall inside the
+// spread, so they are held to that one map only.
 TEST_F(TrainedRealism, InformedCriteriaBeatRandom) {
-    const double random = candidate(map_name("random"))["all"]["kld_mean"].get<double>();
-    for (const std::string metric : {"freq", "soft-freq", "reap", "reap-lcb", "ean", "domain-max"}) {
-        const double kld = candidate(map_name(metric))["all"]["kld_mean"].get<double>();
-        std::printf("[ trained  ] K=%d %-10s mean KLD %.4f (random %.4f)\n", kept, metric.c_str(), kld, random);
-        EXPECT_LT(kld, random) << metric;
+    const double seeded = candidate(map_name("random"))["all"]["kld_mean"].get<double>();
+    double best_random = seeded;
+    for (const int seed : {8, 9}) {
+        const double kld = candidate(fmt::format("random{}-k{}", seed, kept))["all"]["kld_mean"].get<double>();
+        std::printf("[ trained  ] K=%d random, seed %d: mean KLD %.4f\n", kept, seed, kld);
+        best_random = std::min(best_random, kld);
+    }
+    const std::set<std::string> router_counts_only = {"freq", "soft-freq"};
+    for (const std::string & metric : informed) {
+        const json & all = candidate(map_name(metric))["all"];
+        const double kld = all["kld_mean"].get<double>();
+        std::printf("[ trained  ] K=%d %-10s mean KLD %.4f +- %.4f (random: seed 7 %.4f, best of three %.4f)\n", kept,
+                    metric.c_str(), kld, all["kld_stderr"].get<double>(), seeded, best_random);
+        EXPECT_LT(kld, seeded) << metric;
+        if (!router_counts_only.count(metric)) EXPECT_LT(kld, best_random) << metric;
     }
 }
 
@@ -284,7 +312,7 @@ TEST_F(TrainedRealism, InformedCriteriaBeatRandom) {
 // overall share.
 TEST_F(TrainedRealism, DomainMaxKeepsTheMinoritysSpecialists) {
     const auto keep_of = [&](const std::string & metric) {
-        return read_json(dir->path() / "maps" / (map_name(metric) + ".json"))["layers"];
+        return read_json(dir->path() / "maps" / map_file(metric))["layers"];
     };
     const json freq = keep_of("freq"), dmax = keep_of("domain-max");
     const json & zh = stats["domains"]["zh"];
@@ -316,7 +344,9 @@ TEST_F(TrainedRealism, DomainMaxKeepsTheMinoritysSpecialists) {
 }
 
 // The behaviour checks see a heavy prune: at K=4 greedy chat answers part from the
-// base's sooner, and match it less often, than at K=24 by the same criterion.
+// base's sooner, and match it less often, than at K=24 by the same criterion. Clean
+// termination is printed, not asserted: the K=4 model answers something short and
+// wrong, then ends, so it "ends cleanly" more often than the K=24 one.
 TEST_F(TrainedRealism, BehaviourFailsMoreAtSmallK) {
     const json & small = candidate("reap-k4")["all"];
     const json & large = candidate("reap-k24")["all"];

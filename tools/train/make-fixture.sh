@@ -10,11 +10,15 @@ build=${1:-build}
 llama=third_party/llama.cpp
 out=tests/fixtures/trained
 work=$build/train
-mkdir -p "$work" "$out"
+# Everything is made in $stage and replaces the committed fixture only when every step
+# succeeded, so that a failed or interrupted run never leaves a half-new fixture.
+stage=$work/fixture
+rm -rf "$stage"
+mkdir -p "$work" "$stage" "$out"
 
 # Debian's PyTorch links the reference BLAS unless OpenBLAS provides libblas.so.3; with
 # it, a step is about 30 times faster.
-packages=(python3-torch python3-numpy python3-yaml libopenblas0-pthread)
+packages=(python3-torch python3-numpy python3-yaml libopenblas0-pthread manpages-zh)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -33,7 +37,8 @@ cmake --build "$build" -j "$(nproc)" --target moeprune llama-tokenize llama-peer
 "$build/bin/moeprune" synth --arch qwen3moe --layers 4 --experts 32 --used 4 --embd 128 --ff 64 \
   --vocab "$llama/models/ggml-vocab-phi-3.gguf" -o "$work/template.gguf"
 $py tools/train/data.py --llama "$llama" --tokenize "$build/bin/llama-tokenize" \
-  --tokenizer "$work/template.gguf" --out "$work/data" --fixture "$out"
+  --tokenizer "$work/template.gguf" --out "$work/data" --fixture "$stage"
 OPENBLAS_NUM_THREADS=2 $py tools/train/train.py --template "$work/template.gguf" --data "$work/data" \
-  --out "$out/model.gguf" --reference "$out/reference-logits.json" --threads 2
+  --out "$stage/model.gguf" --reference "$stage/reference-logits.json" --threads 2
+cp "$stage"/* "$out"/
 (cd "$build" && ctest --output-on-failure -L realism)
