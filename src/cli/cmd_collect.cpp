@@ -33,6 +33,8 @@ void add_collect(CLI::App & app, Action & action) {
     sub->add_option("--rpc", opt->rpc, "llama.cpp RPC servers host:port (with -ngl)")->delimiter(',');
     sub->add_option("--save-every", opt->save_every, "Write the statistics so far every N windows")->capture_default_str();
     sub->add_flag("--resume", opt->resume, "Continue a killed run from its last --save-every checkpoint");
+    sub->add_flag("--no-mtp", [opt](int64_t) { opt->mtp = false; },
+                  "Leave the MTP (nextn) layers out: run the trunk only, as llama.cpp does without a draft");
     sub->add_flag("--coact", opt->coact, "Also count how often two experts are chosen for the same token");
     sub->add_flag("--strict", opt->strict, "Stop at the first non-finite router or expert value");
     sub->callback([=, &action] {

@@ -41,6 +41,11 @@ void add_eval(CLI::App & app, Action & action) {
     sub->add_option("--rpc", opt->rpc, "llama.cpp RPC servers host:port (with -ngl)")->delimiter(',');
     sub->add_option("--chunks", opt->chunks, "Evaluate only the first N windows (-1: all)")->capture_default_str();
     sub->add_flag("--no-parse-special", *no_special, "Treat special-token text as plain text");
+    auto mtp = std::make_shared<std::string>("keep");
+    sub->add_option("--mtp", *mtp, "MTP (nextn) head: keep (run it, mask it with the keep maps, measure its drafts) or "
+                                   "drop (the trunk only; keep maps may leave the nextn layers out)")
+        ->check(CLI::IsMember({"keep", "drop"}))
+        ->capture_default_str();
     sub->add_option("--worst", opt->top_tokens, "Tokens with the largest KLD listed per candidate")->capture_default_str();
     sub->add_option("--json", opt->json_out, "Write the report (moeprune-eval JSON, docs/formats.md)");
     sub->add_option("--per-token", opt->per_token_out, "Write every scored token of every candidate (JSON lines)");
@@ -70,6 +75,7 @@ void add_eval(CLI::App & app, Action & action) {
     sub->callback([=, &action] {
         action = [=] {
             opt->parse_special = !*no_special;
+            opt->mtp = *mtp == "keep";
             apply_ssd_preset(*ssd, opt->throughput);
             const EvalReport r = run_eval(*opt);
             std::printf("%s", to_text(r).c_str());

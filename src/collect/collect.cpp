@@ -8,6 +8,7 @@
 #include "formats/trace.h"
 #include "model/model_file.h"
 #include "model/inspect.h"
+#include "engine/mtp.h"
 #include "engine/router_graph.h"
 #include "engine/session.h"
 
@@ -102,6 +103,10 @@ public:
         }
     }
 
+    // The MTP head's graph runs too, after the trunk's, between begin_batch and end_batch.
+    void runs_mtp() { runs_mtp_ = true; }
+    void in_mtp_graph(bool on) { in_mtp_graph_ = on; }
+
     Gating gating() const { return gating_; }
     // Graph evaluations stopped before the output head.
     uint64_t head_stops() const { return head_stops_; }
@@ -122,13 +127,15 @@ private:
             if (!ask) {
                 std::fill(routed_this_graph_.begin(), routed_this_graph_.end(), 0);
             }
-            if (opt_.generate == 0) {
+            // The MTP head reads the trunk's outputs, and its own graph routes only output rows.
+            if (opt_.generate == 0 && !runs_mtp_) {
                 head_stops_ += !ask;
                 return ask;
             }
             return true;
         }
-        const bool for_imatrix = imatrix_ && ImatrixAccumulator::wants(t);
+        // llama-imatrix runs no MTP head: the importance matrix stays the trunk's.
+        const bool for_imatrix = imatrix_ && !in_mtp_graph_ && ImatrixAccumulator::wants(t);
         if (ask) {
             return on_router_node(t, true) || for_imatrix;
         }
@@ -423,6 +430,7 @@ private:
     std::vector<uint8_t> raw_;
     int trace_m_ = 0;
     uint64_t head_stops_ = 0;
+    bool runs_mtp_ = false, in_mtp_graph_ = false;
     std::vector<char> routed_this_graph_;  // per MoE layer, until the graph's result_norm
     uint64_t repeat_routings_ = 0;
     Gating gating_ = Gating::Unknown;
@@ -454,7 +462,8 @@ std::string down_node_of(const GgufModel & model, int layer) {
 json result_settings(const CollectOptions & o) {
     return {{"ctx", o.ctx},           {"parse_special", o.parse_special}, {"generate", o.generate},
             {"seed", o.seed},         {"trace", !o.trace.empty()},         {"trace_top", o.trace_top},
-            {"trace_tokens", o.trace_tokens}, {"chunks", o.chunks},        {"coact", o.coact}};
+            {"trace_tokens", o.trace_tokens}, {"chunks", o.chunks},        {"coact", o.coact},
+            {"mtp", o.mtp}};
 }
 
 struct Invariant {
@@ -509,6 +518,16 @@ InspectReport inspect_for_collect(const CollectOptions & opt, const GgufModel & 
     return info;
 }
 
+// The layers collect records: the trunk's routed ones, then the MTP head's unless --no-mtp.
+std::vector<int> collected_layers(const CollectOptions & opt, const InspectReport & info) {
+    std::vector<int> layers = info.routed_layers();
+    if (opt.mtp) {
+        const std::vector<int> mtp = info.mtp_layers();
+        layers.insert(layers.end(), mtp.begin(), mtp.end());
+    }
+    return layers;
+}
+
 // Windows of every document, in corpus order, the first --chunks of them; `total` counts
 // them all.
 std::vector<Window> corpus_windows(const CollectOptions & opt, const Corpus & corpus, const llama_model * model,
@@ -537,12 +556,15 @@ std::vector<Window> corpus_windows(const CollectOptions & opt, const Corpus & co
 
 SaliencyStats empty_stats(const CollectOptions & opt, const GgufModel & gguf, const InspectReport & info,
                           const Corpus & corpus) {
-    const std::vector<int> moe_layers = info.routed_layers();
+    const std::vector<int> moe_layers = collected_layers(opt, info);
     SaliencyStats stats = SaliencyStats::empty(int64_t(moe_layers.size()), info.n_expert, info.n_expert_used);
     stats.model = {{"digest", model_digest(gguf.shard_paths())},
                    {"arch", info.arch},         {"name", info.name},           {"file_bytes", info.file_bytes},
                    {"n_expert", info.n_expert}, {"n_expert_used", info.n_expert_used}, {"moe_layers", moe_layers},
                    {"expert_group_count", std::max<int64_t>(1, info.expert_group_count)}};
+    if (opt.mtp && !info.mtp_layers().empty()) {
+        stats.model["mtp_layers"] = info.mtp_layers();
+    }
     for (const std::string & d : corpus.domains) {
         stats.domains[d] = {0, std::vector<LayerStats>(moe_layers.size(), LayerStats(size_t(info.n_expert)))};
     }
@@ -558,7 +580,7 @@ SaliencyStats empty_stats(const CollectOptions & opt, const GgufModel & gguf, co
 std::unique_ptr<TraceWriter> open_trace(const CollectOptions & opt, const InspectReport & info, const Corpus & corpus,
                                         const json & model, const json & settings, int top_m, const fs::path & partial,
                                         const std::optional<TraceResumePoint> & resume_at) {
-    const std::vector<int> moe_layers = info.routed_layers();
+    const std::vector<int> moe_layers = collected_layers(opt, info);
     TraceHeader h;
     h.n_layer = uint32_t(moe_layers.size());
     h.n_expert = uint32_t(info.n_expert);
@@ -567,6 +589,9 @@ std::unique_ptr<TraceWriter> open_trace(const CollectOptions & opt, const Inspec
     h.domains.insert(h.domains.end(), corpus.domains.begin(), corpus.domains.end());
     h.meta = {{"n_expert_used", info.n_expert_used}, {"moe_layers", moe_layers}, {"model", model},
               {"corpus", opt.corpus.string()},          {"settings", settings}};
+    if (model.contains("mtp_layers")) {
+        h.meta["mtp_layers"] = model["mtp_layers"];
+    }
     return resume_at ? std::make_unique<TraceWriter>(partial, h, *resume_at) : std::make_unique<TraceWriter>(partial, h);
 }
 
@@ -638,11 +663,12 @@ ResumePoint resume_from_checkpoint(const CollectOptions & opt, const Corpus & co
 // The forward passes over the windows, with what the statistics' settings record.
 class CollectPass {
 public:
-    CollectPass(const CollectOptions & opt, const Corpus & corpus, llama_context * ctx, Collector & collector,
-                TraceWriter * trace, CollectResult & res, json settings, size_t total_windows, int threads)
-        : opt(opt), corpus(corpus), ctx(ctx), vocab(llama_model_get_vocab(llama_get_model(ctx))), collector(collector),
-          trace(trace), res(res), stats(res.stats), settings(std::move(settings)), total_windows(total_windows),
-          threads(threads) {}
+    CollectPass(const CollectOptions & opt, const Corpus & corpus, llama_context * ctx, MtpHead * mtp,
+                Collector & collector, TraceWriter * trace, CollectResult & res, json settings, size_t total_windows,
+                int threads)
+        : opt(opt), corpus(corpus), ctx(ctx), mtp(mtp), vocab(llama_model_get_vocab(llama_get_model(ctx))),
+          collector(collector), trace(trace), res(res), stats(res.stats), settings(std::move(settings)),
+          total_windows(total_windows), threads(threads) {}
 
     // Returns the seconds the passes took.
     double run(const std::vector<Window> & windows, size_t first_window) {
@@ -657,6 +683,9 @@ public:
         for (size_t wi = first_window; wi < windows.size(); ++wi) {
             const Window & w = windows[wi];
             llama_memory_clear(llama_get_memory(ctx), true);
+            if (mtp) {
+                mtp->reset();
+            }
             int32_t pos = 0;
             for (size_t i = 0; i < w.tokens.size(); i += size_t(opt.batch)) {
                 std::vector<TokenInfo> infos;
@@ -729,12 +758,25 @@ private:
         }
         batch.n_tokens = int32_t(infos.size());
         const size_t n = infos.size();
+        std::vector<llama_token> tokens(batch.token, batch.token + n);
+        const int32_t pos0 = infos.front().meta.pos;
         collector.begin_batch(std::move(infos));
         const int rc = llama_decode(ctx, batch);
         llama_batch_free(batch);
         collector.rethrow_failure();
         if (rc != 0) {
             throw Error(fmt::format("llama_decode failed ({}) on a batch of {} tokens", rc, n));
+        }
+        if (mtp) {
+            collector.in_mtp_graph(true);
+            try {
+                mtp->decode(tokens, pos0);
+            } catch (const Error &) {
+                collector.rethrow_failure();
+                throw;
+            }
+            collector.in_mtp_graph(false);
+            collector.rethrow_failure();
         }
         collector.end_batch(trace);
         ++res.decodes;
@@ -764,6 +806,7 @@ private:
     const CollectOptions & opt;
     const Corpus & corpus;
     llama_context * ctx;
+    MtpHead * mtp;
     const llama_vocab * vocab;
     Collector & collector;
     TraceWriter * trace;
@@ -901,10 +944,11 @@ CollectResult collect(const CollectOptions & opt) {
                                                    "{} besides \"no domain\"", corpus.domains.size(), kMaxTraceDomains - 1));
     }
     const InspectReport info = inspect_for_collect(opt, gguf);
-    const std::vector<int> moe_layers = info.routed_layers();
+    const std::vector<int> moe_layers = collected_layers(opt, info);
+    const bool with_mtp = moe_layers.size() > info.routed_layers().size();
 
     init_llama(opt.rpc);
-    const ModelPtr model = load_model(opt.model, opt.gpu_layers);
+    const ModelPtr model = load_model(opt.model, opt.gpu_layers, with_mtp);
     const int n_embd = llama_model_n_embd(model.get());
     size_t total_windows = 0;
     const std::vector<Window> windows = corpus_windows(opt, corpus, model.get(), total_windows);
@@ -941,8 +985,15 @@ CollectResult collect(const CollectOptions & opt) {
                                                  trace_partial, resumed.trace_from);
     const int threads = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
     const ContextPtr ctx = collect_context(opt, model.get(), threads, collector);
+    std::unique_ptr<MtpHead> mtp;
+    if (with_mtp) {
+        collector.runs_mtp();
+        mtp = std::make_unique<MtpHead>(model.get(), ctx.get(),
+                                        ContextSettings{opt.ctx, opt.batch, std::min(opt.ubatch, opt.batch), threads,
+                                                        &Collector::callback, &collector});
+    }
 
-    CollectPass pass(opt, corpus, ctx.get(), collector, trace.get(), res, settings, total_windows, threads);
+    CollectPass pass(opt, corpus, ctx.get(), mtp.get(), collector, trace.get(), res, settings, total_windows, threads);
     const double seconds = pass.run(windows, resumed.first_window);
     res.windows = windows.size();
     if (trace) {

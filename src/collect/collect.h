@@ -32,6 +32,7 @@ struct CollectOptions {
     int save_every = 0;                   // checkpoint every N windows; 0: only at the end
     bool resume = false;
     bool coact = false;
+    bool mtp = true;                      // also run the MTP (nextn) head, where the model has one
     bool strict = false;                  // stop at the first non-finite value
     bool progress = true;                 // on a terminal only
 };

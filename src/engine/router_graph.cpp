@@ -9,6 +9,12 @@
 namespace moeprune {
 
 RouterNode parse_router_node(const char * tensor_name) {
+    // nemotron-h-moe's MTP graph computes the router logits itself, under this name, and
+    // hands them to build_moe_ffn.
+    static constexpr char kMtpLogits[] = "mtp_ffn_moe_logits-";
+    if (std::strncmp(tensor_name, kMtpLogits, sizeof(kMtpLogits) - 1) == 0) {
+        tensor_name += 4;
+    }
     if (std::strncmp(tensor_name, "ffn_moe_", 8) != 0) {
         return {};
     }

@@ -47,9 +47,10 @@ void init_llama(const std::vector<std::string> & rpc) {
     }, nullptr);
 }
 
-ModelPtr load_model(const std::filesystem::path & path, int gpu_layers) {
+ModelPtr load_model(const std::filesystem::path & path, int gpu_layers, bool mtp) {
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = gpu_layers;
+    mp.load_mtp = mtp;
     mp.progress_callback = [](float, void *) { return true; };  // llama.cpp's default prints dots
     ModelPtr model(llama_model_load_from_file(path.c_str(), mp), llama_model_free);
     if (!model) {

@@ -21,7 +21,8 @@ using ContextPtr = std::unique_ptr<llama_context, decltype(&llama_free)>;
 // log to errors only.
 void init_llama(const std::vector<std::string> & rpc);
 
-ModelPtr load_model(const std::filesystem::path & path, int gpu_layers);
+// With `mtp`, the nextn (MTP) layers too, which llama.cpp otherwise leaves unloaded.
+ModelPtr load_model(const std::filesystem::path & path, int gpu_layers, bool mtp = false);
 
 // A context of one sequence for a pass: its sizes, and the graph callback (an observer
 // of router nodes) with its data.

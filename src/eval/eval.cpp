@@ -12,6 +12,7 @@
 #include "formats/trace.h"
 #include "model/model_file.h"
 #include "model/inspect.h"
+#include "engine/mtp.h"
 #include "engine/session.h"
 
 #include <fmt/format.h>
@@ -238,6 +239,41 @@ void decode_window(llama_context * ctx, const Window & w, const std::function<vo
     decode_tokens(ctx, w.tokens.data(), n, 0, all_outputs ? 0 : w.first, all_outputs ? n - 1 : w.last, rethrow);
 }
 
+// KL(P || Q) of two rows of logits, in nats.
+double kld_of_logits(const float * p, const float * q, int n_vocab) {
+    const float mp = *std::max_element(p, p + n_vocab), mq = *std::max_element(q, q + n_vocab);
+    double zp = 0, zq = 0;
+    for (int i = 0; i < n_vocab; ++i) {
+        zp += std::exp(double(p[i]) - mp);
+        zq += std::exp(double(q[i]) - mq);
+    }
+    const double lzp = std::log(zp) + mp, lzq = std::log(zq) + mq;
+    double kld = 0;
+    for (int i = 0; i < n_vocab; ++i) {
+        const double lp = double(p[i]) - lzp;
+        kld += std::exp(lp) * (lp - (double(q[i]) - lzq));
+    }
+    return std::max(0.0, kld);
+}
+
+int top1(const float * l, int n_vocab) { return int(std::max_element(l, l + n_vocab) - l); }
+
+// The MTP head's drafts over the window its trunk just decoded.
+void draft_window(MtpHead * head, const Window & w, const std::function<void()> & rethrow = {}) {
+    head->reset();
+    try {
+        head->decode(w.tokens, 0);
+    } catch (const Error &) {
+        if (rethrow) {
+            rethrow();
+        }
+        throw;
+    }
+    if (rethrow) {
+        rethrow();
+    }
+}
+
 // A chat prompt for the behaviour checks.
 struct Prompt {
     std::vector<llama_token> tokens;
@@ -299,10 +335,11 @@ struct ClosedLoopRun {
     std::unique_ptr<RouterTap> tap;
 };
 
-// A loaded model and the context its windows decode in.
+// A loaded model, the context its windows decode in, and its MTP head's when it drafts.
 struct Model {
     ModelPtr model{nullptr, llama_model_free};
     ContextPtr ctx{nullptr, llama_free};
+    std::unique_ptr<MtpHead> head;
 };
 
 // What a base file compares: the model's content, never its file name.
@@ -410,6 +447,25 @@ EvalStats eval_stats(const std::vector<const TokenScore *> & toks) {
     s.ln_ppl_ratio_stderr = stderr_of(d1, d2);
     s.ppl = std::exp(nll / dn);
     s.ppl_base = std::exp(nll_base / dn);
+    double accepted = 0, mtp_kld = 0;
+    for (const TokenScore * t : toks) {
+        if (t->mtp_accept >= 0) {
+            ++s.mtp_tokens;
+            accepted += t->mtp_accept;
+        }
+        if (t->mtp_kld >= 0) {
+            ++s.mtp_kld_tokens;
+            mtp_kld += t->mtp_kld;
+        }
+    }
+    if (s.mtp_tokens > 0) {
+        const double m = double(s.mtp_tokens);
+        s.mtp_acceptance = accepted / m;
+        s.mtp_acceptance_stderr = m > 1 ? std::sqrt(s.mtp_acceptance * (1 - s.mtp_acceptance) / (m - 1)) : 0.0;
+    }
+    if (s.mtp_kld_tokens > 0) {
+        s.mtp_kld_mean = mtp_kld / double(s.mtp_kld_tokens);
+    }
     return s;
 }
 
@@ -490,7 +546,10 @@ private:
     void observe_base(size_t wi, const Window & w);
     void reference_pass(size_t wi, const Window & w, Progress & progress);
     void candidate_passes(size_t wi, const Window & w, Progress & progress);
-    void score_window(llama_context * ctx, EvalCandidate & cand, size_t wi, const Window & w);
+    void score_window(const Model & m, EvalCandidate & cand, size_t wi, const Window & w);
+    std::unique_ptr<MtpHead> head_for(llama_model * model, llama_context * ctx, ggml_backend_sched_eval_callback cb,
+                                      void * cb_data) const;
+    const Model * reference_model() const;
 
     const EvalOptions & given;
     EvalOptions opt;  // with J resolved once the model's k is known
@@ -499,6 +558,8 @@ private:
     GgufModel gguf;
     InspectReport info;
     MaskFacts facts;
+    bool run_mtp = false;   // the model has an MTP head and --mtp drop was not given
+    MaskFacts mask_layers;  // what keep maps cover and the mask plans: facts' layers, and the MTP head's
     std::vector<std::pair<fs::path, KeepMap>> maps;
     std::optional<BaseLogitsReader> base_file;
     Corpus corpus;
@@ -533,6 +594,7 @@ private:
     std::optional<BaseLogitsWriter> base_writer;
     std::vector<BaseRow> rows;
     std::vector<BaseRecord> records;
+    std::vector<int8_t> base_accept;  // per scored token: the base's own draft accepted there
     double base_tail_mass = 0;  // summed over the records of --base: how tight their lower bound is
 };
 
@@ -624,6 +686,12 @@ void EvalRun::read_model() {
         fail_file(opt.model.string(), "is inconsistent (see moeprune inspect): " + fmt::format("{}", fmt::join(info.problems, "; ")));
     }
     facts = mask_facts(info);
+    run_mtp = opt.mtp && !info.mtp_layers().empty();
+    mask_layers = facts;
+    if (run_mtp) {
+        const std::vector<int> mtp = info.mtp_layers();
+        mask_layers.moe_layers.insert(mask_layers.moe_layers.end(), mtp.begin(), mtp.end());
+    }
     opt.j = moce_j(given.j, int(info.n_expert_used));
     if (closed_loop) {
         refuse_inert_moce(*opt.j, int(info.n_expert_used), opt.lambdas);
@@ -634,11 +702,26 @@ void EvalRun::read_model() {
 void EvalRun::read_keep_maps() {
     for (const fs::path & k : keeps) {
         KeepMap km = read_keep_map(k);
-        for (auto it = km.layers.begin(); it != km.layers.end();) {
-            // MTP (nextn) layers do not run in a forward pass; a map may cover them for slice.
-            it = info.is_nextn(it->first) ? km.layers.erase(it) : std::next(it);
+        if (run_mtp) {
+            std::vector<int> missing;
+            for (int l : info.mtp_layers()) {
+                if (!km.layers.count(l)) {
+                    missing.push_back(l);
+                }
+            }
+            if (!missing.empty()) {
+                fail_file(k.string(), fmt::format("leaves out the MTP (nextn) layer(s) {} of {}, whose head eval runs and "
+                                                  "masks too: use a keep map from moeprune select on this model's "
+                                                  "statistics (it covers them), or evaluate the trunk only with --mtp drop",
+                                                  fmt::join(missing, ", "), opt.model.string()));
+            }
+        } else {
+            for (auto it = km.layers.begin(); it != km.layers.end();) {
+                // Without the head, a map may still cover the nextn layers for slice.
+                it = info.is_nextn(it->first) ? km.layers.erase(it) : std::next(it);
+            }
         }
-        validate_keep_map_for_model(km, k.string(), info.n_expert, facts.moe_layers);
+        validate_keep_map_for_model(km, k.string(), info.n_expert, mask_layers.moe_layers);
         require_top_k_room(km, k.string(), info.n_expert_used);
         maps.emplace_back(k, std::move(km));
     }
@@ -654,7 +737,7 @@ void EvalRun::load_base() {
     init_llama(opt.rpc);
     threads = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
 
-    base.model = load_model(opt.model, opt.gpu_layers);
+    base.model = load_model(opt.model, opt.gpu_layers, run_mtp);
     vocab = llama_model_get_vocab(base.model.get());
     n_vocab = llama_vocab_n_tokens(vocab);
     base_vocab = vocab_digest(vocab);
@@ -775,14 +858,18 @@ void EvalRun::check_base_file() {
 
 // The candidates: keep maps masked in the base model, other files loaded beside it.
 void EvalRun::open_candidates() {
-    mask.emplace(facts);
+    mask.emplace(mask_layers);
     if (!maps.empty()) {
         masked.ctx = make_context(base.model.get(), opt, threads, &RouterMask::callback, &*mask);
-        // A one-token pass shows how llama.cpp builds this model's router.
+        masked.head = head_for(base.model.get(), masked.ctx.get(), &RouterMask::callback, &*mask);
+        // A one-token pass shows how llama.cpp builds this model's router (and its MTP head's).
         Window probe;
         probe.tokens = {windows.front().tokens.front()};
         mask->start_probe();
         decode_window(masked.ctx.get(), probe, [&] { mask->rethrow_failure(); });
+        if (masked.head) {
+            draft_window(masked.head.get(), probe, [&] { mask->rethrow_failure(); });
+        }
         mask->stop_probe();
         for (const auto & [path, km] : maps) {
             mask->set(km, path.string());  // refuses, by name, a map masking cannot reproduce
@@ -791,13 +878,14 @@ void EvalRun::open_candidates() {
     }
     for (const fs::path & c : opt.candidates) {
         Model m;
-        m.model = load_model(c, opt.gpu_layers);
+        m.model = load_model(c, opt.gpu_layers, run_mtp);
         const llama_vocab * cv = llama_model_get_vocab(m.model.get());
         if (llama_vocab_n_tokens(cv) != n_vocab || vocab_digest(cv) != base_vocab) {
             fail_file(c.string(), fmt::format("has another vocabulary than {} ({} tokens vs {}): KL needs the same tokens",
                                               opt.model.string(), llama_vocab_n_tokens(cv), n_vocab));
         }
         m.ctx = make_context(m.model.get(), opt, threads, nullptr, nullptr);
+        m.head = head_for(m.model.get(), m.ctx.get(), nullptr, nullptr);
         files.push_back(std::move(m));
     }
 }
@@ -851,7 +939,29 @@ void EvalRun::open_base_context() {
     if (base_live || closed_loop) {
         base.ctx = make_context(base.model.get(), opt, threads, observer ? &TapSlot::callback : nullptr,
                                 observer ? &observer_slot : nullptr);
+        if (base_live) {
+            base.head = head_for(base.model.get(), base.ctx.get(), nullptr, nullptr);
+        }
     }
+}
+
+// A head for a model that has MTP layers, drafting from `m`'s context, when eval runs them.
+std::unique_ptr<MtpHead> EvalRun::head_for(llama_model * model, llama_context * ctx, ggml_backend_sched_eval_callback cb,
+                                           void * cb_data) const {
+    if (!run_mtp || llama_model_n_layer_nextn(model) < 1) {
+        return nullptr;
+    }
+    return std::make_unique<MtpHead>(model, ctx,
+                                     ContextSettings{opt.ctx, std::max(opt.batch, opt.ctx), std::min(opt.ubatch, opt.ctx),
+                                                     threads, cb, cb_data});
+}
+
+// The live reference whose drafts the candidates' are compared with, if any.
+const Model * EvalRun::reference_model() const {
+    if (base_file) {
+        return nullptr;
+    }
+    return against >= 0 ? &files[size_t(against)] : &base;
 }
 
 // The report's candidates in the order of their passes (keep maps, files, closed-loop
@@ -989,6 +1099,9 @@ void EvalRun::reference_pass(size_t wi, const Window & w, Progress & progress) {
         // of them can be the reference (--against).
         for (Model & f : files) {
             decode_window(f.ctx.get(), w);
+            if (f.head) {
+                draft_window(f.head.get(), w);
+            }
             progress.advance(w.tokens.size());
         }
         llama_context * ref = against >= 0 ? files[size_t(against)].ctx.get() : base.ctx.get();
@@ -997,6 +1110,14 @@ void EvalRun::reference_pass(size_t wi, const Window & w, Progress & progress) {
                 observe_base(wi, w);
             } else {
                 decode_window(ref, w);
+            }
+            if (base.head) {
+                draft_window(base.head.get(), w);
+                base_accept.resize(n_scored, -1);
+                for (int i = 0; i < n; ++i) {
+                    base_accept[w.first_record + uint64_t(i)] =
+                        int8_t(top1(base.head->logits(w.first + i), n_vocab) == top1(llama_get_logits_ith(ref, w.first + i), n_vocab));
+                }
             }
             progress.advance(w.tokens.size());
         }
@@ -1016,7 +1137,13 @@ void EvalRun::reference_pass(size_t wi, const Window & w, Progress & progress) {
 }
 
 // Every scored position of `w` as decoded in `ctx`, compared with the reference.
-void EvalRun::score_window(llama_context * ctx, EvalCandidate & cand, size_t wi, const Window & w) {
+void EvalRun::score_window(const Model & m, EvalCandidate & cand, size_t wi, const Window & w) {
+    llama_context * ctx = m.ctx.get();
+    const Model * ref = reference_model();
+    const MtpHead * ref_head = ref && ref->head ? ref->head.get() : nullptr;
+    if (m.head) {
+        m.head->logits(w.first);  // llama.cpp orders its outputs on the first read: not in parallel
+    }
     run_parallel(size_t(w.n_scored()), threads, [&](size_t i) {
         const float * c = llama_get_logits_ith(ctx, w.first + i);
         const int32_t target = w.tokens[size_t(w.first + i + 1)];
@@ -1029,6 +1156,14 @@ void EvalRun::score_window(llama_context * ctx, EvalCandidate & cand, size_t wi,
         s.window = uint32_t(wi);
         s.pos = w.first + i;
         s.domain = w.domain;
+        if (m.head) {
+            const float * draft = m.head->logits(w.first + int(i));
+            s.mtp_draft = top1(draft, n_vocab);
+            s.mtp_accept = int8_t(s.mtp_draft == top1(c, n_vocab));
+            if (ref_head) {
+                s.mtp_kld = kld_of_logits(ref_head->logits(w.first + int(i)), draft, n_vocab);
+            }
+        }
         cand.tokens[w.first_record + uint64_t(i)] = s;
     });
 }
@@ -1038,16 +1173,22 @@ void EvalRun::candidate_passes(size_t wi, const Window & w, Progress & progress)
     for (size_t k = 0; k < maps.size(); ++k) {
         mask->set(maps[k].second, maps[k].first.string());
         decode_window(masked.ctx.get(), w, [&] { mask->rethrow_failure(); });
+        if (masked.head) {
+            draft_window(masked.head.get(), w, [&] { mask->rethrow_failure(); });
+        }
         progress.advance(w.tokens.size());
-        score_window(masked.ctx.get(), rep.candidates[k], wi, w);
+        score_window(masked, rep.candidates[k], wi, w);
     }
     mask->clear();
     for (size_t f = 0; f < files.size(); ++f) {
         if (base_file) {
             decode_window(files[f].ctx.get(), w);
+            if (files[f].head) {
+                draft_window(files[f].head.get(), w);
+            }
             progress.advance(w.tokens.size());
         }
-        score_window(files[f].ctx.get(), rep.candidates[maps.size() + f], wi, w);
+        score_window(files[f], rep.candidates[maps.size() + f], wi, w);
     }
     for (size_t r = 0; r < runs.size(); ++r) {
         ClosedLoopRun & run = runs[r];
@@ -1060,7 +1201,7 @@ void EvalRun::candidate_passes(size_t wi, const Window & w, Progress & progress)
         run.tap->end_window();
         mask->clear();
         progress.advance(w.tokens.size());
-        score_window(closed.ctx.get(), rep.candidates[first_closed + r], wi, w);
+        score_window(closed, rep.candidates[first_closed + r], wi, w);
     }
 }
 
@@ -1190,6 +1331,25 @@ void EvalRun::describe_run() {
         rep.base["top"] = top;
         rep.base["tail_mass_mean"] = base_tail_mass / double(n_scored);
     }
+    if (!base_accept.empty()) {
+        const auto acceptance = [&](int domain) {
+            uint64_t n = 0, accepted = 0;
+            for (size_t i = 0; i < base_accept.size(); ++i) {
+                if (base_accept[i] >= 0 && (domain < 0 || rep.candidates.empty() ||
+                                            rep.candidates.front().tokens[i].domain == domain)) {
+                    ++n;
+                    accepted += uint64_t(base_accept[i]);
+                }
+            }
+            return json{{"tokens", n}, {"acceptance", n ? double(accepted) / double(n) : 0.0}};
+        };
+        json mtp = acceptance(-1);
+        mtp["layers"] = info.mtp_layers();
+        for (size_t d = 0; d < rep.domains.size(); ++d) {
+            mtp["domains"][rep.domains[d]] = acceptance(int(d));
+        }
+        rep.base["mtp"] = mtp;
+    }
     rep.inputs = {{"model", opt.model.string()},
                   {"corpus", opt.corpus.string()},
                   {"corpus_digest", corpus.digest},
@@ -1248,17 +1408,23 @@ void EvalRun::write_outputs() {
         std::ostringstream o;
         for (const EvalCandidate & c : rep.candidates) {
             for (const TokenScore & t : c.tokens) {
-                o << json{{"candidate", c.name},
-                          {"window", t.window},
-                          {"pos", t.pos},
-                          {"token", t.target},
-                          {"domain", t.domain >= 0 ? json(rep.domains[size_t(t.domain)]) : json()},
-                          {"kld", t.kld},
-                          {"same_top1", t.same_top1},
-                          {"nll", t.nll},
-                          {"nll_base", t.nll_base}}
-                         .dump(-1, ' ', false, json::error_handler_t::replace)
-                  << "\n";
+                json row = {{"candidate", c.name},
+                            {"window", t.window},
+                            {"pos", t.pos},
+                            {"token", t.target},
+                            {"domain", t.domain >= 0 ? json(rep.domains[size_t(t.domain)]) : json()},
+                            {"kld", t.kld},
+                            {"same_top1", t.same_top1},
+                            {"nll", t.nll},
+                            {"nll_base", t.nll_base}};
+                if (t.mtp_accept >= 0) {
+                    row["mtp_draft"] = t.mtp_draft;
+                    row["mtp_accept"] = bool(t.mtp_accept);
+                }
+                if (t.mtp_kld >= 0) {
+                    row["mtp_kld"] = t.mtp_kld;
+                }
+                o << row.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
             }
         }
         write_file_atomic(opt.per_token_out, o.str());
@@ -1294,7 +1460,7 @@ EvalReport run_eval(const EvalOptions & given) {
 namespace {
 
 json stats_json(const EvalStats & s) {
-    return {{"tokens", s.tokens},
+    json j = {{"tokens", s.tokens},
             {"kld_mean", s.kld_mean},
             {"kld_stderr", s.kld_stderr},
             {"kld_median", s.kld_median},
@@ -1309,6 +1475,15 @@ json stats_json(const EvalStats & s) {
             {"ln_ppl_ratio_stderr", s.ln_ppl_ratio_stderr},
             {"ppl", s.ppl},
             {"ppl_base", s.ppl_base}};
+    if (s.mtp_tokens > 0) {
+        j["mtp_tokens"] = s.mtp_tokens;
+        j["mtp_acceptance"] = s.mtp_acceptance;
+        j["mtp_acceptance_stderr"] = s.mtp_acceptance_stderr;
+    }
+    if (s.mtp_kld_tokens > 0) {
+        j["mtp_kld_mean"] = s.mtp_kld_mean;
+    }
+    return j;
 }
 
 void add_behaviour(json & j, const BehaviourStats & b) {
@@ -1381,6 +1556,29 @@ std::string to_text(const EvalReport & r) {
         for (const auto & [name, s] : c.domains) {
             if (s.tokens > 0) {
                 row("", name, s);
+            }
+        }
+    }
+    if (r.base.contains("mtp") || std::any_of(r.candidates.begin(), r.candidates.end(),
+                                              [](const EvalCandidate & c) { return c.all.mtp_tokens > 0; })) {
+        o << fmt::format("\nMTP drafts (one draft token per step: tokens per step = 1 + acceptance):\n{:<24} {:<10} {:>7} "
+                         "{:>11} {:>14}\n", "model", "domain", "tokens", "acceptance", "draft KLD");
+        if (r.base.contains("mtp")) {
+            o << fmt::format("{:<24} {:<10} {:>7} {:>10.2f}% {:>14}\n", "base", "all", r.base["mtp"]["tokens"].get<uint64_t>(),
+                             100 * r.base["mtp"]["acceptance"].get<double>(), "-");
+        }
+        const auto mtp_row = [&](const std::string & name, const std::string & scope, const EvalStats & s) {
+            o << fmt::format("{:<24} {:<10} {:>7} {:>10.2f}% {:>14}\n", name, scope, s.mtp_tokens, 100 * s.mtp_acceptance,
+                             s.mtp_kld_tokens ? fmt::format("{:.6f}", s.mtp_kld_mean) : std::string("-"));
+        };
+        for (const EvalCandidate & c : r.candidates) {
+            if (c.all.mtp_tokens > 0) {
+                mtp_row(c.name, "all", c.all);
+                for (const auto & [name, s] : c.domains) {
+                    if (s.mtp_tokens > 0) {
+                        mtp_row("", name, s);
+                    }
+                }
             }
         }
     }

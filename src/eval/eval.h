@@ -39,6 +39,9 @@ struct EvalOptions {
     std::filesystem::path json_out, per_token_out;
     int top_tokens = 10;                            // tokens with the largest KLD listed per candidate
     bool progress = true;
+    // Run the MTP (nextn) head of every model that has one and measure its drafts;
+    // false (--mtp drop): the trunk only, and keep maps may leave the nextn layers out.
+    bool mtp = true;
 
     // Closed loop (eval/closed_loop.h): every policy x cache x lambda is a candidate,
     // on the full model and on each keep map.
@@ -67,6 +70,11 @@ struct EvalStats {
     double dp_rms = 0;
     double ln_ppl_ratio = 0, ln_ppl_ratio_stderr = 0;
     double ppl = 0, ppl_base = 0;
+    // MTP drafts (docs/eval.md): over the positions with a draft, the share whose top-1
+    // is the trunk's top-1 there, and the KLD of the draft distribution against the
+    // reference's draft (when the reference decodes live and has an MTP head).
+    uint64_t mtp_tokens = 0, mtp_kld_tokens = 0;
+    double mtp_acceptance = 0, mtp_acceptance_stderr = 0, mtp_kld_mean = 0;
 };
 
 struct TokenScore {
@@ -76,6 +84,9 @@ struct TokenScore {
     int domain = -1;        // index into EvalReport::domains
     double kld = 0, nll = 0, nll_base = 0;
     bool same_top1 = false;
+    int8_t mtp_accept = -1;   // the MTP head's draft here equals the trunk's top-1; -1: no draft
+    int32_t mtp_draft = -1;   // the MTP head's top-1 here
+    double mtp_kld = -1;      // -1: no reference draft
 };
 
 // A closed-loop candidate's cache figures over every token decoded, and the open-loop
@@ -100,7 +111,7 @@ struct EvalCandidate {
 };
 
 struct EvalReport {
-    nlohmann::json base, inputs;
+    nlohmann::json base, inputs;   // base["mtp"]: the base model's own drafts, when it decodes live
     nlohmann::json generation;                       // with --generate: the prompts and the base's own figures
     std::vector<std::string> domains;
     std::vector<EvalCandidate> candidates;

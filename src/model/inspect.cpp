@@ -35,6 +35,16 @@ std::vector<int> InspectReport::routed_layers() const {
     return out;
 }
 
+std::vector<int> InspectReport::mtp_layers() const {
+    std::vector<int> out;
+    for (const LayerInfo & l : layers) {
+        if (l.nextn) {
+            out.push_back(l.layer);
+        }
+    }
+    return out;
+}
+
 std::vector<double> InspectReport::routed_layer_expert_bytes() const {
     std::vector<double> out;
     for (const LayerInfo & l : layers) {

@@ -53,6 +53,8 @@ struct InspectReport {
     // The layers a forward pass routes through: every layer with experts but the
     // nextn (MTP) ones, ascending.
     std::vector<int> routed_layers() const;
+    // The nextn (MTP) layers with experts, ascending: a second graph runs them.
+    std::vector<int> mtp_layers() const;
     // One expert's bytes in each of routed_layers(), in that order.
     std::vector<double> routed_layer_expert_bytes() const;
     bool is_nextn(int layer) const;

@@ -185,8 +185,9 @@ std::vector<int> moe_layers_to_keep(const GgufModel & m, const ModelFacts & f, c
             if (!km.layers.count(l)) {
                 fail_file(keep_origin, fmt::format("layer {} is an MTP (nextn) layer with routed experts and the keep map "
                                                    "does not cover it; expert_count is one number for the whole model, "
-                                                   "so add layer {} to the keep map (then --mtp keep) or remove the MTP "
-                                                   "layers with --mtp drop",
+                                                   "so use a keep map from moeprune select on this model's statistics "
+                                                   "(collect records the MTP layers), add layer {} to the keep map (then "
+                                                   "--mtp keep), or remove the MTP layers with --mtp drop",
                                                    l, l));
             }
         }

@@ -260,7 +260,12 @@ void add_general_metadata(const Writer & w, const SynthOptions & o, const ArchTr
     w.u32("attention.indexer.top_k", 8);
     w.u32("attention.indexer.block_size", 4);
     w.u32("attention.indexer.local_blocks", 1);
-    w.u32s("rope.dimension_sections", {head_dim / 4, head_dim / 4, head_dim / 4, head_dim / 4});
+    // With sections glm4moe is GLM-4.xV's multimodal RoPE, which its trunk applies but its MTP
+    // graph does not (it calls ggml_rope_ext in M-RoPE mode, which aborts): an MTP model is
+    // GLM-4.5's text-only layout, as real ones are.
+    if (!(t.name == "glm4moe" && o.mtp)) {
+        w.u32s("rope.dimension_sections", {head_dim / 4, head_dim / 4, head_dim / 4, head_dim / 4});
+    }
     w.f32("rope.freq_base", 1000000.0f);
     if (t.name == "deepseek4") {
         w.u32("attention.output_group_count", std::min(8u, n_head));  // heads split evenly over the groups

@@ -179,7 +179,8 @@ void fill_tensor(ggml_tensor * t, void * ud) {
         }
     };
 
-    if (name == "token_embd.weight") {
+    // An MTP block's own embedding is planted as the trunk's.
+    if (name == "token_embd.weight" || ends_with(name, "nextn.embed_tokens.weight")) {
         normal(0.1f);
         for (int64_t tok = 0; tok < t->ne[1]; ++tok) {
             float * r = &v[size_t(tok * row)];
@@ -235,6 +236,15 @@ void fill_tensor(ggml_tensor * t, void * ud) {
         normal(0.05f);
     } else {
         normal(0.02f);
+    }
+    // An MTP block starts from a projection of the token's embedding and the trunk's
+    // state: it carries the embedding's planted coordinates through unchanged, so the
+    // block's router sees them as a trunk layer's does.
+    if (planting(plan) && ends_with(name, "nextn.eh_proj.weight")) {
+        for (int64_t r = 0; r <= plan.n_kind_coords && r < n / row; ++r) {
+            std::fill_n(&v[size_t(r * row)], row, 0.0f);
+            v[size_t(r * row + r)] = 1.0f;
+        }
     }
     // Nothing may write into the planted coordinates of the residual stream: at width
     // 256, a few layers of random updates would otherwise drown them, and dead experts

@@ -68,6 +68,7 @@ const std::vector<std::pair<std::string, std::string>> kColumns = {
     {"planted_dead_kld", "planted-dead slice KLD <= 1e-5"},
     {"eval_masking_equals_sliced", "eval masking = sliced"},
     {"mtp", "MTP (nextn layer sliced, loads)"},
+    {"mtp_runs", "MTP runs (collected, masked = sliced drafts)"},
     {"groups", "groups"},
 };
 
@@ -242,6 +243,7 @@ TEST_P(ArchMatrix, Verify) {
     rec.set("mtp", o.mtp ? "fail"
                          : "n/a: " + (traits.no_mtp_reason.empty() ? "llama.cpp builds no nextn layer for " + c.arch
                                                                      : "synth cannot build it: " + traits.no_mtp_reason));
+    rec.set("mtp_runs", o.mtp ? "fail" : "n/a");
     rec.set("groups", c.groups ? "fail" : "n/a");
 
     const SynthResult synth = synthesize(o);
@@ -285,6 +287,18 @@ TEST_P(ArchMatrix, Verify) {
     }
     EXPECT_TRUE(collected) << r.output;
     rec.pass_if("collect_invariants", collected);
+    // The MTP head ran over every token: its layer is recorded with k picks per token.
+    bool mtp_collected = false;
+    if (o.mtp && collected) {
+        const auto & layers = sj["model"]["moe_layers"];
+        mtp_collected = !layers.empty() && layers.back() == o.n_layer - 1 && sj["model"]["mtp_layers"] == json({o.n_layer - 1});
+        uint64_t picks = 0;
+        for (uint64_t n : sj["layers"].back()["count"]) {
+            picks += n;
+        }
+        mtp_collected = mtp_collected && picks == sj["n_tokens"].get<uint64_t>() * uint64_t(o.n_expert_used);
+        EXPECT_TRUE(mtp_collected) << sj["model"];
+    }
 
     // Slicing away live experts: llama.cpp loads and runs the smaller model.
     const int per_group = o.groups ? o.n_expert / o.groups : 0;
@@ -455,6 +469,17 @@ TEST_P(ArchMatrix, Verify) {
             EXPECT_LE(worst, 1e-4);
             EXPECT_TRUE(top1);
             rec.pass_if("eval_masking_equals_sliced", rows > 100 && mean <= mean_bound && worst <= 1e-4 && top1);
+            if (o.mtp) {
+                // The nextn layer masked in the MTP context drafts as the sliced head does.
+                const json ej = json::parse(test::read_bytes(dir / "r.json"));
+                const json & masked = ej["candidates"][0]["all"];
+                const bool drafted = masked.value("mtp_tokens", uint64_t(0)) > 100;
+                const double mtp_kld = masked.value("mtp_kld_mean", 1.0);
+                rec.note("eval_masked_vs_sliced_mtp_kld", mtp_kld);
+                EXPECT_TRUE(drafted) << masked;
+                EXPECT_LE(mtp_kld, 1e-6);
+                rec.pass_if("mtp_runs", mtp_collected && drafted && mtp_kld <= 1e-6);
+            }
         }
     } else {
         rec.set("eval_masking_equals_sliced", "fail");

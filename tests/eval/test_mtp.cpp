@@ -1,0 +1,255 @@
+// MTP (nextn) heads end to end on a synthesized MTP model: collect records the nextn
+// layer, select covers it, eval masks it exactly as slicing does and measures drafts that
+// agree with a direct computation through llama.cpp's own MTP context.
+#include "support/test_support.h"
+
+#include "llama.h"
+#include "llama-ext.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <sstream>
+
+using namespace moeprune;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+std::string moeprune_cmd(const std::string & args) { return test::bin("moeprune").string() + " " + args; }
+
+json read_json(const fs::path & p) { return json::parse(test::read_bytes(p)); }
+
+std::map<std::string, std::vector<json>> per_token(const fs::path & p) {
+    std::map<std::string, std::vector<json>> out;
+    std::istringstream in(test::read_bytes(p));
+    for (std::string line; std::getline(in, line);) {
+        const json j = json::parse(line);
+        out[j["candidate"].get<std::string>()].push_back(j);
+    }
+    return out;
+}
+
+// The MTP head's top-1 draft and the trunk's top-1 at every position of `text`, computed
+// as llama.cpp's drafter feeds the head: row k is token k with the trunk's h_nextn of k-1.
+struct Drafts {
+    std::vector<int> draft, trunk;
+};
+Drafts direct_drafts(const fs::path & model_path, const std::string & text) {
+    llama_backend_init();
+    llama_model_params mp = llama_model_default_params();
+    mp.load_mtp = true;
+    llama_model * model = llama_model_load_from_file(model_path.c_str(), mp);
+    EXPECT_NE(model, nullptr);
+    const llama_vocab * vocab = llama_model_get_vocab(model);
+    std::vector<llama_token> toks(text.size() + 8);
+    toks.resize(size_t(llama_tokenize(vocab, text.data(), int32_t(text.size()), toks.data(), int32_t(toks.size()), true, true)));
+    const int n = int(toks.size()), n_vocab = llama_vocab_n_tokens(vocab), n_embd = llama_model_n_embd_out(model);
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = cp.n_batch = cp.n_ubatch = 256;
+    cp.n_threads = cp.n_threads_batch = 1;
+    llama_context * trunk = llama_init_from_model(model, cp);
+    cp.ctx_type = LLAMA_CONTEXT_TYPE_MTP;
+    llama_context * head = llama_init_from_model(model, cp);
+    llama_set_embeddings_nextn(trunk, true, false);
+    llama_set_embeddings_nextn(head, true, true);
+    llama_batch b = llama_batch_init(n, 0, 1);
+    llama_batch h = llama_batch_init(n, n_embd, 1);
+    h.token = static_cast<llama_token *>(std::malloc(sizeof(llama_token) * size_t(n)));
+    for (int i = 0; i < n; ++i) {
+        b.token[i] = h.token[i] = toks[size_t(i)];
+        b.pos[i] = h.pos[i] = i;
+        b.n_seq_id[i] = h.n_seq_id[i] = 1;
+        b.seq_id[i][0] = h.seq_id[i][0] = 0;
+        b.logits[i] = h.logits[i] = 1;
+    }
+    b.n_tokens = h.n_tokens = n;
+    EXPECT_EQ(llama_decode(trunk, b), 0);
+    const float * hidden = llama_get_embeddings_nextn(trunk);
+    std::memset(h.embd, 0, sizeof(float) * size_t(n_embd));
+    std::memcpy(h.embd + n_embd, hidden, sizeof(float) * size_t(n_embd) * size_t(n - 1));
+    EXPECT_EQ(llama_decode(head, h), 0);
+    Drafts d;
+    for (int i = 0; i < n; ++i) {
+        const float * t = llama_get_logits_ith(trunk, i);
+        const float * m = llama_get_logits_ith(head, i);
+        d.trunk.push_back(int(std::max_element(t, t + n_vocab) - t));
+        d.draft.push_back(int(std::max_element(m, m + n_vocab) - m));
+    }
+    llama_batch_free(b);
+    llama_batch_free(h);
+    llama_free(head);
+    llama_free(trunk);
+    llama_model_free(model);
+    return d;
+}
+
+class MtpPipeline : public ::testing::Test {
+protected:
+    void SetUp() override {
+        auto r = test::run_command(moeprune_cmd(fmt::format("synth --arch qwen35moe --mtp --layers 4 --experts 16 --used 4 "
+                                                            "--dead 2 -o {} --json", (dir / "m.gguf").string())));
+        ASSERT_EQ(r.exit_code, 0) << r.output;
+        planted = json::parse(r.output);
+        // About 150 tokens, cut at a character boundary.
+        size_t cut = 400;
+        text = test::mixed_text();
+        while (cut < text.size() && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) {
+            ++cut;
+        }
+        text.resize(std::min(cut, text.size()));
+        test::write_text(dir / "c.jsonl", json{{"text", text}, {"domain", "mixed"}}.dump() + "\n");
+    }
+    test::TempDir dir;
+    std::string text;
+    json planted;  // what synth planted: dead experts per layer
+};
+
+TEST_F(MtpPipeline, CollectSelectAndEvalCoverTheNextnLayer) {
+    const std::string m = (dir / "m.gguf").string(), c = (dir / "c.jsonl").string();
+    auto r = test::run_command(moeprune_cmd(fmt::format("collect -m {} -f {} -o {} -c 256 -t 1", m, c,
+                                                        (dir / "s.json").string())));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const json stats = read_json(dir / "s.json");
+    EXPECT_EQ(stats["model"]["moe_layers"], json({0, 1, 2, 3}));
+    EXPECT_EQ(stats["model"]["mtp_layers"], json({3}));
+    const uint64_t tokens = stats["n_tokens"].get<uint64_t>();
+    uint64_t picks = 0;
+    for (uint64_t n : stats["layers"][3]["count"]) {
+        picks += n;
+    }
+    EXPECT_EQ(picks, tokens * 4) << "the nextn layer routes every token, k = 4 each";
+    EXPECT_TRUE(stats["settings"]["invariants"]["ok"].get<bool>());
+    // synth's planted dead experts of the nextn layer: never chosen, never kept.
+    ASSERT_TRUE(planted["dead"].contains("3")) << planted;
+    for (int e : planted["dead"]["3"]) {
+        EXPECT_EQ(stats["layers"][3]["count"][size_t(e)].get<uint64_t>(), 0u) << "dead expert " << e;
+    }
+
+    r = test::run_command(moeprune_cmd(fmt::format("collect -m {} -f {} -o {} -c 256 -t 1 --no-mtp", m, c,
+                                                   (dir / "trunk.json").string())));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(read_json(dir / "trunk.json")["model"]["moe_layers"], json({0, 1, 2}));
+
+    r = test::run_command(moeprune_cmd(fmt::format("select --stats {} -k 8 --metric reap -o {}", (dir / "s.json").string(),
+                                                   (dir / "maps").string())));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const json map = read_json(dir / "maps" / "reap-k8.json");
+    ASSERT_TRUE(map["layers"].contains("3"));
+    for (int e : planted["dead"]["3"]) {
+        const auto & kept = map["layers"]["3"];
+        EXPECT_EQ(std::count(kept.begin(), kept.end(), e), 0) << "dead expert " << e << " kept in the nextn layer";
+    }
+
+    // Masked (the nextn layer masked in the MTP context) against sliced: the same drafts.
+    const std::string map_path = (dir / "maps" / "reap-k8.json").string(), cut = (dir / "cut.gguf").string();
+    r = test::run_command(moeprune_cmd(fmt::format("slice -m {} --keep {} -o {}", m, map_path, cut)));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = test::run_command(moeprune_cmd(fmt::format("eval -m {} -f {} --keep {} --candidate {} --against {} -c 256 -t 1 "
+                                                   "--json {} --per-token {}", m, c, map_path, cut, cut,
+                                                   (dir / "e.json").string(), (dir / "t.jsonl").string())));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const json e = read_json(dir / "e.json");
+    ASSERT_EQ(e["candidates"].size(), 2u);
+    const json & masked = e["candidates"][0]["all"];
+    EXPECT_GT(masked["mtp_tokens"].get<uint64_t>(), 0u) << masked;
+    EXPECT_LE(masked["mtp_kld_mean"].get<double>(), 1e-6) << masked;
+    EXPECT_EQ(masked["mtp_acceptance"], e["candidates"][1]["all"]["mtp_acceptance"]);
+    const auto rows = per_token(dir / "t.jsonl");
+    const auto & a = rows.at("reap-k8"), & b = rows.at("cut");
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+        EXPECT_EQ(a[i]["mtp_draft"], b[i]["mtp_draft"]) << "position " << a[i]["pos"];
+    }
+
+    // The identity map: the base's drafts exactly (draft KLD 0 against the base).
+    json identity = map;
+    for (auto & [layer, ids] : identity["layers"].items()) {
+        ids = json::array();
+        for (int x = 0; x < 16; ++x) {
+            ids.push_back(x);
+        }
+    }
+    identity["k"] = 16;
+    test::write_text(dir / "identity.json", identity.dump());
+    r = test::run_command(moeprune_cmd(fmt::format("eval -m {} -f {} --keep {} -c 256 -t 1 --json {}", m, c,
+                                                   (dir / "identity.json").string(), (dir / "i.json").string())));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const json ij = read_json(dir / "i.json");
+    EXPECT_EQ(ij["candidates"][0]["all"]["mtp_kld_mean"].get<double>(), 0.0);
+    EXPECT_EQ(ij["candidates"][0]["all"]["mtp_acceptance"], ij["base"]["mtp"]["acceptance"]);
+}
+
+// eval's drafts and acceptance, position by position, against llama.cpp's MTP context
+// driven directly.
+TEST_F(MtpPipeline, DraftsAndAcceptanceMatchADirectComputation) {
+    const std::string m = (dir / "m.gguf").string();
+    json all_kept = {{"format", "moeprune-keep"}, {"version", 1}, {"n_expert", 16}, {"k", 16}, {"metric", "all"},
+                     {"layers", json::object()}};
+    for (int l = 0; l < 4; ++l) {
+        for (int x = 0; x < 16; ++x) {
+            all_kept["layers"][std::to_string(l)].push_back(x);
+        }
+    }
+    test::write_text(dir / "all.json", all_kept.dump());
+    const auto r = test::run_command(moeprune_cmd(fmt::format("eval -m {} -f {} --keep {} -c 256 -t 1 --json {} --per-token {}",
+                                                              m, (dir / "c.jsonl").string(), (dir / "all.json").string(),
+                                                              (dir / "e.json").string(), (dir / "t.jsonl").string())));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const Drafts d = direct_drafts(dir / "m.gguf", text);
+    const auto rows = per_token(dir / "t.jsonl").at("all");
+    ASSERT_EQ(rows.size() + 1, d.draft.size());
+    uint64_t accepted = 0;
+    for (const json & row : rows) {
+        const size_t pos = row["pos"].get<size_t>();
+        EXPECT_EQ(row["mtp_draft"].get<int>(), d.draft[pos]) << "position " << pos;
+        const bool acc = d.draft[pos] == d.trunk[pos];
+        EXPECT_EQ(row["mtp_accept"].get<bool>(), acc) << "position " << pos;
+        accepted += acc;
+    }
+    const json e = read_json(dir / "e.json");
+    EXPECT_DOUBLE_EQ(e["base"]["mtp"]["acceptance"].get<double>(), double(accepted) / double(rows.size()));
+}
+
+// A keep map without the nextn layer: refused by eval and slice, naming the layer and the
+// two ways out; with --mtp drop eval runs the trunk only.
+TEST_F(MtpPipeline, KeepMapsWithoutTheNextnLayerAreRefused) {
+    json trunk_only = {{"format", "moeprune-keep"}, {"version", 1}, {"n_expert", 16}, {"k", 8}, {"metric", "hand"},
+                       {"layers", json::object()}};
+    for (int l = 0; l < 3; ++l) {
+        for (int x = 0; x < 8; ++x) {
+            trunk_only["layers"][std::to_string(l)].push_back(x);
+        }
+    }
+    const fs::path map = dir / "trunk.json";
+    test::write_text(map, trunk_only.dump());
+    const std::string m = (dir / "m.gguf").string(), c = (dir / "c.jsonl").string();
+    auto r = test::run_command(moeprune_cmd(fmt::format("eval -m {} -f {} --keep {} -c 256 -t 1 --json {}", m, c,
+                                                        map.string(), (dir / "e.json").string())));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find(map.string() + ": leaves out the MTP (nextn) layer(s) 3"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("moeprune select"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("--mtp drop"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(dir / "e.json"));
+    r = test::run_command(moeprune_cmd(fmt::format("slice -m {} --keep {} -o {}", m, map.string(), (dir / "cut.gguf").string())));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find("layer 3 is an MTP (nextn) layer"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("moeprune select"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("--mtp drop"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(dir / "cut.gguf"));
+
+    r = test::run_command(moeprune_cmd(fmt::format("eval -m {} -f {} --keep {} -c 256 -t 1 --mtp drop --json {}", m, c,
+                                                   map.string(), (dir / "e.json").string())));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const json e = read_json(dir / "e.json");
+    EXPECT_FALSE(e["base"].contains("mtp"));
+    EXPECT_FALSE(e["candidates"][0]["all"].contains("mtp_tokens"));
+}
+
+} // namespace
