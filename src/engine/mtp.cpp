@@ -14,19 +14,9 @@ MtpHead::MtpHead(llama_model * model, llama_context * trunk, const ContextSettin
     if (llama_model_n_layer_nextn(model) < 1) {
         throw Error("the model was loaded without MTP (nextn) layers");
     }
-    llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = uint32_t(s.ctx);
-    cp.n_batch = uint32_t(s.batch);
-    cp.n_ubatch = uint32_t(s.ubatch);
-    cp.n_seq_max = 1;
-    cp.n_threads = cp.n_threads_batch = s.threads;
-    cp.cb_eval = s.callback;
-    cp.cb_eval_user_data = s.callback_data;
-    cp.ctx_type = LLAMA_CONTEXT_TYPE_MTP;
-    ctx_.reset(llama_init_from_model(model, cp));
-    if (!ctx_) {
-        throw Error(fmt::format("llama.cpp could not create an MTP context of {} tokens", s.ctx));
-    }
+    ContextSettings mtp = s;
+    mtp.type = LLAMA_CONTEXT_TYPE_MTP;
+    ctx_ = new_context(model, mtp);
     n_embd_ = llama_model_n_embd_out(model);
     n_heads_ = llama_model_n_layer_nextn(model);
     // The trunk's rows for every token, whatever its logits flags; the head's only for its

@@ -68,9 +68,11 @@ ContextPtr new_context(llama_model * model, const ContextSettings & s) {
     cp.n_threads = cp.n_threads_batch = s.threads;
     cp.cb_eval = s.callback;
     cp.cb_eval_user_data = s.callback_data;
+    cp.ctx_type = s.type;
     ContextPtr ctx(llama_init_from_model(model, cp), llama_free);
     if (!ctx) {
-        throw Error(fmt::format("llama.cpp could not create a context of {} tokens", s.ctx));
+        throw Error(fmt::format("llama.cpp could not create {}a context of {} tokens",
+                                s.type == LLAMA_CONTEXT_TYPE_MTP ? "an MTP head's " : "", s.ctx));
     }
     return ctx;
 }

@@ -30,6 +30,7 @@ struct ContextSettings {
     int ctx = 0, batch = 0, ubatch = 0, threads = 1;
     ggml_backend_sched_eval_callback callback = nullptr;
     void * callback_data = nullptr;
+    llama_context_type type = LLAMA_CONTEXT_TYPE_DEFAULT;  // LLAMA_CONTEXT_TYPE_MTP: the nextn head's graph
 };
 // Refused, naming the size asked for, when llama.cpp cannot make it.
 ContextPtr new_context(llama_model * model, const ContextSettings & s);

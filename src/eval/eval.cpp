@@ -594,7 +594,9 @@ private:
     std::optional<BaseLogitsWriter> base_writer;
     std::vector<BaseRow> rows;
     std::vector<BaseRecord> records;
-    std::vector<int8_t> base_accept;  // per scored token: the base's own draft accepted there
+    // Per scored token: the base's own draft accepted there (-1: none), and its domain.
+    std::vector<int8_t> base_accept;
+    std::vector<int> base_accept_domain;
     double base_tail_mass = 0;  // summed over the records of --base: how tight their lower bound is
 };
 
@@ -1114,7 +1116,9 @@ void EvalRun::reference_pass(size_t wi, const Window & w, Progress & progress) {
             if (base.head) {
                 draft_window(base.head.get(), w);
                 base_accept.resize(n_scored, -1);
+                base_accept_domain.resize(n_scored, -1);
                 for (int i = 0; i < n; ++i) {
+                    base_accept_domain[w.first_record + uint64_t(i)] = w.domain;
                     base_accept[w.first_record + uint64_t(i)] =
                         int8_t(top1(base.head->logits(w.first + i), n_vocab) == top1(llama_get_logits_ith(ref, w.first + i), n_vocab));
                 }
@@ -1335,8 +1339,7 @@ void EvalRun::describe_run() {
         const auto acceptance = [&](int domain) {
             uint64_t n = 0, accepted = 0;
             for (size_t i = 0; i < base_accept.size(); ++i) {
-                if (base_accept[i] >= 0 && (domain < 0 || rep.candidates.empty() ||
-                                            rep.candidates.front().tokens[i].domain == domain)) {
+                if (base_accept[i] >= 0 && (domain < 0 || base_accept_domain[i] == domain)) {
                     ++n;
                     accepted += uint64_t(base_accept[i]);
                 }
