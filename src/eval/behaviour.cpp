@@ -72,6 +72,15 @@ double repeated_4gram_share(const std::vector<int32_t> & tokens) {
     return double(repeated) / double(tokens.size() - 3);
 }
 
+DraftWalk draft_walk(const std::vector<int8_t> & accept) {
+    DraftWalk w;
+    for (size_t j = 0; j < accept.size(); j += accept[j] ? 2 : 1) {
+        ++w.steps;
+        w.tokens += accept[j] ? 2 : 1;
+    }
+    return w;
+}
+
 BehaviourStats behaviour_stats(const std::vector<BehaviourSample> & samples) {
     BehaviourStats s;
     s.prompts = samples.size();
@@ -81,7 +90,11 @@ BehaviourStats behaviour_stats(const std::vector<BehaviourSample> & samples) {
     std::vector<double> div;
     uint64_t exact = 0, base_terminated = 0, cand_terminated = 0, calls = 0, calls_ok = 0, thinks = 0, thinks_ok = 0;
     double repeat = 0;
+    DraftWalk drafts;
     for (const BehaviourSample & x : samples) {
+        const DraftWalk w = draft_walk(x.candidate->mtp_accept);
+        drafts.steps += w.steps;
+        drafts.tokens += w.tokens;
         const size_t d = divergence(*x.base, *x.candidate);
         div.push_back(double(d));
         exact += x.base->tokens == x.candidate->tokens;
@@ -104,6 +117,9 @@ BehaviourStats behaviour_stats(const std::vector<BehaviourSample> & samples) {
             }
         }
         repeat += repeated_4gram_share(x.candidate->tokens);
+    }
+    if (drafts.steps > 0) {
+        s.mtp_tokens_per_step = double(drafts.tokens) / double(drafts.steps);
     }
     const double n = double(samples.size());
     s.exact_match = double(exact) / n;

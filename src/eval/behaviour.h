@@ -15,7 +15,18 @@ struct Continuation {
     std::vector<int32_t> tokens;   // generated, up to and including an end-of-generation token
     std::string text;              // their text (end-of-generation tokens rendered as nothing)
     bool terminated = false;       // ended with an end-of-generation token within the limit
+    // With an MTP head: whether its draft made after generated token j (from that token and
+    // the trunk's hidden state before it) is generated token j + 1, for j = 0 .. size - 2.
+    std::vector<int8_t> mtp_accept;
 };
+
+// Speculative decoding with one draft token per step over a greedy continuation: greedy
+// verification emits the same tokens, and a step that accepts its draft emits two (the
+// draft and the trunk's next) and drafts again two tokens on, else one.
+struct DraftWalk {
+    uint64_t steps = 0, tokens = 0;
+};
+DraftWalk draft_walk(const std::vector<int8_t> & accept);
 
 // One prompt's base and candidate continuations; `opens_think`: the prompt leaves a
 // <think> block open (some chat templates start the answer inside one).
@@ -33,6 +44,7 @@ struct BehaviourStats {
     std::optional<double> tool_call_ok;        // where the base called tools: share with the same calls, parsed
     std::optional<double> think_balanced;      // terminated candidates using <think>: share with every block closed
     double repeat_4gram = 0;                   // mean share of 4-grams that repeat an earlier one
+    std::optional<double> mtp_tokens_per_step; // with an MTP head: tokens per step of draft_walk, all prompts pooled
 };
 
 // Tokens before the first position where the two differ (the shorter length when one is

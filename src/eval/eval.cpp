@@ -287,7 +287,39 @@ struct Decoder {
     std::function<void(int)> before;     // per call, with its token count: a closed loop starts a "window"
     std::function<void()> after;         // per call: rethrows what the callbacks caught
     bool all_outputs = false;            // a routing tap needs every token in every layer
+    MtpHead * head = nullptr;            // drafts over the continuation, when the candidate has one
 };
+
+// The head's drafts over a continuation the trunk generated: the trunk decodes the prompt
+// and the continuation once more (for its hidden states of every position), the head runs
+// over the same tokens, and its draft after generated token j is checked against token j + 1.
+std::vector<int8_t> continuation_drafts(const Decoder & d, const Prompt & p, const Continuation & c, int n_vocab) {
+    std::vector<int8_t> accept;
+    if (!d.head || c.tokens.size() < 2) {
+        return accept;
+    }
+    std::vector<llama_token> seq = p.tokens;
+    seq.insert(seq.end(), c.tokens.begin(), c.tokens.end() - 1);
+    const int n = int(seq.size()), first = int(p.tokens.size());
+    llama_memory_clear(llama_get_memory(d.ctx), true);
+    if (d.before) {
+        d.before(n);
+    }
+    decode_tokens(d.ctx, seq.data(), n, 0, n - 1, n - 1, d.after);
+    d.head->reset();
+    try {
+        d.head->decode(seq, 0);
+    } catch (const Error &) {
+        if (d.after) {
+            d.after();
+        }
+        throw;
+    }
+    for (int j = 0; j + 1 < int(c.tokens.size()); ++j) {
+        accept.push_back(int8_t(top1(d.head->logits(first + j), n_vocab) == c.tokens[size_t(j) + 1]));
+    }
+    return accept;
+}
 
 // The greedy continuation of `p`, at most `limit` tokens, ending at an end-of-generation token.
 Continuation generate(const Decoder & d, const Prompt & p, int limit, const llama_vocab * vocab, int n_vocab) {
@@ -559,6 +591,7 @@ private:
     InspectReport info;
     MaskFacts facts;
     bool run_mtp = false;   // the model has an MTP head and --mtp drop was not given
+    std::optional<double> base_tokens_per_step;  // of the base's greedy continuations, with its head
     MaskFacts mask_layers;  // what keep maps cover and the mask plans: facts' layers, and the MTP head's
     std::vector<std::pair<fs::path, KeepMap>> maps;
     std::optional<BaseLogitsReader> base_file;
@@ -1224,21 +1257,22 @@ void EvalRun::check_behaviour() {
         std::vector<Continuation> out;
         for (const Prompt & p : prompts) {
             out.push_back(generate(d, p, opt.generate, vocab, n_vocab));
+            out.back().mtp_accept = continuation_drafts(d, p, out.back(), n_vocab);
             gen_progress.advance(1);
         }
         return out;
     };
-    const std::vector<Continuation> base_gen = continuations({base.ctx.get(), {}, {}, false});
+    const std::vector<Continuation> base_gen = continuations({base.ctx.get(), {}, {}, false, base.head.get()});
     const auto judge = [&](EvalCandidate & c, const Decoder & d) {
         compare_behaviour(c, prompts, base_gen, continuations(d));
     };
     for (size_t k = 0; k < maps.size(); ++k) {
         mask->set(maps[k].second, maps[k].first.string());
-        judge(rep.candidates[k], {masked.ctx.get(), {}, [&] { mask->rethrow_failure(); }, false});
+        judge(rep.candidates[k], {masked.ctx.get(), {}, [&] { mask->rethrow_failure(); }, false, masked.head.get()});
     }
     mask->clear();
     for (size_t f = 0; f < files.size(); ++f) {
-        judge(rep.candidates[maps.size() + f], {files[f].ctx.get(), {}, {}, false});
+        judge(rep.candidates[maps.size() + f], {files[f].ctx.get(), {}, {}, false, files[f].head.get()});
     }
     for (size_t r = 0; r < runs.size(); ++r) {
         RouterTap & tap = *runs[r].tap;
@@ -1260,15 +1294,24 @@ void EvalRun::check_behaviour() {
     gen_progress.finish();
     uint64_t terminated = 0;
     double repeat = 0;
+    DraftWalk drafts;
     for (const Continuation & c : base_gen) {
         terminated += c.terminated;
         repeat += repeated_4gram_share(c.tokens);
+        const DraftWalk w = draft_walk(c.mtp_accept);
+        drafts.steps += w.steps;
+        drafts.tokens += w.tokens;
     }
     rep.generation = {{"prompts", prompts.size()},
                       {"file", (opt.prompts.empty() ? opt.corpus : opt.prompts).string()},
                       {"max_tokens", opt.generate},
                       {"base_terminated", double(terminated) / double(prompts.size())},
                       {"base_repeat_4gram", repeat / double(prompts.size())}};
+    if (drafts.steps > 0) {
+        const double per_step = double(drafts.tokens) / double(drafts.steps);
+        rep.generation["base_mtp_tokens_per_step"] = per_step;
+        base_tokens_per_step = per_step;
+    }
 }
 
 // What the passes leave to finish: the closed loop's figures beside its open-loop replay,
@@ -1348,6 +1391,9 @@ void EvalRun::describe_run() {
         };
         json mtp = acceptance(-1);
         mtp["layers"] = info.mtp_layers();
+        if (base_tokens_per_step) {
+            mtp["tokens_per_step"] = *base_tokens_per_step;
+        }
         for (size_t d = 0; d < rep.domains.size(); ++d) {
             mtp["domains"][rep.domains[d]] = acceptance(int(d));
         }
@@ -1499,6 +1545,9 @@ void add_behaviour(json & j, const BehaviourStats & b) {
     j["gen_tool_call_ok"] = opt(b.tool_call_ok);
     j["gen_think_balanced"] = opt(b.think_balanced);
     j["gen_repeat_4gram"] = b.repeat_4gram;
+    if (b.mtp_tokens_per_step) {
+        j["gen_mtp_tokens_per_step"] = *b.mtp_tokens_per_step;
+    }
 }
 
 } // namespace
@@ -1608,10 +1657,17 @@ std::string to_text(const EvalReport & r) {
                          r.generation["prompts"].get<uint64_t>(), r.generation["max_tokens"].get<int>(),
                          100 * r.generation["base_terminated"].get<double>(), "candidate", "domain", "exact",
                          "diverge", "median", "terminate", "tool call", "think", "repeat");
+        if (r.generation.contains("base_mtp_tokens_per_step")) {
+            o << fmt::format("{:<32} {:<10} MTP draft: {:.3f} tokens per step\n", "base", "all",
+                             r.generation["base_mtp_tokens_per_step"].get<double>());
+        }
         const auto row = [&](const std::string & name, const std::string & scope, const BehaviourStats & b) {
             o << fmt::format("{:<32} {:<10} {:>6.1f}% {:>9.1f} {:>9.1f} {:>10} {:>10} {:>9} {:>8.1f}%\n", name, scope,
                              100 * b.exact_match, b.divergence_mean, b.divergence_median, pct(b.clean_termination),
                              pct(b.tool_call_ok), pct(b.think_balanced), 100 * b.repeat_4gram);
+            if (b.mtp_tokens_per_step) {
+                o << fmt::format("{:<32} {:<10} MTP draft: {:.3f} tokens per step\n", "", "", *b.mtp_tokens_per_step);
+            }
         };
         for (const EvalCandidate & c : r.candidates) {
             if (c.behaviour) {

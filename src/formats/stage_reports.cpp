@@ -39,6 +39,8 @@ EvalFigures figures_of(const JsonFields & f) {
     e.kld_p99 = optional_number(f, "kld_p99", 0, kInf);
     e.same_top1 = optional_number(f, "same_top1", 0, 1);
     e.tokens = f.has("tokens") ? f.integer("tokens", 0, std::numeric_limits<int64_t>::max()) : 0;
+    e.mtp_acceptance = optional_number(f, "mtp_acceptance", 0, 1);
+    e.mtp_tokens_per_step = optional_number(f, "gen_mtp_tokens_per_step", 1, 65536);
     return e;
 }
 
@@ -81,8 +83,8 @@ ReplayRecordFigures record_of(const JsonFields & rec) {
     out.lambda = rec.has("lambda") ? rec.number("lambda", 0, kInf) : 0.0;
     out.cliff = rec.has("cliff") && rec.boolean("cliff");
     out.misses_per_token = rec.number("misses_per_token", 0, kInf);
-    if (rec.has("misses_per_token_per_layer") && rec.any("misses_per_token_per_layer").is_array()) {
-        out.misses_per_token_per_layer = rec.numbers("misses_per_token_per_layer", 0, kInf);
+    if (rec.has("misses_per_token_by_layer")) {
+        out.misses_per_token_by_layer = rec.numbers("misses_per_token_by_layer", 0, kInf);
     }
     out.read_rounds_per_token = optional_number(rec, "read_rounds_per_token", 0, kInf);
     out.hit_rate = optional_number(rec, "hit_rate", 0, 1);
@@ -191,6 +193,9 @@ ReplayFile read_replay_report(const std::filesystem::path & path) {
     if (meta.has("model")) {
         (void)meta.object("model");
         out.trace_model = r.at("inputs").at("trace_meta").at("model");
+    }
+    if (meta.has("mtp_layers")) {
+        out.trace_mtp_layers = meta.integers("mtp_layers", 0, 1 << 20);
     }
     out.n_layer = in.integer("n_layer", 1, 100000);
     out.n_expert = in.integer("n_expert", 1, 65536);

@@ -21,6 +21,9 @@ namespace moeprune {
 struct EvalFigures {
     std::optional<double> kld_mean, kld_p99, same_top1;
     int64_t tokens = 0;
+    // With an MTP head: the share of drafts the trunk accepts (teacher-forced), and the
+    // accepted length per step of its greedy continuations (with --generate).
+    std::optional<double> mtp_acceptance, mtp_tokens_per_step;
 };
 
 // A closed-loop candidate's cache figures beside the open-loop replay of its tokens.
@@ -59,13 +62,14 @@ struct ReplayRecordFigures {
     double lambda = 0;
     bool cliff = false;              // a global cache smaller than one token's experts
     double misses_per_token = 0;
-    std::optional<std::vector<double>> misses_per_token_per_layer;
+    std::optional<std::vector<double>> misses_per_token_by_layer;  // per-layer caches, one per MoE layer
     std::optional<double> read_rounds_per_token, hit_rate, tokens_per_s;
 };
 
 struct ReplayFile {
     std::string path;
     std::optional<nlohmann::json> trace_model;   // inputs.trace_meta.model, when the trace names its model
+    std::vector<int64_t> trace_mtp_layers;       // inputs.trace_meta.mtp_layers: the trace's last layers are these
     int64_t n_layer = 0, n_expert = 0;
     std::optional<std::string> keep;             // the keep map replayed (none: null or "")
     std::optional<int64_t> n_expert_after_keep;

@@ -35,6 +35,7 @@ struct Geometry {
     std::string digest;  // the model's content (model_digest); empty when planned by hand
     int64_t n_expert = 0, used = 0;
     std::vector<double> bytes;  // one routed expert, per MoE layer
+    std::vector<double> mtp_bytes;  // one routed expert, per MTP (nextn) layer
     double other = 0;
     bool other_known = false;
     double sum() const {
@@ -61,6 +62,11 @@ Geometry geometry(const PlanOptions & opt) {
             fail_file(opt.model.string(), "inspect finds problems: " + r.problems.front());
         }
         g.bytes = r.routed_layer_expert_bytes();
+        for (const LayerInfo & l : r.layers) {
+            if (l.nextn) {
+                g.mtp_bytes.push_back(double(l.expert_bytes));
+            }
+        }
         if (g.bytes.empty()) {
             fail_file(opt.model.string(), "has no routed experts to plan for");
         }
@@ -125,6 +131,9 @@ void check_plan_options(const PlanOptions & opt) {
     }
     if (!(opt.speed_share > 0 && opt.speed_share <= 1)) {
         throw Error(fmt::format("--speed-share {} must be a share in (0, 1]", opt.speed_share));
+    }
+    if (opt.mtp_acceptance && !(*opt.mtp_acceptance >= 0 && *opt.mtp_acceptance <= 1)) {
+        throw Error(fmt::format("--mtp-acceptance {} must be a share of drafts in [0, 1]", *opt.mtp_acceptance));
     }
     if (opt.max_kld && !(std::isfinite(*opt.max_kld) && *opt.max_kld >= 0)) {
         throw Error(fmt::format("--max-kld {} must be a finite KLD >= 0", *opt.max_kld));
@@ -308,6 +317,9 @@ public:
           model_digest_from(this->g.source) {}
 
     void check_settings() const {
+        if (opt.mtp_acceptance && g.mtp_bytes.empty()) {
+            throw Error(fmt::format("--mtp-acceptance: {} has no MTP (nextn) layers to draft with", g.source));
+        }
         for (const int64_t c : opt.cache_experts) {
             if (c < 1 || c > g.n_expert) {
                 throw Error(fmt::format("--cache-experts {}: a per-layer cache holds 1 to {} experts ({})", c,
@@ -354,9 +366,34 @@ public:
                                                          k, g.n_expert, g.used));
                     }
                     kld[{criterion, k}] = measured_kld(c);
+                    read_acceptance(c.all, {criterion, k}, path);
                 }
             }
+            if (report.base.contains("mtp") && report.base["mtp"].is_object()) {
+                const JsonFields mtp(report.base["mtp"], report.path, "base.mtp");
+                EvalFigures base;
+                base.mtp_acceptance = mtp.number("acceptance", 0, 1);
+                if (mtp.has("tokens_per_step")) {
+                    base.mtp_tokens_per_step = mtp.number("tokens_per_step", 1, 65536);
+                }
+                read_acceptance(base, {"none", g.n_expert}, path);
+            }
             eval_inputs.push_back({{"file", path.string()}, {"digest", file_digest(path)}});
+        }
+    }
+
+    // The draft acceptance of (criterion, K): from the greedy continuations' accepted length
+    // per step where eval generated, else the teacher-forced share.
+    void read_acceptance(const EvalFigures & f, const std::pair<std::string, int64_t> & key,
+                         const std::filesystem::path & path) {
+        if (g.mtp_bytes.empty()) {
+            return;
+        }
+        if (f.mtp_tokens_per_step) {
+            acceptance[key] = {*f.mtp_tokens_per_step - 1.0,
+                               fmt::format("eval {}: accepted length per step of greedy continuations", path.string())};
+        } else if (f.mtp_acceptance) {
+            acceptance[key] = {*f.mtp_acceptance, fmt::format("eval {}: teacher-forced draft acceptance", path.string())};
         }
     }
 
@@ -381,9 +418,16 @@ public:
                              path.c_str(), g.source.c_str());
             }
             const JsonPlace & in = report.inputs_place;
-            if (size_t(report.n_layer) != L) {
-                in.fail("n_layer", fmt::format("is {}: it replays {} MoE layers, the plan's model has {}", report.n_layer,
-                                               report.n_layer, L));
+            const size_t M = g.mtp_bytes.size();
+            const bool with_mtp = M > 0 && size_t(report.n_layer) == L + M && report.trace_mtp_layers.size() == M;
+            if (size_t(report.n_layer) != L && !with_mtp) {
+                in.fail("n_layer", fmt::format("is {}: it replays {} MoE layers, the plan's model has {}{}", report.n_layer,
+                                               report.n_layer, L,
+                                               M > 0 ? fmt::format(" and {} MTP layer(s)", M) : std::string()));
+            }
+            if (with_mtp && report.global) {
+                in.fail("cache_scope", "is global over a trace with the MTP layers: the trunk's misses without a draft "
+                                       "cannot be told apart; replay a per-layer cache, or a trace collected with --no-mtp");
             }
             if (report.n_expert != g.n_expert) {
                 in.fail("n_expert", fmt::format("is {}: the plan's model has {} experts", report.n_expert, g.n_expert));
@@ -403,7 +447,7 @@ public:
             }
             planned.insert({criterion, k});
             for (const ReplayRecordFigures & rec : report.records) {
-                add_replayed_option(rec, criterion, k, report.global, path);
+                add_replayed_option(rec, criterion, k, report.global, with_mtp, path);
             }
             replay_inputs.push_back({{"file", path.string()}, {"digest", file_digest(path)}});
         }
@@ -411,7 +455,7 @@ public:
 
     // One replayed cache of the map (criterion, K), priced.
     void add_replayed_option(const ReplayRecordFigures & rec, const std::string & criterion, int64_t k, bool global,
-                             const std::filesystem::path & path) {
+                             bool with_mtp, const std::filesystem::path & path) {
         const auto & known = policy_names();
         if (std::find(known.begin(), known.end(), rec.policy) == known.end()) {
             rec.place.fail("policy", fmt::format("is \"{}\", not a cache policy of this moeprune", rec.policy));
@@ -423,10 +467,16 @@ public:
                                fmt::format("is {}, not an integer in [1, {}]", rec.slots[i], slot_max));
             }
         }
-        if (rec.slots.empty() || (!global && rec.slots.size() != 1 && rec.slots.size() != L) ||
+        const size_t M = with_mtp ? g.mtp_bytes.size() : 0, layers = L + M;
+        if (rec.slots.empty() || (!global && rec.slots.size() != 1 && rec.slots.size() != layers) ||
             (global && rec.slots.size() != 1)) {
             rec.place.fail("slots", fmt::format("holds {} sizes: one, or one per MoE layer ({}) of a per-layer cache",
-                                                rec.slots.size(), L));
+                                                rec.slots.size(), layers));
+        }
+        if (with_mtp && !(rec.misses_per_token_by_layer && rec.misses_per_token_by_layer->size() == layers)) {
+            rec.place.fail("misses_per_token_by_layer",
+                           fmt::format("is missing or not {} numbers: the trunk's misses and the MTP layers' must be told apart",
+                                       layers));
         }
         if (rec.cache && *rec.cache > slot_max) {
             rec.place.fail("cache", fmt::format("is {}, not an integer in [1, {}]", *rec.cache, slot_max));
@@ -439,18 +489,31 @@ public:
                 resident += double(rec.slots.size() == 1 ? rec.slots[0] : rec.slots[l]) * g.bytes[l];
             }
         }
-        const double misses = rec.misses_per_token;
+        double misses = rec.misses_per_token;
         double bytes = misses * g.mean();
         double rounds = double(L) * std::ceil(misses / double(L) / tp.queue_depth);
-        if (rec.misses_per_token_per_layer && rec.misses_per_token_per_layer->size() == L) {
-            bytes = rounds = 0;
+        TokenTraffic mtp;
+        if (rec.misses_per_token_by_layer && rec.misses_per_token_by_layer->size() == layers) {
+            const std::vector<double> & per_layer = *rec.misses_per_token_by_layer;
+            misses = bytes = rounds = 0;
             for (size_t l = 0; l < L; ++l) {
-                bytes += (*rec.misses_per_token_per_layer)[l] * g.bytes[l];
-                rounds += std::ceil((*rec.misses_per_token_per_layer)[l] / tp.queue_depth);
+                misses += per_layer[l];
+                bytes += per_layer[l] * g.bytes[l];
+                rounds += std::ceil(per_layer[l] / tp.queue_depth);
+            }
+            for (size_t m = 0; m < M; ++m) {
+                mtp.exposed_bytes += per_layer[L + m] * g.mtp_bytes[m];
+                mtp.rounds += std::ceil(per_layer[L + m] / tp.queue_depth);
             }
         }
-        if (rec.read_rounds_per_token) {
+        // Counted rounds are of every layer replayed: with the MTP layers, the trunk's are
+        // estimated from its misses.
+        if (rec.read_rounds_per_token && !with_mtp) {
             rounds = *rec.read_rounds_per_token;
+        }
+        double mtp_resident = 0;
+        for (size_t m = 0; m < M; ++m) {
+            mtp_resident += double(rec.slots.size() == 1 ? rec.slots[0] : rec.slots[L + m]) * g.mtp_bytes[m];
         }
         json o = {{"k", k},
                   {"criterion", criterion},
@@ -467,7 +530,11 @@ public:
         if (rec.cliff) {
             o["note"] = "global cache smaller than one token's experts";
         }
-        add(std::move(o));
+        add(std::move(o), {bytes, rounds, 0},
+            with_mtp ? DraftTraffic{mtp, resident + mtp_resident, ""}
+                     : DraftTraffic{{}, std::nullopt,
+                                    "the replayed trace has no MTP layer (collected with --no-mtp): the draft's expert "
+                                    "traffic is unknown"});
     }
 
     // Every K: all of it resident, and the caches given by hand.
@@ -513,7 +580,8 @@ public:
                      {"misses_per_token", 0.0},
                      {"read_bytes_per_token", 0.0},
                      {"tok_per_s", tok_per_s(token_seconds({}, L, tp))},
-                     {"source", "every kept expert in RAM"}});
+                     {"source", "every kept expert in RAM"}},
+                    {}, DraftTraffic{{}, g.other + double(k) * (g.sum() + mtp_sum()), ""});
                 for (size_t i = 0; i < opt.misses_per_token.size(); ++i) {
                     const double m = opt.misses_per_token[i];
                     const double bytes = m * g.mean();
@@ -531,7 +599,9 @@ public:
                          {"misses_per_token", m},
                          {"read_bytes_per_token", bytes},
                          {"tok_per_s", tok_per_s(token_seconds({bytes, rounds, 0}, L, tp))},
-                         {"source", "--misses-per-token"}});
+                         {"source", "--misses-per-token"}},
+                        {bytes, rounds, 0}, DraftTraffic{{}, std::nullopt,
+                                     "--misses-per-token counts the trunk's misses: the draft's expert traffic is unknown"});
                 }
             }
         }
@@ -561,6 +631,11 @@ public:
                       {"predicted_tok_per_s", r.predicted_tok_per_s ? json(*r.predicted_tok_per_s) : json(nullptr)},
                       {"source", fmt::format("measured: llama.cpp under a {:.3f} GB memory limit ({})", gb(r.limit_bytes),
                                              measured->file)}};
+            if (!g.mtp_bytes.empty()) {
+                o["mtp_draft"] = {{"draft_tokens", 1},          {"acceptance", nullptr},
+                                  {"acceptance_source", nullptr}, {"tokens_per_step", nullptr},
+                                  {"tok_per_s", nullptr},         {"note", "measured: llama.cpp decoded without a draft"}};
+            }
             add(std::move(o));
         }
     }
@@ -648,6 +723,15 @@ public:
                                    gb(o["resident_bytes"].get<double>()), gb(budget));
             }
         }
+        if (!recommended.is_null()) {
+            const json & o = options[recommended.get<size_t>()];
+            if (o.contains("mtp_draft") && !o["mtp_draft"]["tok_per_s"].is_null()) {
+                why += fmt::format("; with the MTP head drafting one token ({:.1f}% accepted, {}): {:.2f} tokens/s",
+                                   100 * o["mtp_draft"]["acceptance"].get<double>(),
+                                   o["mtp_draft"]["acceptance_source"].get<std::string>(),
+                                   o["mtp_draft"]["tok_per_s"].get<double>());
+            }
+        }
         why += "; " + timing_source(opt, measured);
         return {recommended, why};
     }
@@ -660,6 +744,11 @@ public:
         json throughput_inputs = to_json(tp);
         throughput_inputs["model"] =
             "t = compute + layers * sync + read_bytes / ssd + rounds * latency; tokens/s = 1 / t";
+        if (!g.mtp_bytes.empty()) {
+            throughput_inputs["mtp_draft_model"] =
+                "one draft token per step: the step's t has compute * (1 + mtp_layers / layers), (layers + mtp_layers) * "
+                "sync, the trunk's reads of 2 positions and the head's of 1 + a; tokens/s = (1 + a) / t";
+        }
         return {{"format", "moeprune-plan"},
                 {"version", 1},
                 {"inputs",
@@ -671,7 +760,10 @@ public:
                     {"used", g.used},
                     {"expert_bytes", layer_bytes},
                     {"routed_bytes_all", g.sum() * double(g.n_expert)},
-                    {"other_bytes", g.other_known ? json(g.other) : json(nullptr)}}},
+                    {"other_bytes", g.other_known ? json(g.other) : json(nullptr)},
+                    {"mtp_layers", g.mtp_bytes.size()},
+                    {"mtp_expert_bytes", g.mtp_bytes}}},
+                  {"mtp_acceptance", opt.mtp_acceptance ? json(*opt.mtp_acceptance) : json(nullptr)},
                   {"ram_bytes", opt.ram_bytes > 0 ? json(opt.ram_bytes) : json(nullptr)},
                   {"reserve_bytes", opt.reserve_bytes},
                   {"budget_bytes", budget > 0 ? json(budget) : json(nullptr)},
@@ -761,6 +853,69 @@ private:
         return {nullptr, false};
     }
 
+    // What an option's speculative decoding with the MTP head reads beyond the trunk.
+    struct DraftTraffic {
+        TokenTraffic mtp;                     // per token the head runs on
+        std::optional<double> resident_bytes; // the option's RAM with the head's experts
+        std::string unknown;                  // why the head's traffic is unknown, if it is
+    };
+
+    double mtp_sum() const {
+        double s = 0;
+        for (const double b : g.mtp_bytes) {
+            s += b;
+        }
+        return s;
+    }
+
+    // The option with one draft token per step (sim/throughput.h), beside it without.
+    json draft_option(const json & o, const TokenTraffic & trunk, const DraftTraffic & d) const {
+        std::optional<std::pair<double, std::string>> a;
+        if (opt.mtp_acceptance) {
+            a = {*opt.mtp_acceptance, "--mtp-acceptance"};
+        } else {
+            const int64_t k = o["k"].get<int64_t>();
+            const auto it = acceptance.find({k == g.n_expert ? "none" : o["criterion"].get<std::string>(), k});
+            if (it != acceptance.end()) {
+                a = it->second;
+            }
+        }
+        json out = {{"draft_tokens", 1},
+                    {"acceptance", a ? json(a->first) : json(nullptr)},
+                    {"acceptance_source", a ? json(a->second) : json(nullptr)},
+                    {"tokens_per_step", a ? json(tokens_per_step(a->first, 1)) : json(nullptr)},
+                    {"mtp_read_bytes_per_token", d.unknown.empty() ? json(d.mtp.exposed_bytes) : json(nullptr)},
+                    {"resident_bytes", d.resident_bytes ? json(*d.resident_bytes) : json(nullptr)},
+                    {"feasible", budget <= 0 || !d.resident_bytes || *d.resident_bytes <= budget},
+                    {"step_ms", nullptr},
+                    {"tok_per_s", nullptr},
+                    {"speedup", nullptr}};
+        if (!d.unknown.empty()) {
+            out["note"] = d.unknown;
+        } else if (!a) {
+            out["note"] = "no draft acceptance measured for this keep map (eval it with the MTP head, or give "
+                          "--mtp-acceptance)";
+        } else {
+            const DraftStep step{a->first, 1, g.mtp_bytes.size(), d.mtp};
+            const double seconds = speculative_step_seconds(trunk, L, step, tp);
+            if (seconds > 0) {
+                out["step_ms"] = seconds * 1e3;
+                out["tok_per_s"] = tokens_per_step(a->first, 1) / seconds;
+                if (!o["tok_per_s"].is_null()) {
+                    out["speedup"] = out["tok_per_s"].get<double>() / o["tok_per_s"].get<double>();
+                }
+            }
+        }
+        return out;
+    }
+
+    void add(json o, const TokenTraffic & trunk, const DraftTraffic & d) {
+        if (!g.mtp_bytes.empty()) {
+            o["mtp_draft"] = draft_option(o, trunk, d);
+        }
+        add(std::move(o));
+    }
+
     void add(json o) {
         const json & resident = o["resident_bytes"];
         o["feasible"] = budget <= 0 || resident.is_null() || resident.get<double>() <= budget;
@@ -800,6 +955,7 @@ private:
     const double budget;
     std::string model_digest_seen, model_digest_from;
     std::map<std::pair<std::string, int64_t>, double> kld;
+    std::map<std::pair<std::string, int64_t>, std::pair<double, std::string>> acceptance;  // and where it came from
     using ClosedKey = std::tuple<std::string, int64_t, std::string, int64_t, double>;
     std::map<ClosedKey, double> closed_kld;
     std::set<std::pair<std::string, int64_t>> planned;
@@ -859,8 +1015,10 @@ std::string plan_text(const json & plan) {
         out += fmt::format("from measurement ({}): {}\n", in["measured"]["file"].get<std::string>(),
                            fmt::join(in["measured"]["from_measurement"].get<std::vector<std::string>>(), ", "));
     }
-    out += fmt::format("{:>2} {:>5} {:<14} {:<18} {:>8} {:>6} {:>10} {:>10} {:>9} {:>10} {:>10}\n", "", "K", "criterion", "policy",
-                       "cache", "λ", "routed GB", "RAM GB", "miss/tok", "tok/s", "KLD");
+    const bool mtp = g.value("mtp_layers", 0) > 0;
+    out += fmt::format("{:>2} {:>5} {:<14} {:<18} {:>8} {:>6} {:>10} {:>10} {:>9} {:>10} {:>10}{}\n", "", "K", "criterion", "policy",
+                       "cache", "λ", "routed GB", "RAM GB", "miss/tok", "tok/s", "KLD",
+                       mtp ? fmt::format(" {:>8} {:>10}", "accept", "tok/s MTP") : std::string());
     std::set<size_t> front;
     for (const json & i : plan["pareto"]) {
         front.insert(i.get<size_t>());
@@ -902,12 +1060,19 @@ std::string plan_text(const json & plan) {
         if (!o["kld_measured"].is_null() && !o["kld_measured"].get<bool>()) {
             kld += "~";
         }
-        out += fmt::format("{:>2} {:>5} {:<14} {:<18} {:>8} {:>6} {:>10.3f} {:>10} {:>9} {:>10} {:>10}\n",
+        std::string draft;
+        if (mtp) {
+            const json d = o.value("mtp_draft", json::object());
+            const json a = d.value("acceptance", json()), t = d.value("tok_per_s", json());
+            draft = fmt::format(" {:>8} {:>10}", a.is_null() ? std::string("-") : fmt::format("{:.1f}%", 100 * a.get<double>()),
+                                num(t, "{:.2f}"));
+        }
+        out += fmt::format("{:>2} {:>5} {:<14} {:<18} {:>8} {:>6} {:>10.3f} {:>10} {:>9} {:>10} {:>10}{}\n",
                            rec ? ">" : front.count(i) ? "*" : "", o["k"].get<int64_t>(), o["criterion"].get<std::string>(),
                            o["policy"].get<std::string>(), o["cache_experts"].is_null() ? "-" : std::to_string(o["cache_experts"].get<int64_t>()),
                            fmt::format("{:g}", o["lambda"].get<double>()), o["routed_bytes"].get<double>() / 1e9,
                            o["resident_bytes"].is_null() ? std::string("-") : fmt::format("{:.3f}", o["resident_bytes"].get<double>() / 1e9),
-                           num(o["misses_per_token"], "{:.2f}"), num(o["tok_per_s"], "{:.2f}"), kld);
+                           num(o["misses_per_token"], "{:.2f}"), num(o["tok_per_s"], "{:.2f}"), kld, draft);
     }
     if (shown < opts.size()) {
         out += fmt::format("({} more options in the JSON; * Pareto front, > recommended, ~ interpolated KLD; belady is the "

@@ -31,6 +31,9 @@ struct PlanOptions {
     std::vector<std::filesystem::path> evals;     // moeprune-eval JSON
     std::vector<double> misses_per_token;  // given by hand, for a plan without a replay
     std::vector<int64_t> cache_experts;    // per-layer cache sizes that go with them
+    // A model with an MTP head: every option is also priced with one draft token per step
+    // at this acceptance, in place of the one its eval measured.
+    std::optional<double> mtp_acceptance;
     std::optional<double> max_kld;         // recommend the fastest option within this
     double speed_share = 0.9;              // else the most accurate within this share of the fastest
     // A moeprune-measure report of the same model: compute time per token, storage as page

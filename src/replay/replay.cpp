@@ -690,13 +690,15 @@ std::map<std::string, std::vector<size_t>> stack_passes(const ReplayOptions & op
 }
 
 using Counts = std::vector<std::array<PhaseCounts, 2>>;  // [config][phase]
+using LayerMisses = std::vector<std::vector<uint64_t>>;  // [config][layer]: misses and forced, both phases
 
 // Requests depend on the cache size only where a prefill batch's union is split.
 int future_key(const ReplayOptions & opt, int slots) { return opt.prefill_union > 0 ? slots : 0; }
 
 // Per-layer caches: layers in parallel, each configuration through every token of a
 // layer before the next.
-Counts replay_per_layer(const ReplayOptions & opt, const Setup & s, const std::vector<Config> & configs, int n_predict) {
+Counts replay_per_layer(const ReplayOptions & opt, const Setup & s, const std::vector<Config> & configs, int n_predict,
+                        LayerMisses & by_layer) {
     const TraceHeader & h = s.reader->header();
     const uint64_t n_tok = s.meta.size();
     const bool offline = std::any_of(configs.begin(), configs.end(), [](const Config & c) {
@@ -711,6 +713,7 @@ Counts replay_per_layer(const ReplayOptions & opt, const Setup & s, const std::v
         }
     }
     Counts counts(configs.size());
+    by_layer.assign(configs.size(), std::vector<uint64_t>(h.n_layer, 0));
     std::mutex counts_mutex;
     run_parallel(h.n_layer, opt.threads, [&](unsigned l) {
         const LayerData d = load_layer(s, l);
@@ -777,6 +780,9 @@ Counts replay_per_layer(const ReplayOptions & opt, const Setup & s, const std::v
         for (size_t c = 0; c < configs.size(); ++c) {
             counts[c][0].add(local[c][0]);
             counts[c][1].add(local[c][1]);
+            for (const PhaseCounts & pc : local[c]) {
+                by_layer[c][l] += pc.misses + pc.forced_misses;
+            }
         }
     });
     return counts;
@@ -839,7 +845,7 @@ Counts replay_global(const ReplayOptions & opt, const Setup & s, const std::vect
 }
 
 std::vector<ReplayRecord> records_of(const ReplayOptions & opt, const Setup & s, const std::vector<Config> & configs,
-                                     const Counts & counts) {
+                                     const Counts & counts, const LayerMisses & by_layer) {
     const TraceHeader & h = s.reader->header();
     const uint64_t n_tok = s.meta.size();
     std::vector<ReplayRecord> records;
@@ -856,6 +862,9 @@ std::vector<ReplayRecord> records_of(const ReplayOptions & opt, const Setup & s,
         rec.prefill.tokens = rec.decode.tokens = 0;
         for (uint64_t t = opt.warmup; t < n_tok; ++t) {
             ++(phase_index(s, t) ? rec.decode : rec.prefill).tokens;
+        }
+        if (!by_layer.empty()) {
+            rec.missed_by_layer = by_layer[c];
         }
         records.push_back(std::move(rec));
     }
@@ -915,14 +924,15 @@ ReplayReport run_replay(const ReplayOptions & opt, const std::vector<std::filesy
     if (n_predict > 255) {
         throw Error(fmt::format("--prefetch-n {} is more than 255", n_predict));
     }
+    LayerMisses by_layer;
     const Counts counts =
-        opt.global ? replay_global(opt, s, configs, n_predict) : replay_per_layer(opt, s, configs, n_predict);
+        opt.global ? replay_global(opt, s, configs, n_predict) : replay_per_layer(opt, s, configs, n_predict, by_layer);
 
     ReplayReport rep;
     rep.n_layer = int(h.n_layer);
     rep.trace_tokens = reader.n_tokens();
     rep.k = s.k;
-    rep.records = records_of(opt, s, configs, counts);
+    rep.records = records_of(opt, s, configs, counts, by_layer);
     rep.bytes_known = !s.expert_bytes.empty();
     rep.inputs = {{"trace", opt.trace_source ? json(nullptr) : json(opt.trace.string())},
                   {"trace_format", reader.format()},
@@ -1007,6 +1017,14 @@ json to_json(const ReplayReport & r) {
         j["j"] = r.inputs["moce"]["j"];
         if (r.inputs["cache_scope"] == "global") {
             j["cliff"] = rec.cliff;
+        }
+        if (!rec.missed_by_layer.empty()) {
+            const double tokens = double(rec.total().tokens);
+            json per_layer = json::array();
+            for (const uint64_t m : rec.missed_by_layer) {
+                per_layer.push_back(tokens > 0 ? double(m) / tokens : 0.0);
+            }
+            j["misses_per_token_by_layer"] = per_layer;
         }
         j["prefill"] = counts_json(rec.prefill, r.n_layer, r);
         j["decode"] = counts_json(rec.decode, r.n_layer, r);

@@ -54,6 +54,7 @@ struct ReplayRecord {
     double lambda = 0;
     bool cliff = false;                   // global cache below one token's working set
     PhaseCounts prefill, decode;
+    std::vector<uint64_t> missed_by_layer;  // per-layer caches: misses and forced misses of each layer, counted tokens
     PhaseCounts total() const;
 };
 

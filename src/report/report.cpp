@@ -256,6 +256,9 @@ json plan_rows(const PlanFile & plan) {
         row["recommended"] = plan.recommended == i;
         row["label"] = fmt::format("{} K{} {} {}", o.criterion, o.k, o.policy,
                                    o.cache_experts ? std::to_string(*o.cache_experts) : std::string("-"));
+        const json draft = o.fields.value("mtp_draft", json::object());
+        row["mtp_acceptance"] = draft.value("acceptance", json());
+        row["mtp_tok_per_s"] = draft.value("tok_per_s", json());
         plan_rows.push_back(row);
     }
     return plan_rows;
@@ -352,7 +355,7 @@ void write_csvs(const fs::path & run_dir, const ReportRows & rows, std::vector<f
         {"map", "criterion", "k", "policy", "cache", "lambda", "misses_per_token", "hit_rate", "tokens_per_s"});
     csv("plan.csv", rows.plan, {"option", "k", "criterion", "policy", "cache_experts", "cache_scope", "lambda",
                                 "routed_bytes", "resident_bytes", "misses_per_token", "tok_per_s", "kld_mean",
-                                "kld_measured", "pareto", "recommended"});
+                                "kld_measured", "pareto", "recommended", "mtp_acceptance", "mtp_tok_per_s"});
     csv("corpus.csv", rows.corpus, {"domain", "side", "tokens", "target_share", "share"});
     if (!rows.closed.empty()) {
         csv("closed_loop.csv", rows.closed, kClosedColumns);
@@ -413,6 +416,31 @@ std::string measured_section(const json & rows, const PlanFile & plan) {
     return body + "</table>\n";
 }
 
+// A model with an MTP head: each option of the front, and the recommendation, with and
+// without one draft token per step.
+std::string draft_section(const json & plan_rows, const PlanFile & plan) {
+    if (plan.inputs.at("geometry").value("mtp_layers", 0) == 0) {
+        return "";
+    }
+    std::string body = "<h2>With and without the MTP draft</h2>\n<p>Speculative decoding with the model's MTP head "
+                       "drafting one token per step: tokens per step = 1 + acceptance, at the cost of a step that "
+                       "verifies two positions and runs the head (plan.json's mtp_draft; report/plan.csv's mtp_* "
+                       "columns). Acceptance is what eval measured for the keep map; a blank is not measured.</p>\n"
+                       "<table><tr><th>option</th><th>tokens/s</th><th>acceptance</th><th>tokens/s with the draft</th>"
+                       "<th>source</th></tr>";
+    for (const json & row : plan_rows) {
+        if (!row["pareto"].get<bool>() && !row["recommended"].get<bool>()) {
+            continue;
+        }
+        const json draft = row.value("mtp_draft", json::object());
+        body += "<tr><td>" + html_escape(row["label"].get<std::string>()) + (row["recommended"].get<bool>() ? " (recommended)" : "") +
+                "</td><td>" + cell(row.value("tok_per_s", json())) + "</td><td>" + cell(row["mtp_acceptance"]) + "</td><td>" +
+                cell(row["mtp_tok_per_s"]) + "</td><td>" +
+                cell(draft.value("acceptance_source", draft.value("note", json()))) + "</td></tr>";
+    }
+    return body + "</table>\n";
+}
+
 std::string closed_loop_section(const json & closed_rows) {
     std::string body = "<h2>Open- vs closed-loop cache routing</h2>\n";
     if (closed_rows.empty()) {
@@ -464,6 +492,7 @@ std::string report_html(const ReportInputs & in, const PlanFile & plan, const js
     section("misses_vs_cache", "Expert cache", "Replayed on the held-out router trace (report/replay.csv).");
     section("speed_vs_ram", "Speed, RAM and quality", "From the plan (plan/plan.json, report/plan.csv).");
     body += measured_section(rows.measured, plan);
+    body += draft_section(rows.plan, plan);
     body += closed_loop_section(rows.closed);
     section("corpus_composition", "Corpus", "");
     body += "<h3>Leak check (eval against calib)</h3>\n" +

@@ -12,6 +12,34 @@ double token_seconds(const TokenTraffic & io, size_t n_layer, const ThroughputPa
     return compute + double(n_layer) * p.sync_us * 1e-6 + read + std::max(0.0, staged - compute);
 }
 
+double tokens_per_step(double acceptance, int draft_tokens) {
+    double tokens = 1, p = 1;
+    for (int i = 0; i < draft_tokens; ++i) {
+        p *= acceptance;
+        tokens += p;
+    }
+    return tokens;
+}
+
+double speculative_step_seconds(const TokenTraffic & trunk, size_t n_layer, const DraftStep & d,
+                                const ThroughputParams & p) {
+    const double positions = 1.0 + d.draft_tokens, caught_up = tokens_per_step(d.acceptance, d.draft_tokens);
+    const TokenTraffic io{trunk.exposed_bytes * positions + d.mtp.exposed_bytes * caught_up,
+                          trunk.rounds * positions + d.mtp.rounds * caught_up,
+                          trunk.prefetched_bytes * positions + d.mtp.prefetched_bytes * caught_up};
+    ThroughputParams step = p;
+    if (n_layer > 0) {
+        step.compute_ms = p.compute_ms * (1.0 + double(d.draft_tokens) * double(d.mtp_layers) / double(n_layer));
+    }
+    return token_seconds(io, n_layer + d.mtp_layers, step);
+}
+
+double speculative_tokens_per_second(const TokenTraffic & trunk, size_t n_layer, const DraftStep & d,
+                                     const ThroughputParams & p) {
+    const double t = speculative_step_seconds(trunk, n_layer, d, p);
+    return t > 0 ? tokens_per_step(d.acceptance, d.draft_tokens) / t : std::numeric_limits<double>::infinity();
+}
+
 void PhaseCounts::add(const PhaseCounts & o) {
     tokens += o.tokens;
     picks += o.picks;

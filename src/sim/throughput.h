@@ -28,6 +28,30 @@ struct TokenTraffic {
 
 double token_seconds(const TokenTraffic & io, size_t n_layer, const ThroughputParams & p);
 
+// Speculative decoding with an MTP (nextn) head, as llama.cpp's draft-mtp runs it: each
+// step the head drafts `draft_tokens` tokens, the trunk verifies them in one batch with the
+// last accepted token, and emits the accepted drafts plus one token of its own. Draft i is
+// accepted only when every draft before it was, each with the same probability, so a step
+// emits 1 + a + a^2 + ... + a^n tokens; n = 1: 1 + a.
+double tokens_per_step(double acceptance, int draft_tokens);
+
+// One speculative step (docs/replay.md#speculative-decoding): the trunk's one pass over its
+// 1 + n positions (one compute: decode is bound by reading weights, which a batch reads
+// once; each position's expert traffic, counted without overlap), and the head's pass over
+// the tokens it catches up on, one per token emitted (its share of compute is its layers'
+// share of all layers).
+struct DraftStep {
+    double acceptance = 0;           // share of drafts the trunk accepts
+    int draft_tokens = 1;
+    size_t mtp_layers = 0;
+    TokenTraffic mtp;                // what the head's layers read per token it runs on
+};
+double speculative_step_seconds(const TokenTraffic & trunk, size_t n_layer, const DraftStep & d,
+                                const ThroughputParams & p);
+// tokens_per_step over speculative_step_seconds.
+double speculative_tokens_per_second(const TokenTraffic & trunk, size_t n_layer, const DraftStep & d,
+                                     const ThroughputParams & p);
+
 // What a simulated cache counts over the requests of one phase (prefill or decode):
 // replay's records and the closed loop's alike.
 struct PhaseCounts {

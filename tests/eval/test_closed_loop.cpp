@@ -282,6 +282,13 @@ TEST(Behaviour, ChecksOnTranscriptsWithKnownAnswers) {
     // Repetition: 8 tokens, 5 four-grams, the last two repeat the first two.
     EXPECT_DOUBLE_EQ(repeated_4gram_share({1, 2, 3, 4, 5, 1, 2, 3}), 0.0);
     EXPECT_DOUBLE_EQ(repeated_4gram_share({1, 2, 3, 1, 2, 3, 1, 2}), 2.0 / 5.0);
+    // Draft steps over a continuation's accept pattern: accepted at 0 (2 tokens, on to 2),
+    // accepted at 2 (2 tokens, on to 4), rejected at 4 (1 token): 5 tokens in 3 steps.
+    const DraftWalk w = draft_walk({1, 0, 1, 1, 0});
+    EXPECT_EQ(w.steps, 3u);
+    EXPECT_EQ(w.tokens, 5u);
+    EXPECT_EQ(draft_walk({0, 0, 0}).steps, 3u);
+    EXPECT_EQ(draft_walk({}).steps, 0u);
 
     const Continuation base_call = said(call, {10, 11, 12, 99}, true);
     const Continuation same_call = said(call, {10, 11, 12, 99}, true);
@@ -321,6 +328,15 @@ TEST(Behaviour, ChecksOnTranscriptsWithKnownAnswers) {
     EXPECT_FALSE(none.clean_termination.has_value());
     EXPECT_FALSE(none.tool_call_ok.has_value());
     EXPECT_DOUBLE_EQ(none.exact_match, 1.0);
+    // Draft steps pool over prompts: 5 tokens in 3 steps and 2 in 2 are 7 in 5; without a
+    // head there is no figure.
+    EXPECT_FALSE(s.mtp_tokens_per_step.has_value());
+    Continuation drafted = said("a", {1, 2, 3, 4, 5, 6}, false), undrafted = said("b", {7, 8, 9}, false);
+    drafted.mtp_accept = {1, 0, 1, 1, 0};
+    undrafted.mtp_accept = {0, 0};
+    const BehaviourStats d = behaviour_stats({{&base_text, &drafted, false}, {&base_text, &undrafted, false}});
+    ASSERT_TRUE(d.mtp_tokens_per_step.has_value());
+    EXPECT_DOUBLE_EQ(*d.mtp_tokens_per_step, 7.0 / 5.0);
 }
 
 TEST(Behaviour, DeadExpertsChangeNoGeneratedTokenLiveOnesPartEarlier) {

@@ -53,7 +53,7 @@ json replay_doc() {
                {"cache", 6},
                {"lambda", 0},
                {"misses_per_token", 2.5},
-               {"misses_per_token_per_layer", {1.0, 1.5}},
+               {"misses_per_token_by_layer", {1.0, 1.5}},
                {"read_rounds_per_token", 2.0},
                {"hit_rate", 0.75},
                {"tokens_per_s", 30.0},
@@ -126,7 +126,7 @@ TEST(StageReports, ReplayRecordsAreTypedWithTheirOptionalFields) {
     EXPECT_EQ(a.slots, (std::vector<int64_t>{6}));
     EXPECT_EQ(a.cache, 6);
     EXPECT_TRUE(a.cliff);
-    EXPECT_EQ(a.misses_per_token_per_layer, (std::vector<double>{1.0, 1.5}));
+    EXPECT_EQ(a.misses_per_token_by_layer, (std::vector<double>{1.0, 1.5}));
     EXPECT_EQ(a.read_rounds_per_token, 2.0);
     EXPECT_EQ(a.tokens_per_s, 30.0);
     const ReplayRecordFigures & b = r.records[1];
@@ -134,7 +134,7 @@ TEST(StageReports, ReplayRecordsAreTypedWithTheirOptionalFields) {
     EXPECT_FALSE(b.cache.has_value());
     EXPECT_EQ(b.lambda, 0.0);
     EXPECT_FALSE(b.cliff);
-    EXPECT_FALSE(b.misses_per_token_per_layer.has_value());
+    EXPECT_FALSE(b.misses_per_token_by_layer.has_value());
     EXPECT_FALSE(b.tokens_per_s.has_value());
 }
 
