@@ -900,7 +900,7 @@ private:
             const double seconds = speculative_step_seconds(trunk, L, step, tp);
             if (seconds > 0) {
                 out["step_ms"] = seconds * 1e3;
-                out["tok_per_s"] = tokens_per_step(a->first, 1) / seconds;
+                out["tok_per_s"] = speculative_tokens_per_second(trunk, L, step, tp);
                 if (!o["tok_per_s"].is_null()) {
                     out["speedup"] = out["tok_per_s"].get<double>() / o["tok_per_s"].get<double>();
                 }
