@@ -15,6 +15,9 @@ void add_collect(CLI::App & app, Action & action) {
     sub->add_option("-f,--file", opt->corpus, "Corpus: plain text, or .jsonl documents (docs/formats.md)")->required();
     sub->add_option("-o,--output", opt->output, "Statistics (moeprune-stats JSON)")->required();
     sub->add_option("--trace", opt->trace, "Also write a router trace here");
+    sub->add_option("--mmproj", opt->mmproj,
+                    "Projector GGUF (llama.cpp's libmtmd) for the corpus' images and audio; their positions are "
+                    "recorded under the domains \"image\" and \"audio\"");
     sub->add_option("--imatrix", opt->imatrix,
                     "Also write llama.cpp's importance matrix (GGUF, as llama-imatrix) from the same pass");
     sub->add_option("--trace-top", opt->trace_top, "Candidates per layer and token in the trace")->capture_default_str();

@@ -32,6 +32,10 @@ void add_synth(CLI::App & app, Action & action) {
     sub->add_option("--seed", opt->seed, "Random seed")->capture_default_str();
     sub->add_option("--dead", opt->dead, "Plant N experts per layer that no input can route to")->capture_default_str();
     sub->add_flag("--specialists", opt->specialists, "Plant one expert per layer for CJK text and one for source code");
+    sub->add_option("--mmproj", opt->mmproj,
+                    "Also write a projector GGUF (llava-style mlp) that llama.cpp's libmtmd loads for images");
+    sub->add_option("--image-experts", opt->image_experts, "Plant N experts per layer that only image tokens reach (needs --mmproj)")
+        ->capture_default_str();
     sub->add_option("--vocab", opt->vocab, "GGUF whose tokenizer to copy (default: the pinned llama.cpp's Qwen2 vocabulary)");
     sub->add_option("-o,--output", opt->output, "Output .gguf (shards are NAME-0000i-of-0000N.gguf)")->required();
     sub->add_flag("--json", *json_out, "Print what was planted and written as JSON");
@@ -48,12 +52,18 @@ void add_synth(CLI::App & app, Action & action) {
                     files.push_back(f.string());
                 }
                 j["files"] = files;
+                if (!r.mmproj.empty()) {
+                    j["mmproj"] = r.mmproj.string();
+                }
                 j["bytes"] = r.bytes;
                 j["seconds"] = secs;
                 std::printf("%s\n", j.dump(1).c_str());
             } else {
                 for (const auto & f : r.files) {
                     std::printf("wrote %s\n", f.c_str());
+                }
+                if (!r.mmproj.empty()) {
+                    std::printf("wrote %s (projector)\n", r.mmproj.c_str());
                 }
                 std::printf("%.1f MiB in %.2f s\n", double(r.bytes) / (1 << 20), secs);
             }

@@ -8,6 +8,7 @@
 #include "formats/trace.h"
 #include "model/model_file.h"
 #include "model/inspect.h"
+#include "engine/media.h"
 #include "engine/mtp.h"
 #include "engine/router_graph.h"
 #include "engine/session.h"
@@ -441,9 +442,12 @@ private:
 namespace {
 
 // A window of one document: what llama_decode sees from a clean context.
+// A window of a document: its rows, and for a document with media the prompt libmtmd made
+// (a media row holds LLAMA_TOKEN_NULL; a document with media is one window).
 struct Window {
     size_t doc = 0;
     std::vector<llama_token> tokens;
+    std::shared_ptr<const MediaPrompt> media;
 };
 
 // Which expert-output node is f before gating: the last of down, its per-expert scale,
@@ -463,7 +467,7 @@ json result_settings(const CollectOptions & o) {
     return {{"ctx", o.ctx},           {"parse_special", o.parse_special}, {"generate", o.generate},
             {"seed", o.seed},         {"trace", !o.trace.empty()},         {"trace_top", o.trace_top},
             {"trace_tokens", o.trace_tokens}, {"chunks", o.chunks},        {"coact", o.coact},
-            {"mtp", o.mtp}};
+            {"mtp", o.mtp},           {"mmproj", o.mmproj.empty() ? json() : json(o.mmproj.string())}};
 }
 
 struct Invariant {
@@ -528,10 +532,44 @@ std::vector<int> collected_layers(const CollectOptions & opt, const InspectRepor
     return layers;
 }
 
+// A document with media, as libmtmd tokenizes it: one window, which must fit.
+Window media_window(const CollectOptions & opt, const MediaEncoder & media, const std::string & text,
+                    const CorpusDocument & doc, size_t d, const std::string & where) {
+    // Rendered for generation, the conversation stops at its last user turn: its media
+    // are the first ones, as many as the text holds markers.
+    std::vector<CorpusMedia> parts = media_of(doc.messages);
+    size_t markers = 0;
+    for (size_t at = text.find(kMediaMarker); at != std::string::npos; at = text.find(kMediaMarker, at + 1)) {
+        ++markers;
+    }
+    parts.resize(std::min(parts.size(), markers));
+    auto prompt = std::make_shared<MediaPrompt>(media.tokenize(text, parts, opt.parse_special, where));
+    const size_t window = size_t(opt.ctx - opt.generate);
+    if (prompt->tokens.size() > window) {
+        fail_file(where, fmt::format("takes {} rows with its media, more than a window of {} (-c {} less --generate {}); "
+                                     "a document with media is not split: raise -c",
+                                     prompt->tokens.size(), window, opt.ctx, opt.generate));
+    }
+    return {d, prompt->tokens, std::move(prompt)};
+}
+
+// Media rows are recorded under their modality's domain ("image", "audio"), after the
+// corpus' own domains.
+void add_modality_domains(Corpus & corpus) {
+    for (const Modality m : corpus.media_modalities) {
+        const std::string name = modality_name(m);
+        if (std::find(corpus.domains.begin(), corpus.domains.end(), name) != corpus.domains.end()) {
+            fail_file(corpus.path.string(), fmt::format("has a domain named \"{}\", the name its {} positions are "
+                                                        "recorded under: rename that domain", name, name));
+        }
+        corpus.domains.push_back(name);
+    }
+}
+
 // Windows of every document, in corpus order, the first --chunks of them; `total` counts
 // them all.
 std::vector<Window> corpus_windows(const CollectOptions & opt, const Corpus & corpus, const llama_model * model,
-                                   size_t & total) {
+                                   const MediaEncoder * media, size_t & total) {
     const llama_vocab * vocab = llama_model_get_vocab(model);
     std::vector<Window> windows;
     const size_t window = size_t(opt.ctx - opt.generate);
@@ -539,10 +577,21 @@ std::vector<Window> corpus_windows(const CollectOptions & opt, const Corpus & co
         const CorpusDocument & doc = corpus.documents[d];
         const std::string where = doc.line ? fmt::format("{}:{}", opt.corpus.string(), doc.line) : opt.corpus.string();
         const std::string text = document_text(model, doc, opt.generate > 0, where);
+        const std::vector<CorpusMedia> doc_media = media_of(doc.messages);
+        if (!doc_media.empty()) {
+            if (!media) {
+                const CorpusMedia & first = doc_media.front();
+                fail_file(where, fmt::format("has an {} ({}), but no projector was given to encode it (--mmproj FILE)",
+                                             modality_name(first.modality), first.path.string()));
+            }
+            windows.push_back(media_window(opt, *media, text, doc, d, where));
+            continue;
+        }
         const std::vector<llama_token> toks = tokenize(vocab, text, opt.parse_special, where);
         for (size_t i = 0; i < toks.size(); i += window) {
             windows.push_back({d, std::vector<llama_token>(toks.begin() + long(i),
-                                                           toks.begin() + long(std::min(toks.size(), i + window)))});
+                                                           toks.begin() + long(std::min(toks.size(), i + window))),
+                               nullptr});
         }
     }
     total = windows.size();
@@ -664,9 +713,9 @@ ResumePoint resume_from_checkpoint(const CollectOptions & opt, const Corpus & co
 class CollectPass {
 public:
     CollectPass(const CollectOptions & opt, const Corpus & corpus, llama_context * ctx, MtpHead * mtp,
-                Collector & collector, TraceWriter * trace, CollectResult & res, json settings, size_t total_windows,
-                int threads)
-        : opt(opt), corpus(corpus), ctx(ctx), mtp(mtp), vocab(llama_model_get_vocab(llama_get_model(ctx))),
+                const MediaEncoder * media, Collector & collector, TraceWriter * trace, CollectResult & res, json settings,
+                size_t total_windows, int threads)
+        : opt(opt), corpus(corpus), ctx(ctx), mtp(mtp), media(media), vocab(llama_model_get_vocab(llama_get_model(ctx))),
           collector(collector), trace(trace), res(res), stats(res.stats), settings(std::move(settings)),
           total_windows(total_windows), threads(threads) {}
 
@@ -686,14 +735,7 @@ public:
             if (mtp) {
                 mtp->reset();
             }
-            int32_t pos = 0;
-            for (size_t i = 0; i < w.tokens.size(); i += size_t(opt.batch)) {
-                std::vector<TokenInfo> infos;
-                for (size_t j = i; j < std::min(w.tokens.size(), i + size_t(opt.batch)); ++j) {
-                    infos.push_back(token_info(w, w.tokens[j], pos++, TracePhase::Prefill));
-                }
-                decode(std::move(infos));
-            }
+            const int32_t pos = prefill(w);
             if (opt.generate > 0) {
                 // Greedy, or sampled with a seed per window so a resumed run generates the same text.
                 sampler.reset(opt.seed < 0 ? llama_sampler_init_greedy()
@@ -703,7 +745,7 @@ public:
                     if (llama_vocab_is_eog(vocab, next)) {
                         break;
                     }
-                    decode({token_info(w, next, pos++, TracePhase::Decode)});
+                    decode({token_info(w, next, pos + g, TracePhase::Decode)});
                 }
             }
             if (opt.save_every > 0 && (wi + 1) % size_t(opt.save_every) == 0 && wi + 1 < windows.size()) {
@@ -747,6 +789,62 @@ private:
         write_stats(collect_checkpoint_path(opt.output), stats);
     }
 
+    // The window's prompt: text in batches of -b, each media span encoded and decoded
+    // through the projector. Returns the next position.
+    int32_t prefill(const Window & w) {
+        int32_t pos = 0;
+        const std::vector<MediaSpan> no_media;
+        const std::vector<MediaSpan> & spans = w.media ? w.media->media : no_media;
+        auto span = spans.begin();
+        for (size_t i = 0; i < w.tokens.size();) {
+            if (span != spans.end() && span->offset == i) {
+                pos += decode_media(w, *span, pos);
+                i += span->n_tokens;
+                ++span;
+                continue;
+            }
+            const size_t end = std::min({w.tokens.size(), i + size_t(opt.batch),
+                                         span != spans.end() ? span->offset : w.tokens.size()});
+            std::vector<TokenInfo> infos;
+            for (; i < end; ++i) {
+                infos.push_back(token_info(w, w.tokens[i], pos++, TracePhase::Prefill));
+            }
+            decode(std::move(infos));
+        }
+        return pos;
+    }
+
+    // A media span's rows, recorded under its modality's domain with no token id.
+    int32_t decode_media(const Window & w, const MediaSpan & span, int32_t pos0) {
+        size_t rows = 0;
+        const auto before = [&](size_t first, size_t n) {
+            std::vector<TokenInfo> infos;
+            for (size_t r = first - span.offset; r < first - span.offset + n; ++r) {
+                // Rows past the positions an M-RoPE image takes share its last one.
+                infos.push_back(media_info(w, span.modality,
+                                           pos0 + int32_t(std::min<size_t>(r, size_t(std::max(span.n_pos, 1) - 1)))));
+            }
+            rows = n;
+            collector.begin_batch(std::move(infos));
+        };
+        const auto after = [&] { finish_batch(rows); };
+        try {
+            return media->decode(ctx, *w.media, span, pos0, opt.batch, before, after);
+        } catch (const Error &) {
+            collector.rethrow_failure();
+            throw;
+        }
+    }
+
+    void finish_batch(size_t n) {
+        collector.rethrow_failure();
+        collector.end_batch(trace);
+        ++res.decodes;
+        stats.n_tokens += n;
+        res.tokens += n;
+        progress_->advance(n);
+    }
+
     void decode(std::vector<TokenInfo> infos) {
         llama_batch batch = llama_batch_init(int32_t(infos.size()), 0, 1);
         for (size_t i = 0; i < infos.size(); ++i) {
@@ -778,27 +876,31 @@ private:
             collector.in_mtp_graph(false);
             collector.rethrow_failure();
         }
-        collector.end_batch(trace);
-        ++res.decodes;
-        stats.n_tokens += n;
-        res.tokens += n;
-        progress_->advance(n);
+        finish_batch(n);
     }
 
     TokenInfo token_info(const Window & w, llama_token tok, int32_t pos, TracePhase phase) {
+        return row_info(w, corpus.documents[w.doc].domain, tok, pos, phase);
+    }
+
+    TokenInfo media_info(const Window & w, Modality modality, int32_t pos) {
+        return row_info(w, modality_name(modality), LLAMA_TOKEN_NULL, pos, TracePhase::Prefill);
+    }
+
+    TokenInfo row_info(const Window & w, const std::string & domain, llama_token tok, int32_t pos, TracePhase phase) {
         const CorpusDocument & doc = corpus.documents[w.doc];
         TokenInfo t;
         t.meta.token = tok;
         t.meta.pos = pos;
         t.meta.seq = int32_t(doc.session ? *doc.session : int64_t(w.doc));
         t.meta.phase = phase;
-        const auto it = std::find(corpus.domains.begin(), corpus.domains.end(), doc.domain);
-        t.domain = doc.domain.empty() ? -1 : int(it - corpus.domains.begin());
+        const auto it = std::find(corpus.domains.begin(), corpus.domains.end(), domain);
+        t.domain = domain.empty() ? -1 : int(it - corpus.domains.begin());
         t.meta.domain = uint16_t(t.domain + 1);
         t.traced = trace && (opt.trace_tokens == 0 || res.traced_tokens < opt.trace_tokens);
         res.traced_tokens += t.traced;
         if (t.domain >= 0) {
-            ++stats.domains[doc.domain].n_tokens;
+            ++stats.domains[domain].n_tokens;
         }
         return t;
     }
@@ -807,6 +909,7 @@ private:
     const Corpus & corpus;
     llama_context * ctx;
     MtpHead * mtp;
+    const MediaEncoder * media;
     const llama_vocab * vocab;
     Collector & collector;
     TraceWriter * trace;
@@ -938,7 +1041,8 @@ CollectResult collect(const CollectOptions & opt) {
     std::vector<std::filesystem::path> inputs = gguf.shard_paths();
     inputs.push_back(opt.corpus);
     refuse_output_clashes({opt.output, opt.trace, opt.imatrix, collect_checkpoint_path(opt.output)}, inputs);
-    const Corpus corpus = read_corpus(opt.corpus);
+    Corpus corpus = read_corpus(opt.corpus);
+    add_modality_domains(corpus);
     if (!opt.trace.empty() && corpus.domains.size() + 1 > kMaxTraceDomains) {
         fail_file(opt.corpus.string(), fmt::format("has {} domains; a trace stores domain ids in 16 bits and holds at most "
                                                    "{} besides \"no domain\"", corpus.domains.size(), kMaxTraceDomains - 1));
@@ -947,11 +1051,21 @@ CollectResult collect(const CollectOptions & opt) {
     const std::vector<int> moe_layers = collected_layers(opt, info);
     const bool with_mtp = moe_layers.size() > info.routed_layers().size();
 
+    if (with_mtp && !corpus.media_modalities.empty()) {
+        fail_file(opt.corpus.string(), "holds media, and the model's MTP head drafts from token ids, which media "
+                                       "positions have none: give --no-mtp");
+    }
+
     init_llama(opt.rpc);
     const ModelPtr model = load_model(opt.model, opt.gpu_layers, with_mtp);
     const int n_embd = llama_model_n_embd(model.get());
+    const int threads = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+    std::unique_ptr<MediaEncoder> media;
+    if (!opt.mmproj.empty()) {
+        media = std::make_unique<MediaEncoder>(opt.mmproj, model.get(), threads, opt.gpu_layers > 0);
+    }
     size_t total_windows = 0;
-    const std::vector<Window> windows = corpus_windows(opt, corpus, model.get(), total_windows);
+    const std::vector<Window> windows = corpus_windows(opt, corpus, model.get(), media.get(), total_windows);
 
     CollectResult res;
     SaliencyStats & stats = res.stats;
@@ -983,7 +1097,6 @@ CollectResult collect(const CollectOptions & opt) {
     const std::unique_ptr<TraceWriter> trace =
         opt.trace.empty() ? nullptr : open_trace(opt, info, corpus, stats.model, settings, collector.trace_m(),
                                                  trace_partial, resumed.trace_from);
-    const int threads = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
     const ContextPtr ctx = collect_context(opt, model.get(), threads, collector);
     std::unique_ptr<MtpHead> mtp;
     if (with_mtp) {
@@ -993,7 +1106,8 @@ CollectResult collect(const CollectOptions & opt) {
                                                         &Collector::callback, &collector});
     }
 
-    CollectPass pass(opt, corpus, ctx.get(), mtp.get(), collector, trace.get(), res, settings, total_windows, threads);
+    CollectPass pass(opt, corpus, ctx.get(), mtp.get(), media.get(), collector, trace.get(), res, settings, total_windows,
+                     threads);
     const double seconds = pass.run(windows, resumed.first_window);
     res.windows = windows.size();
     if (trace) {

@@ -17,6 +17,7 @@ struct CollectOptions {
     std::filesystem::path model, corpus, output;
     std::filesystem::path trace;          // optional
     std::filesystem::path imatrix;        // optional: llama.cpp's importance matrix (GGUF) from the same pass
+    std::filesystem::path mmproj;         // projector for the corpus' images and audio (llama.cpp's libmtmd)
     int trace_top = 64;                   // candidates per layer and token in the trace
     uint64_t trace_tokens = 0;            // trace only the first N tokens; 0: all
     int ctx = 512;                        // window of a long document

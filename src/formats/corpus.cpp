@@ -16,7 +16,8 @@ using nlohmann::json;
 
 namespace {
 
-CorpusDocument parse_line(const std::string & line, uint64_t line_no, const std::string & origin) {
+CorpusDocument parse_line(const std::string & line, uint64_t line_no, const std::string & origin,
+                          const std::filesystem::path & media_base) {
     const std::string where = fmt::format("{}:{}", origin, line_no);
     if (line.find('\0') != std::string::npos) {
         fail_file(where, fmt::format("holds a NUL byte at column {}: not a line of JSON text", line.find('\0') + 1));
@@ -36,7 +37,7 @@ CorpusDocument parse_line(const std::string & line, uint64_t line_no, const std:
         }
         d.text = j["text"].get<std::string>();
     } else {
-        d.messages = parse_messages(j["messages"], where);
+        d.messages = parse_messages(j["messages"], where, &media_base);
     }
     if (j.contains("domain")) {
         if (!j["domain"].is_string() || j["domain"].get<std::string>().empty()) {
@@ -55,17 +56,85 @@ CorpusDocument parse_line(const std::string & line, uint64_t line_no, const std:
     return d;
 }
 
+// One media part of a message, its file checked to be there and a regular file.
+CorpusMedia parse_media(const json & part, Modality modality, const std::string & where,
+                        const std::filesystem::path * media_base) {
+    if (!part.contains("path") || !part["path"].is_string() || part["path"].get<std::string>().empty()) {
+        fail_file(where, fmt::format("an {} part needs a non-empty string \"path\"", modality_name(modality)));
+    }
+    const std::string given = part["path"].get<std::string>();
+    if (!media_base) {
+        fail_file(where, fmt::format("has an {} part ({}), but media are read only from a corpus JSONL given to collect "
+                                     "or eval",
+                                     modality_name(modality), given));
+    }
+    const std::filesystem::path path = *media_base / given;
+    std::error_code ec;
+    const auto status = std::filesystem::status(path, ec);
+    if (ec || !std::filesystem::exists(status)) {
+        fail_file(where, fmt::format("its {} {} is not there", modality_name(modality), path.string()));
+    }
+    if (!std::filesystem::is_regular_file(status)) {
+        fail_file(where, fmt::format("its {} {} is not a regular file", modality_name(modality), path.string()));
+    }
+    return {modality, path};
+}
+
+// A message's content: a string, or text, image and audio parts.
+void parse_content(const json & content, CorpusMessage & m, const std::string & where,
+                   const std::filesystem::path * media_base) {
+    if (content.is_string()) {
+        m.content = content.get<std::string>();
+        return;
+    }
+    if (!content.is_array() || content.empty()) {
+        fail_file(where, "a message's \"content\" must be a string or a non-empty array of parts");
+    }
+    for (const json & part : content) {
+        const std::string type = part.is_object() && part.contains("type") && part["type"].is_string()
+                                     ? part["type"].get<std::string>()
+                                     : std::string();
+        if (type == "text") {
+            if (!part.contains("text") || !part["text"].is_string()) {
+                fail_file(where, "a text part needs a string \"text\"");
+            }
+            m.content += part["text"].get<std::string>();
+        } else if (type == "image" || type == "audio") {
+            m.media.push_back(parse_media(part, type == "image" ? Modality::Image : Modality::Audio, where, media_base));
+            m.content += kMediaMarker;
+        } else {
+            fail_file(where, "every part of a message's content needs \"type\" text, image or audio");
+        }
+    }
+}
+
 } // namespace
 
-std::vector<CorpusMessage> parse_messages(const json & messages, const std::string & where) {
+const char * modality_name(Modality m) {
+    switch (m) {
+    case Modality::Image: return "image";
+    case Modality::Audio: return "audio";
+    default: return "text";
+    }
+}
+
+std::vector<CorpusMedia> media_of(const std::vector<CorpusMessage> & messages) {
+    std::vector<CorpusMedia> out;
+    for (const CorpusMessage & m : messages) {
+        out.insert(out.end(), m.media.begin(), m.media.end());
+    }
+    return out;
+}
+
+std::vector<CorpusMessage> parse_messages(const json & messages, const std::string & where,
+                                          const std::filesystem::path * media_base) {
     if (!messages.is_array() || messages.empty()) {
         fail_file(where, "\"messages\" must be a non-empty array of {\"role\", \"content\"}");
     }
     std::vector<CorpusMessage> out;
     for (const json & m : messages) {
-        if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
-            !m["content"].is_string()) {
-            fail_file(where, "every message needs string \"role\" and \"content\"");
+        if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content")) {
+            fail_file(where, "every message needs a string \"role\" and a \"content\"");
         }
         const std::string role = m["role"].get<std::string>();
         // A role outside these is rendered by no chat template the same way, and one
@@ -73,7 +142,9 @@ std::vector<CorpusMessage> parse_messages(const json & messages, const std::stri
         if (role != "system" && role != "user" && role != "assistant" && role != "tool") {
             fail_file(where, fmt::format("message role \"{}\" is not one of system, user, assistant, tool", role));
         }
-        out.push_back({role, m["content"].get<std::string>()});
+        CorpusMessage msg{role, "", {}};
+        parse_content(m["content"], msg, where, media_base);
+        out.push_back(std::move(msg));
     }
     return out;
 }
@@ -107,7 +178,7 @@ Corpus read_corpus(const std::filesystem::path & path) {
         if (line.find_first_not_of(" \t\r") == std::string::npos) {
             continue;
         }
-        c.documents.push_back(parse_line(line, line_no, path.string()));
+        c.documents.push_back(parse_line(line, line_no, path.string(), path.parent_path()));
         const std::string & domain = c.documents.back().domain;
         if (!domain.empty() && std::find(c.domains.begin(), c.domains.end(), domain) == c.domains.end()) {
             c.domains.push_back(domain);
@@ -116,6 +187,18 @@ Corpus read_corpus(const std::filesystem::path & path) {
     if (c.documents.empty()) {
         fail_file(path.string(), "holds no documents");
     }
+    // The media are part of what a run read: a changed image is a changed corpus.
+    XXH64_hash_t digest = XXH64(bytes.data(), bytes.size(), 0);
+    for (const CorpusDocument & d : c.documents) {
+        for (const CorpusMedia & m : media_of(d.messages)) {
+            const std::string media = read_text_file(m.path);
+            digest = XXH64(media.data(), media.size(), digest);
+            if (std::find(c.media_modalities.begin(), c.media_modalities.end(), m.modality) == c.media_modalities.end()) {
+                c.media_modalities.push_back(m.modality);
+            }
+        }
+    }
+    c.digest = fmt::format("{:016x}", digest);
     return c;
 }
 

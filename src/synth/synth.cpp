@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <random>
 #include <regex>
 #include <set>
@@ -119,6 +120,10 @@ struct Plan {
     std::map<int, std::vector<int>> dead;           // layer -> ids
     std::map<int, std::map<int, int>> specialists;  // layer -> id -> kind
     int n_kind_coords = 0;                          // embedding coordinates 1..n_kind_coords mark text kinds
+    std::map<int, std::vector<int>> image;          // layer -> ids only image tokens reach
+    int image_coord = 0;                            // the coordinate that marks image tokens; 0: none
+    // The planted coordinates are 0..last_coord(): no layer may write into them.
+    int last_coord() const { return std::max(n_kind_coords, image_coord); }
 };
 
 // A tensor as llama.cpp created it and synth filled it. llama.cpp's own model saver
@@ -158,12 +163,13 @@ bool is_norm_weight(const ggml_tensor * t) {
                                               ggml_n_dims(t) == 1);
 }
 
-bool planting(const Plan & p) { return !p.dead.empty() || !p.specialists.empty(); }
+bool planting(const Plan & p) { return !p.dead.empty() || !p.specialists.empty() || !p.image.empty(); }
 
 // Fills every tensor llama.cpp creates. Planting works through the residual stream:
 // embedding coordinate 0 is a constant 1 for every token and coordinate 1+k marks tokens
-// of text kind k. No layer writes into those coordinates, so they reach every layer's
-// router unchanged, and router rows that weigh them strongly decide who can reach the top-k.
+// of text kind k; a projector's image embeddings carry the constant too, and the image
+// coordinate instead of a kind. No layer writes into those coordinates, so they reach every
+// layer's router unchanged, and router rows that weigh them strongly decide who can reach the top-k.
 void fill_tensor(ggml_tensor * t, void * ud) {
     auto & filling = *static_cast<Filling *>(ud);
     const Plan & plan = filling.plan;
@@ -184,7 +190,7 @@ void fill_tensor(ggml_tensor * t, void * ud) {
         normal(0.1f);
         for (int64_t tok = 0; tok < t->ne[1]; ++tok) {
             float * r = &v[size_t(tok * row)];
-            for (int c = 0; c <= plan.n_kind_coords; ++c) {
+            for (int c = 0; c <= plan.last_coord(); ++c) {
                 r[c] = 0.0f;
             }
             r[0] = 1.0f;
@@ -208,14 +214,16 @@ void fill_tensor(ggml_tensor * t, void * ud) {
         filling.router_layers.insert(layer);
         for (int64_t e = 0; e < t->ne[1]; ++e) {
             float * r = &v[size_t(e * row)];
-            for (int c = 0; c <= plan.n_kind_coords; ++c) {
+            for (int c = 0; c <= plan.last_coord(); ++c) {
                 r[c] = 0.0f;
             }
             const auto dl = plan.dead.find(layer);
             const bool is_dead = dl != plan.dead.end() && std::count(dl->second.begin(), dl->second.end(), int(e));
             const auto sl = plan.specialists.find(layer);
             const bool is_spec = sl != plan.specialists.end() && sl->second.count(int(e));
-            if (is_dead || is_spec) {
+            const auto il = plan.image.find(layer);
+            const bool is_image = il != plan.image.end() && std::count(il->second.begin(), il->second.end(), int(e));
+            if (is_dead || is_spec || is_image) {
                 std::fill(r, r + row, 0.0f);
                 // A dead expert's logit sits so far below the rest that its softmax
                 // probability underflows to exactly 0: removing it then changes no sum,
@@ -224,6 +232,9 @@ void fill_tensor(ggml_tensor * t, void * ud) {
             }
             if (is_spec) {
                 r[1 + sl->second.at(int(e))] = 6.0f;
+            }
+            if (is_image) {
+                r[plan.image_coord] = 6.0f;
             }
         }
     } else if (ends_with(name, "norm.bias")) {
@@ -241,7 +252,7 @@ void fill_tensor(ggml_tensor * t, void * ud) {
     // state: it carries the embedding's planted coordinates through unchanged, so the
     // block's router sees them as a trunk layer's does.
     if (planting(plan) && ends_with(name, "nextn.eh_proj.weight")) {
-        for (int64_t r = 0; r <= plan.n_kind_coords && r < n / row; ++r) {
+        for (int64_t r = 0; r <= plan.last_coord() && r < n / row; ++r) {
             std::fill_n(&v[size_t(r * row)], row, 0.0f);
             v[size_t(r * row + r)] = 1.0f;
         }
@@ -257,13 +268,13 @@ void fill_tensor(ggml_tensor * t, void * ud) {
         const int64_t n_embd = plan.opt.n_embd;
         if (ends_with(name, ".bias") && row == n_embd) {
             for (int64_t i = 0; i < n; ++i) {
-                if (i % row <= plan.n_kind_coords) {
+                if (i % row <= plan.last_coord()) {
                     v[size_t(i)] = 0.0f;
                 }
             }
         } else if (t->ne[1] == n_embd) {
             for (int64_t r = 0; r < n / row; ++r) {
-                if (r % t->ne[1] <= plan.n_kind_coords) {
+                if (r % t->ne[1] <= plan.last_coord()) {
                     std::fill_n(&v[size_t(r * row)], row, 0.0f);
                 }
             }
@@ -373,16 +384,28 @@ const ArchTraits & check_options(const SynthOptions & o) {
     if (o.dead < 0) {
         throw Error("synth: --dead must be >= 0");
     }
-    const int planted = o.dead + (o.specialists ? int(specialist_kinds().size()) : 0);
+    if (o.image_experts < 0) {
+        throw Error("synth: --image-experts must be >= 0");
+    }
+    if (o.image_experts > 0 && o.mmproj.empty()) {
+        throw Error("synth: --image-experts plants experts only images reach, so it needs --mmproj to write the projector");
+    }
+    if (!o.mmproj.empty() && o.mmproj.extension() != ".gguf") {
+        throw Error("synth: --mmproj must name a .gguf file");
+    }
+    const int planted = o.dead + (o.specialists ? int(specialist_kinds().size()) : 0) + o.image_experts;
     if (o.n_expert - planted < o.n_expert_used) {
         throw Error(fmt::format("synth: {} planted experts leave {} ordinary experts, fewer than --used {}", planted,
                                 o.n_expert - planted, o.n_expert_used));
     }
-    if ((o.dead > 0 || o.specialists) && !traits->planting_refused.empty()) {
-        throw Error("synth: --dead and --specialists cannot be planted in " + o.arch + ": " + traits->planting_refused);
+    const bool plants = o.dead > 0 || o.specialists || o.image_experts > 0;
+    if (plants && !traits->planting_refused.empty()) {
+        throw Error("synth: --dead, --specialists and --image-experts cannot be planted in " + o.arch + ": " +
+                    traits->planting_refused);
     }
-    if ((o.dead > 0 || o.specialists) && o.groups > 0) {
-        throw Error("synth: --dead and --specialists are not planted with --groups: group-limited routing picks groups "
+    if (plants && o.groups > 0) {
+        throw Error("synth: --dead, --specialists and --image-experts are not planted with --groups: group-limited "
+                    "routing picks groups "
                     "by their best experts, which the planted rows do not account for");
     }
     if (o.output.empty() || o.output.extension() != ".gguf") {
@@ -441,6 +464,14 @@ Plan make_plan(const SynthOptions & o, const gguf_context * vocab, const fs::pat
                 p.specialists[layer][ids[next++]] = k;
             }
         }
+        if (o.image_experts > 0) {
+            std::vector<int> image(ids.begin() + ptrdiff_t(next), ids.begin() + ptrdiff_t(next) + o.image_experts);
+            std::sort(image.begin(), image.end());
+            p.image[layer] = image;
+        }
+    }
+    if (!o.mmproj.empty()) {
+        p.image_coord = p.n_kind_coords + 1;
     }
     return p;
 }
@@ -467,8 +498,20 @@ json planted_json(const Plan & p, const std::set<int> & router_layers) {
     for (int k : p.token_kind) {
         kind_tokens += k >= 0;
     }
-    return {{"dead", dead}, {"specialists", spec}, {"kinds", p.opt.specialists ? specialist_kinds() : std::vector<std::string>{}},
-            {"kind_tokens", kind_tokens}};
+    json planted = {{"dead", dead}, {"specialists", spec},
+                    {"kinds", p.opt.specialists ? specialist_kinds() : std::vector<std::string>{}},
+                    {"kind_tokens", kind_tokens}};
+    if (!p.opt.mmproj.empty()) {
+        json image = json::object();
+        for (const auto & [layer, ids] : p.image) {
+            if (router_layers.count(layer)) {
+                image[std::to_string(layer)] = ids;
+            }
+        }
+        planted["image"] = image;
+        planted["image_coordinate"] = p.image_coord;
+    }
+    return planted;
 }
 
 // Which of llama.cpp's tensors the output keeps, and how merged gate_up is split when
@@ -509,6 +552,79 @@ struct HalfTensor {
     std::vector<uint8_t> bytes;
 };
 
+// The projector: llama.cpp's llava "mlp" type with no vision blocks (patch convolution,
+// position embeddings, then up, GELU, down), the smallest libmtmd encodes images with. It
+// pairs with any text model whose input width it matches. Its last op is a biased linear
+// layer whose rows for the planted coordinates are zero, so every image embedding carries
+// coordinate 0's constant (dead experts stay dead) and the image coordinate exactly, and
+// none of the text kinds.
+constexpr int kImageSize = 64, kPatchSize = 16, kVisionWidth = 32, kProjectorHidden = 64;
+
+void write_projector(const Plan & plan, int64_t n_embd_inp, const fs::path & path) {
+    constexpr int n_patches = (kImageSize / kPatchSize) * (kImageSize / kPatchSize);
+    struct Spec {
+        const char * name;
+        std::vector<int64_t> ne;
+        float sigma;
+    };
+    const std::vector<Spec> specs = {
+        {"v.patch_embd.weight", {kPatchSize, kPatchSize, 3, kVisionWidth}, 0.02f},
+        {"v.position_embd.weight", {kVisionWidth, n_patches}, 0.02f},
+        {"mm.0.weight", {kVisionWidth, kProjectorHidden}, 0.1f},
+        {"mm.0.bias", {kProjectorHidden}, 0.0f},
+        {"mm.2.weight", {kProjectorHidden, n_embd_inp}, 0.1f},
+        {"mm.2.bias", {n_embd_inp}, 0.0f},
+    };
+    ggml_init_params ip{ggml_tensor_overhead() * specs.size(), nullptr, /*no_alloc=*/true};
+    std::unique_ptr<ggml_context, decltype(&ggml_free)> ctx(ggml_init(ip), ggml_free);
+    GgufPtr g(gguf_init_empty());
+    gguf_set_val_str(g.get(), "general.architecture", "clip");
+    gguf_set_val_str(g.get(), "general.name", "moeprune-synth-projector");
+    gguf_set_val_bool(g.get(), "clip.has_vision_encoder", true);
+    gguf_set_val_str(g.get(), "clip.projector_type", "mlp");
+    gguf_set_val_u32(g.get(), "clip.vision.embedding_length", kVisionWidth);
+    gguf_set_val_u32(g.get(), "clip.vision.feed_forward_length", kVisionWidth);
+    gguf_set_val_u32(g.get(), "clip.vision.attention.head_count", 1);
+    gguf_set_val_u32(g.get(), "clip.vision.block_count", 0);
+    gguf_set_val_u32(g.get(), "clip.vision.projection_dim", uint32_t(n_embd_inp));
+    gguf_set_val_f32(g.get(), "clip.vision.attention.layer_norm_epsilon", 1e-6f);
+    gguf_set_val_u32(g.get(), "clip.vision.image_size", kImageSize);
+    gguf_set_val_u32(g.get(), "clip.vision.patch_size", kPatchSize);
+    const float half[3] = {0.5f, 0.5f, 0.5f};
+    gguf_set_arr_data(g.get(), "clip.vision.image_mean", GGUF_TYPE_FLOAT32, half, 3);
+    gguf_set_arr_data(g.get(), "clip.vision.image_std", GGUF_TYPE_FLOAT32, half, 3);
+    const json settings = {{"type", "mlp"},           {"image_size", kImageSize}, {"patch_size", kPatchSize},
+                           {"tokens_per_image", n_patches}, {"image_coordinate", plan.image_coord}, {"seed", plan.opt.seed}};
+    gguf_set_val_str(g.get(), "moeprune.synth.projector", settings.dump().c_str());
+
+    std::vector<std::vector<float>> data;
+    data.reserve(specs.size());
+    for (const Spec & sp : specs) {
+        ggml_tensor * t = ggml_new_tensor(ctx.get(), GGML_TYPE_F32, int(sp.ne.size()), sp.ne.data());
+        ggml_set_name(t, sp.name);
+        std::vector<float> & v = data.emplace_back(size_t(ggml_nelements(t)), 0.0f);
+        std::mt19937_64 rng(tensor_seed(plan.opt.seed, sp.name));
+        std::normal_distribution<float> d(0.0f, sp.sigma > 0 ? sp.sigma : 1.0f);
+        if (sp.sigma > 0) {
+            for (float & x : v) {
+                x = d(rng);
+            }
+        }
+        if (std::string(sp.name) == "mm.2.weight") {
+            std::fill_n(v.begin(), size_t(plan.last_coord() + 1) * kProjectorHidden, 0.0f);
+        }
+        if (std::string(sp.name) == "mm.2.bias") {
+            v[0] = 1.0f;
+            v[size_t(plan.image_coord)] = 1.0f;
+        }
+        t->data = v.data();
+        gguf_add_tensor(g.get(), t);
+    }
+    if (!gguf_write_to_file(g.get(), path.c_str(), false)) {
+        fail_file(path.string(), "writing the projector failed");
+    }
+}
+
 } // namespace
 
 SynthResult synthesize(const SynthOptions & requested) {
@@ -521,6 +637,9 @@ SynthResult synthesize(const SynthOptions & requested) {
         std::vector<fs::path> planned;
         for (int s = 0; s < o.split; ++s) {
             planned.push_back(o.split == 1 ? o.output : split_shard_path(prefix, s + 1, o.split));
+        }
+        if (!o.mmproj.empty()) {
+            planned.push_back(o.mmproj);
         }
         refuse_output_clashes(planned, {vocab_path});
     }
@@ -556,6 +675,7 @@ SynthResult synthesize(const SynthOptions & requested) {
     if (!model) {
         throw Error("synth: llama.cpp could not build a " + o.arch + " model from these settings");
     }
+    const int64_t n_embd_inp = llama_model_n_embd_inp(model);
     llama_model_free(model);
     if (filling.router_layers.empty()) {
         throw Error("synth: llama.cpp built no expert router (ffn_gate_inp) for " + o.arch + ": not a MoE model as built");
@@ -574,11 +694,15 @@ SynthResult synthesize(const SynthOptions & requested) {
 
     SynthResult result;
     result.planted = planted_json(filling.plan, filling.router_layers);
-    const json settings = {{"arch", o.arch}, {"layers", o.n_layer}, {"experts", o.n_expert}, {"used", o.n_expert_used},
+    json settings = {{"arch", o.arch}, {"layers", o.n_layer}, {"experts", o.n_expert}, {"used", o.n_expert_used},
                            {"embd", o.n_embd}, {"ff", o.n_ff}, {"type", ggml_type_name(o.expert_type)},
                            {"gate_up", o.gate_up}, {"expert_scales", o.expert_scales}, {"groups", o.groups}, {"mtp", o.mtp},
                            {"dense_leading", *filling.router_layers.begin()}, {"split", o.split},
                            {"seed", o.seed}, {"dead", o.dead}, {"specialists", o.specialists}};
+    if (!o.mmproj.empty()) {
+        settings["image_experts"] = o.image_experts;
+        settings["mmproj"] = o.mmproj.string();
+    }
 
     const std::vector<OutTensor> chosen = choose_tensors(o, filled);
     std::vector<HalfTensor> halves;
@@ -638,11 +762,20 @@ SynthResult synthesize(const SynthOptions & requested) {
             fail_file(outputs.back()->temp_path().string(), "writing the model failed");
         }
     }
+    // Written before anything is committed, so a projector that cannot be written leaves no model either.
+    std::optional<AtomicOutput> projector;
+    if (!o.mmproj.empty()) {
+        write_projector(filling.plan, n_embd_inp, projector.emplace(o.mmproj).temp_path());
+    }
     for (auto & out : outputs) {
         out->commit();
         std::error_code ec;
         result.bytes += fs::file_size(out->final_path(), ec);
         result.files.push_back(out->final_path());
+    }
+    if (projector) {
+        projector->commit();
+        result.mmproj = projector->final_path();
     }
     return result;
 }

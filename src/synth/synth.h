@@ -1,7 +1,8 @@
 #pragma once
 // Small MoE models in exactly llama.cpp's format, made by llama.cpp itself
 // (llama_model_init_from_user + llama_model_save_to_file), with optional planted
-// ground truth: experts no input can reach, and experts only one kind of text reaches.
+// ground truth: experts no input can reach, experts only one kind of text reaches, and
+// experts only images reach (with a projector GGUF for llama.cpp's libmtmd beside the model).
 #include <nlohmann/json.hpp>
 
 #include "ggml.h"
@@ -30,13 +31,18 @@ struct SynthOptions {
     uint64_t seed = 42;
     int dead = 0;                        // experts per layer that no input can route to
     bool specialists = false;            // plant one expert per layer per text kind
+    int image_experts = 0;               // experts per layer that only image tokens reach (needs mmproj)
+    std::filesystem::path mmproj;        // also write a projector that libmtmd loads, for images
     std::filesystem::path vocab;         // defaults to the pinned llama.cpp's Qwen2 vocabulary
     std::filesystem::path output;
 };
 
 struct SynthResult {
-    std::vector<std::filesystem::path> files;
-    nlohmann::json planted;  // {"dead": {"L": [ids]}, "specialists": {"L": {"ID": "kind"}}, "kinds": [...]}
+    std::vector<std::filesystem::path> files;  // the model's shards
+    std::filesystem::path mmproj;              // the projector, when asked for
+    // {"dead": {"L": [ids]}, "specialists": {"L": {"ID": "kind"}}, "kinds": [...]}, and with a
+    // projector "image": {"L": [ids]}
+    nlohmann::json planted;
     uint64_t bytes = 0;
 };
 

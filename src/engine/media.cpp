@@ -1,0 +1,202 @@
+#include "engine/media.h"
+#include "core/atomic_file.h"
+#include "core/errors.h"
+
+#include "mtmd-helper.h"
+#include "mtmd.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace moeprune {
+
+namespace fs = std::filesystem;
+
+void MediaChunksDeleter::operator()(mtmd_input_chunks * c) const { mtmd_input_chunks_free(c); }
+
+namespace {
+
+struct BitmapDeleter {
+    void operator()(mtmd_bitmap * b) const { mtmd_bitmap_free(b); }
+};
+using BitmapPtr = std::unique_ptr<mtmd_bitmap, BitmapDeleter>;
+
+// Causal attention off for the chunks whose model wants it (Gemma 3's images), on again after.
+class NonCausalScope {
+public:
+    NonCausalScope(llama_context * ctx, bool enabled) : ctx_(ctx), enabled_(enabled) {
+        if (enabled_) {
+            llama_set_causal_attn(ctx_, false);
+        }
+    }
+    ~NonCausalScope() {
+        if (enabled_) {
+            llama_set_causal_attn(ctx_, true);
+        }
+    }
+    NonCausalScope(const NonCausalScope &) = delete;
+    NonCausalScope & operator=(const NonCausalScope &) = delete;
+
+private:
+    llama_context * ctx_;
+    bool enabled_;
+};
+
+} // namespace
+
+MediaEncoder::MediaEncoder(const fs::path & mmproj, const llama_model * model, int threads, bool use_gpu) : path_(mmproj) {
+    // libmtmd's loader reads whatever it is given; a FIFO or a folder is refused by name first.
+    std::error_code ec;
+    if (!fs::is_regular_file(mmproj, ec)) {
+        fail_file(mmproj.string(), "is not a regular file (--mmproj names a projector GGUF)");
+    }
+    mtmd_helper_log_set([](ggml_log_level level, const char * text, void *) {
+        if (level >= GGML_LOG_LEVEL_ERROR) {
+            std::fputs(text, stderr);
+        }
+    }, nullptr);
+    mtmd_context_params p = mtmd_context_params_default();
+    p.use_gpu = use_gpu;
+    p.n_threads = threads;
+    p.print_timings = false;
+    p.warmup = false;
+    p.media_marker = kMediaMarker;
+    ctx_ = mtmd_init_from_file(mmproj.c_str(), model, p);
+    if (!ctx_) {
+        fail_file(mmproj.string(), "llama.cpp's libmtmd could not load it as a projector for this model (a projector "
+                                   "GGUF whose output width is the model's input width)");
+    }
+}
+
+MediaEncoder::~MediaEncoder() { mtmd_free(ctx_); }
+
+bool MediaEncoder::supports(Modality m) const {
+    return m == Modality::Image ? mtmd_support_vision(ctx_) : m == Modality::Audio ? mtmd_support_audio(ctx_) : true;
+}
+
+MediaPrompt MediaEncoder::tokenize(const std::string & text, const std::vector<CorpusMedia> & media, bool parse_special,
+                                   const std::string & where) const {
+    std::vector<BitmapPtr> bitmaps;
+    for (const CorpusMedia & m : media) {
+        if (!supports(m.modality)) {
+            fail_file(where, fmt::format("has an {} ({}), but the projector {} encodes no {}", modality_name(m.modality),
+                                         m.path.string(), path_.string(), modality_name(m.modality)));
+        }
+        const std::string bytes = read_text_file(m.path);
+        mtmd_helper_bitmap_wrapper w = mtmd_helper_bitmap_init_from_buf(
+            ctx_, reinterpret_cast<const unsigned char *>(bytes.data()), bytes.size(), false, mtmd_helper_init_opt_default());
+        BitmapPtr bitmap(w.bitmap);
+        if (w.video_ctx) {
+            fail_file(m.path.string(), "is a video; collect and eval read images and audio");
+        }
+        if (!bitmap) {
+            fail_file(m.path.string(), fmt::format("is not an {} libmtmd can read (images: jpg, png, bmp, gif; audio: wav, "
+                                                   "mp3, flac)",
+                                                   modality_name(m.modality)));
+        }
+        if (mtmd_bitmap_is_audio(bitmap.get()) != (m.modality == Modality::Audio)) {
+            fail_file(m.path.string(), fmt::format("is given as an {} part, but it is {}", modality_name(m.modality),
+                                                   mtmd_bitmap_is_audio(bitmap.get()) ? "audio" : "an image"));
+        }
+        bitmaps.push_back(std::move(bitmap));
+    }
+    std::vector<const mtmd_bitmap *> raw;
+    for (const auto & b : bitmaps) {
+        raw.push_back(b.get());
+    }
+    MediaPrompt out;
+    out.chunks = std::shared_ptr<mtmd_input_chunks>(mtmd_input_chunks_init(), MediaChunksDeleter());
+    const mtmd_input_text input{text.c_str(), text.size(), true, parse_special};
+    const int32_t rc = mtmd_tokenize(ctx_, out.chunks.get(), &input, raw.data(), raw.size());
+    if (rc == 1) {
+        fail_file(where, fmt::format("holds {} media but its text has a different number of media markers ({})",
+                                     media.size(), kMediaMarker));
+    }
+    if (rc != 0) {
+        fail_file(where, fmt::format("libmtmd could not prepare its media (error {})", rc));
+    }
+    for (size_t i = 0; i < mtmd_input_chunks_size(out.chunks.get()); ++i) {
+        const mtmd_input_chunk * chunk = mtmd_input_chunks_get(out.chunks.get(), i);
+        const auto type = mtmd_input_chunk_get_type(chunk);
+        if (type == MTMD_INPUT_CHUNK_TYPE_TEXT) {
+            size_t n = 0;
+            const llama_token * toks = mtmd_input_chunk_get_tokens_text(chunk, &n);
+            out.tokens.insert(out.tokens.end(), toks, toks + n);
+            continue;
+        }
+        MediaSpan span;
+        span.offset = out.tokens.size();
+        span.n_tokens = mtmd_input_chunk_get_n_tokens(chunk);
+        span.n_pos = mtmd_input_chunk_get_n_pos(chunk);
+        span.modality = type == MTMD_INPUT_CHUNK_TYPE_AUDIO ? Modality::Audio : Modality::Image;
+        span.chunk = i;
+        out.tokens.insert(out.tokens.end(), span.n_tokens, LLAMA_TOKEN_NULL);
+        out.media.push_back(span);
+    }
+    return out;
+}
+
+int32_t MediaEncoder::decode(llama_context * ctx, const MediaPrompt & prompt, const MediaSpan & span, llama_pos pos0,
+                             int n_batch, const std::function<void(size_t, size_t)> & before,
+                             const std::function<void()> & after) const {
+    const mtmd_input_chunk * chunk = mtmd_input_chunks_get(prompt.chunks.get(), span.chunk);
+    if (mtmd_encode_chunk(ctx_, chunk) != 0) {
+        throw Error(fmt::format("libmtmd could not encode an {} with {}", modality_name(span.modality), path_.string()));
+    }
+    const float * embd = mtmd_get_output_embd(ctx_);
+    const int n_embd = llama_model_n_embd_inp(llama_get_model(ctx));
+    const size_t n = span.n_tokens;
+    // Positions as libmtmd's own helper lays them out: one per row, or M-RoPE's four
+    // planes (t, y, x, z) of every row, an image's in its 2-D grid.
+    const bool mrope = mtmd_decode_use_mrope(ctx_);
+    std::vector<llama_pos> pos(n * (mrope ? 4 : 1));
+    if (!mrope) {
+        for (size_t i = 0; i < n; ++i) {
+            pos[i] = pos0 + llama_pos(i);
+        }
+    } else if (span.modality == Modality::Image) {
+        std::vector<mtmd_decoder_pos> rel(n);
+        mtmd_helper_image_get_decoder_pos(mtmd_input_chunk_get_tokens_image(chunk), pos0, rel.data());
+        for (size_t i = 0; i < n; ++i) {
+            pos[i] = llama_pos(rel[i].t);
+            pos[i + n] = llama_pos(rel[i].y);
+            pos[i + 2 * n] = llama_pos(rel[i].x);
+            pos[i + 3 * n] = llama_pos(rel[i].z);
+        }
+    } else {
+        for (size_t i = 0; i < n; ++i) {
+            for (size_t plane = 0; plane < 4; ++plane) {
+                pos[i + plane * n] = pos0 + llama_pos(i);
+            }
+        }
+    }
+    const NonCausalScope non_causal(ctx, mtmd_decode_use_non_causal(ctx_, chunk));
+    for (size_t first = 0; first < n; first += size_t(n_batch)) {
+        const size_t rows = std::min(n - first, size_t(n_batch));
+        std::vector<llama_pos> view;
+        for (size_t plane = 0; plane < (mrope ? 4u : 1u); ++plane) {
+            view.insert(view.end(), pos.begin() + long(plane * n + first), pos.begin() + long(plane * n + first + rows));
+        }
+        llama_seq_id seq = 0;
+        std::vector<int32_t> n_seq(rows, 1);
+        std::vector<llama_seq_id *> seqs(rows, &seq);
+        std::vector<int8_t> outputs(rows, 1);  // every row through the last layer
+        llama_batch batch{int32_t(rows),  nullptr,      const_cast<float *>(embd + first * size_t(n_embd)),
+                          view.data(),    n_seq.data(), seqs.data(),
+                          outputs.data()};
+        if (before) {
+            before(span.offset + first, rows);
+        }
+        const int rc = llama_decode(ctx, batch);
+        if (rc != 0) {
+            throw Error(fmt::format("llama_decode failed ({}) on {} rows of an {}", rc, rows, modality_name(span.modality)));
+        }
+        if (after) {
+            after();
+        }
+    }
+    return span.n_pos;
+}
+
+} // namespace moeprune

@@ -1,0 +1,231 @@
+// Images through llama.cpp's libmtmd: synth's projector is one libmtmd loads and encodes a
+// real JPEG with, its image embeddings carry the planted coordinates, and collect over text
+// and images records the image positions under the "image" domain, where the experts only
+// images reach get all their hits.
+#include "collect/collect.h"
+#include "core/errors.h"
+#include "formats/stats.h"
+#include "formats/trace.h"
+#include "support/test_support.h"
+#include "synth/synth.h"
+
+#include "llama.h"
+#include "mtmd-helper.h"
+#include "mtmd.h"
+
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <set>
+
+using namespace moeprune;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+const fs::path test_image = fs::path(MOEPRUNE_LLAMA_DIR) / "tools" / "mtmd" / "test-1.jpeg";
+
+// A qwen3vlmoe model (M-RoPE) with dead experts, text specialists and two experts per layer
+// that only images reach, and its projector.
+struct VisionModel {
+    test::TempDir dir;
+    SynthResult synth;
+    fs::path model, mmproj;
+    VisionModel() {
+        SynthOptions o;
+        o.arch = "qwen3vlmoe";
+        o.n_layer = 4;
+        o.n_expert = 16;
+        o.n_expert_used = 4;
+        o.n_embd = 64;
+        o.dead = 2;
+        o.specialists = true;
+        o.image_experts = 2;
+        o.output = model = dir / "m.gguf";
+        o.mmproj = mmproj = dir / "mmproj.gguf";
+        synth = synthesize(o);
+    }
+    std::set<int> image_experts(int layer) const {
+        return synth.planted["image"][std::to_string(layer)].get<std::set<int>>();
+    }
+};
+
+const VisionModel & vision_model() {
+    static const VisionModel m;
+    return m;
+}
+
+// Two conversations about the test image, and text of each specialist kind.
+std::string media_corpus(const fs::path & dir, const std::string & image_name) {
+    fs::copy_file(test_image, dir / image_name, fs::copy_options::overwrite_existing);
+    std::string out;
+    for (const char * question : {"What is in this picture?", "Describe the colours you see."}) {
+        out += json{{"messages",
+                     {{{"role", "user"},
+                       {"content", {{{"type", "text"}, {"text", question}}, {{"type", "image"}, {"path", image_name}}}}},
+                      {{"role", "assistant"}, {"content", "It shows a scene."}}}},
+                    {"domain", "chat"}}
+                   .dump() +
+               "\n";
+    }
+    out += json{{"text", "int main() { std::vector<int> v{1, 2}; return v[0] == 1 ? 0 : 1; }"}, {"domain", "code"}}.dump() +
+           "\n";
+    out += json{{"text", "我们在笔记本电脑上运行大型语言模型，需要减少内存使用。"}, {"domain", "zh"}}.dump() + "\n";
+    return out;
+}
+
+std::string moeprune_cmd(const std::string & args) { return test::bin("moeprune").string() + " " + args; }
+
+} // namespace
+
+// libmtmd loads the projector synth wrote and encodes a real JPEG into (64/16)^2 = 16
+// embeddings of the text model's input width; each carries coordinate 0's constant and the
+// image coordinate exactly, and none of the text kinds' coordinates.
+TEST(Media, LibmtmdEncodesAnImageWithSynthsProjector) {
+    const VisionModel & vm = vision_model();
+    llama_backend_init();
+    llama_model_params mp = llama_model_default_params();
+    std::unique_ptr<llama_model, decltype(&llama_model_free)> model(llama_model_load_from_file(vm.model.c_str(), mp),
+                                                                    llama_model_free);
+    ASSERT_NE(model, nullptr);
+    mtmd_context_params p = mtmd_context_params_default();
+    p.use_gpu = false;
+    p.print_timings = false;
+    p.n_threads = 2;
+    std::unique_ptr<mtmd_context, decltype(&mtmd_free)> ctx(mtmd_init_from_file(vm.mmproj.c_str(), model.get(), p), mtmd_free);
+    ASSERT_NE(ctx, nullptr);
+    EXPECT_TRUE(mtmd_support_vision(ctx.get()));
+    EXPECT_TRUE(mtmd_decode_use_mrope(ctx.get())) << "qwen3vlmoe decodes images with M-RoPE positions";
+    mtmd_helper_bitmap_wrapper w = mtmd_helper_bitmap_init_from_file(ctx.get(), test_image.c_str(), false,
+                                                                      mtmd_helper_init_opt_default());
+    ASSERT_NE(w.bitmap, nullptr);
+    std::unique_ptr<mtmd_input_chunks, decltype(&mtmd_input_chunks_free)> chunks(mtmd_input_chunks_init(),
+                                                                                 mtmd_input_chunks_free);
+    const std::string text = std::string("look: ") + mtmd_default_marker() + " now";
+    const mtmd_input_text in{text.c_str(), text.size(), true, true};
+    const mtmd_bitmap * bitmaps[] = {w.bitmap};
+    ASSERT_EQ(mtmd_tokenize(ctx.get(), chunks.get(), &in, bitmaps, 1), 0);
+    mtmd_bitmap_free(w.bitmap);
+    const mtmd_input_chunk * image = nullptr;
+    for (size_t i = 0; i < mtmd_input_chunks_size(chunks.get()); ++i) {
+        const mtmd_input_chunk * c = mtmd_input_chunks_get(chunks.get(), i);
+        if (mtmd_input_chunk_get_type(c) == MTMD_INPUT_CHUNK_TYPE_IMAGE) image = c;
+    }
+    ASSERT_NE(image, nullptr);
+    ASSERT_EQ(mtmd_input_chunk_get_n_tokens(image), 16u);
+    ASSERT_EQ(mtmd_encode_chunk(ctx.get(), image), 0);
+    const float * embd = mtmd_get_output_embd(ctx.get());
+    const int n_embd = llama_model_n_embd_inp(model.get());
+    const int image_coord = vm.synth.planted["image_coordinate"].get<int>();
+    ASSERT_EQ(image_coord, 3) << "after the two text kinds' coordinates";
+    for (int t = 0; t < 16; ++t) {
+        const float * row = embd + size_t(t) * size_t(n_embd);
+        EXPECT_FLOAT_EQ(row[0], 1.0f) << t;
+        EXPECT_FLOAT_EQ(row[1], 0.0f) << t;
+        EXPECT_FLOAT_EQ(row[2], 0.0f) << t;
+        EXPECT_FLOAT_EQ(row[image_coord], 1.0f) << t;
+        double other = 0;
+        for (int c = image_coord + 1; c < n_embd; ++c) other += std::fabs(row[c]);
+        EXPECT_GT(other, 0.0) << "the rest of the embedding depends on the image";
+    }
+}
+
+// collect over conversations with the image and text: image rows are recorded under
+// "image" (16 per image), the invariants hold over every row, the planted image experts get
+// every hit from image rows and are chosen at every image row, dead experts at none, and
+// the trace marks image rows (no token id, the image domain). Without the images, the same
+// conversations give the image experts no hit at all.
+TEST(Media, CollectRecordsImagePositionsUnderTheirModality) {
+    const VisionModel & vm = vision_model();
+    test::TempDir dir;
+    test::write_text(dir / "corpus.jsonl", media_corpus(dir.path(), "picture.jpeg"));
+    CollectOptions o;
+    o.model = vm.model;
+    o.mmproj = vm.mmproj;
+    o.corpus = dir / "corpus.jsonl";
+    o.output = dir / "stats.json";
+    o.trace = dir / "trace.bin";
+    o.threads = 2;
+    o.progress = false;
+    const CollectResult r = collect(o);
+    const SaliencyStats & s = r.stats;
+    ASSERT_TRUE(s.domains.count("image"));
+    const uint64_t image_rows = s.domains.at("image").n_tokens;
+    EXPECT_EQ(image_rows, 32u) << "two images of 16 embeddings";
+    for (size_t l = 0; l < s.layers.size(); ++l) {
+        const int layer = int(l);  // qwen3vlmoe as synth makes it routes in every layer
+        uint64_t picks = 0;
+        for (uint64_t c : s.layers[l].count) picks += c;
+        EXPECT_EQ(picks, s.n_tokens * 4) << "layer " << layer;
+        for (int e : vm.image_experts(layer)) {
+            EXPECT_EQ(s.layers[l].count[size_t(e)], image_rows) << "image expert " << e << " layer " << layer;
+            EXPECT_EQ(s.domains.at("image").layers[l].count[size_t(e)], image_rows) << "image expert " << e;
+        }
+        for (int e : vm.synth.planted["dead"][std::to_string(layer)].get<std::vector<int>>()) {
+            EXPECT_EQ(s.layers[l].count[size_t(e)], 0u) << "dead expert " << e << " layer " << layer;
+        }
+    }
+    const TraceReader trace = TraceReader::open(o.trace);
+    const auto & domains = trace.header().domains;
+    const auto image_domain = uint16_t(std::find(domains.begin(), domains.end(), "image") - domains.begin());
+    ASSERT_LT(image_domain, domains.size());
+    uint64_t traced_image = 0;
+    for (const TraceTokenMeta & m : trace.token_meta()) {
+        if (m.domain == image_domain) {
+            ++traced_image;
+            EXPECT_EQ(m.token, -1) << "an image row has no token id";
+        } else {
+            EXPECT_GE(m.token, 0);
+        }
+    }
+    EXPECT_EQ(traced_image, image_rows);
+
+    // The same conversations with the image parts left out.
+    const std::string corpus = media_corpus(dir.path(), "picture.jpeg");
+    json doc = json::parse(corpus.substr(0, corpus.find('\n')));
+    doc["messages"][0]["content"] = "What is in this picture?";
+    test::write_text(dir / "text.jsonl", doc.dump() + "\n");
+    o.corpus = dir / "text.jsonl";
+    o.output = dir / "text-stats.json";
+    o.trace.clear();
+    const CollectResult t = collect(o);
+    EXPECT_EQ(t.stats.domains.count("image"), 0u);
+    for (size_t l = 0; l < t.stats.layers.size(); ++l) {
+        for (int e : vm.image_experts(int(l))) {
+            EXPECT_EQ(t.stats.layers[l].count[size_t(e)], 0u) << "image expert " << e << " chosen by text";
+        }
+    }
+}
+
+// Media that cannot be read: a clear error naming the file, and nothing written.
+TEST(Media, BadMediaAreRefusedByNameAndNothingIsWritten) {
+    const VisionModel & vm = vision_model();
+    test::TempDir dir;
+    const fs::path out = dir / "stats.json";
+    const auto refused = [&](const std::string & corpus, const std::string & extra, const std::string & expected) {
+        test::write_text(dir / "c.jsonl", corpus);
+        const auto r = test::run_command(
+            moeprune_cmd(fmt::format("collect -m {} -f {} -o {} -t 2 {}", vm.model.string(), (dir / "c.jsonl").string(),
+                                     out.string(), extra)));
+        EXPECT_NE(r.exit_code, 0) << corpus;
+        EXPECT_NE(r.output.find(expected), std::string::npos) << r.output;
+        EXPECT_FALSE(fs::exists(out));
+    };
+    const std::string mmproj = "--mmproj " + vm.mmproj.string();
+    const auto with_image = [](const std::string & path, const std::string & type = "image") {
+        return json{{"messages", {{{"role", "user"}, {"content", {{{"type", "text"}, {"text", "see"}}, {{"type", type}, {"path", path}}}}}}}}
+                   .dump() +
+               "\n";
+    };
+    refused(with_image("missing.jpeg"), mmproj, (dir / "missing.jpeg").string() + " is not there");
+    test::write_text(dir / "notes.jpeg", "not an image at all");
+    refused(with_image("notes.jpeg"), mmproj, (dir / "notes.jpeg").string() + ": is not an image libmtmd can read");
+    fs::copy_file(test_image, dir / "ok.jpeg");
+    refused(with_image("ok.jpeg", "audio"), mmproj, "the projector " + vm.mmproj.string() + " encodes no audio");
+    refused(with_image("ok.jpeg"), "", "no projector was given to encode it (--mmproj FILE)");
+    refused(with_image("ok.jpeg", "video"), mmproj, "\"type\" text, image or audio");
+    refused(with_image("ok.jpeg"), "--mmproj " + vm.model.string(), vm.model.string() + ": llama.cpp's libmtmd could not load it");
+}
