@@ -61,6 +61,9 @@ void add_select(CLI::App & app, Action & action) {
             }
             const SelectReport r = run_select(*opt, {*json_out});
             std::printf("%s", r.text.c_str());
+            for (const std::string & w : r.warnings) {
+                std::fprintf(stderr, "moeprune select: %s\n", w.c_str());
+            }
             if (!json_out->empty()) {
                 write_file_atomic(*json_out, r.json.dump(1) + "\n");
             }

@@ -1051,6 +1051,15 @@ CollectResult collect(const CollectOptions & opt) {
     const std::vector<int> moe_layers = collected_layers(opt, info);
     const bool with_mtp = moe_layers.size() > info.routed_layers().size();
 
+    if ((!opt.mmproj.empty() || multimodal_arch(info.arch)) && corpus.media_modalities.empty()) {
+        std::fprintf(stderr,
+                     "moeprune collect: WARNING: %s calibrates a multimodal model (%s) with no images or audio: experts "
+                     "that only media route to will look dead in these statistics. Add image or audio parts to the "
+                     "corpus (docs/formats.md) and give --mmproj.\n",
+                     opt.corpus.c_str(),
+                     opt.mmproj.empty() ? (info.arch + " is a vision-language architecture").c_str()
+                                        : ("a projector was given, " + opt.mmproj.string()).c_str());
+    }
     if (with_mtp && !corpus.media_modalities.empty()) {
         fail_file(opt.corpus.string(), "holds media, and the model's MTP head drafts from token ids, which media "
                                        "positions have none: give --no-mtp");

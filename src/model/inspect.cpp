@@ -59,6 +59,12 @@ bool InspectReport::is_nextn(int layer) const {
     return std::any_of(layers.begin(), layers.end(), [&](const LayerInfo & l) { return l.layer == layer && l.nextn; });
 }
 
+bool multimodal_arch(const std::string & arch) {
+    // Names of the pinned llama.cpp (src/llama-arch.cpp); llama4 is natively multimodal.
+    static const std::set<std::string> names = {"qwen2vl", "qwen3vl", "qwen3vlmoe", "llama4", "hunyuan_vl"};
+    return names.count(arch) > 0;
+}
+
 InspectReport inspect_model(const GgufModel & model, const std::vector<int64_t> & at_k) {
     InspectReport r;
     for (const auto & p : model.shard_paths()) {

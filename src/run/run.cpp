@@ -522,6 +522,9 @@ void select_stage(Runner & run, const RunConfig & c, const RunPaths & at) {
         o.heldout = at.heldout;
         o.trace = at.trace;
         const SelectReport r = run_select(o, {at.select_json});
+        for (const std::string & w : r.warnings) {
+            std::fprintf(stderr, "moeprune run: %s\n", w.c_str());
+        }
         write_file_atomic(at.select_json, r.json.dump(1) + "\n");
         write_file_atomic(at.dir / "select" / "select.txt", r.text);
         std::vector<fs::path> outs = r.written;

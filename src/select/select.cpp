@@ -3,12 +3,14 @@
 #include "core/atomic_file.h"
 #include "core/errors.h"
 #include "formats/trace.h"
+#include "model/inspect.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <numeric>
 #include <optional>
 #include <set>
@@ -329,7 +331,58 @@ struct SelectInputs {
     int64_t groups = 1;
     std::vector<std::vector<int32_t>> supers;   // per stats layer: kept in every map
     std::vector<int64_t> ks;                    // ascending, distinct
+    // Per media modality the stats record ("image", "audio"), per stats layer: the experts
+    // that take most of their hits from that modality's positions.
+    std::map<std::string, std::vector<std::vector<int32_t>>> media_experts;
 };
+
+std::map<std::string, std::vector<std::vector<int32_t>>> media_experts_of(const SaliencyStats & s) {
+    std::map<std::string, std::vector<std::vector<int32_t>>> out;
+    for (const char * modality : {"image", "audio"}) {
+        const auto d = s.domains.find(modality);
+        if (d == s.domains.end()) {
+            continue;
+        }
+        auto & layers = out[modality];
+        for (size_t l = 0; l < s.layers.size(); ++l) {
+            layers.emplace_back();
+            for (size_t e = 0; e < size_t(s.n_expert); ++e) {
+                if (2 * d->second.layers[l].count[e] > s.layers[l].count[e]) {
+                    layers.back().push_back(int32_t(e));
+                }
+            }
+        }
+    }
+    return out;
+}
+
+// A model that takes media calibrated with none: the experts only media route to look
+// dead and go first. Names the experts with no hit, among which they are.
+std::string missing_media_warning(const SelectOptions & opt, const SaliencyStats & s) {
+    const json & rs = s.settings.contains("result_settings") ? s.settings["result_settings"] : json::object();
+    const bool projector = rs.is_object() && rs.contains("mmproj") && rs["mmproj"].is_string();
+    const std::string arch = s.model.contains("arch") && s.model["arch"].is_string() ? s.model["arch"].get<std::string>() : "";
+    if (s.domains.count("image") || s.domains.count("audio") || (!projector && !multimodal_arch(arch))) {
+        return "";
+    }
+    size_t n = 0;
+    std::string which;
+    for (size_t l = 0; l < s.layers.size(); ++l) {
+        for (size_t e = 0; e < size_t(s.n_expert); ++e) {
+            if (s.layers[l].count[e] == 0 && n++ < 12) {
+                which += fmt::format("{}blk.{} e{}", n > 1 ? ", " : "", model_layer(s, l), e);
+            }
+        }
+    }
+    return fmt::format("WARNING: {} calibrates a multimodal model ({}) with no images or audio: experts that only media "
+                       "route to look dead here and are pruned first, so these keep maps must not be used or judged on "
+                       "media. {} experts have no hit at all{}{}. Calibrate with media (collect --mmproj, a corpus with "
+                       "image or audio parts) and protect them with domain-max or domain-mix.",
+                       opt.stats.string(),
+                       projector ? "collect was given the projector " + rs["mmproj"].get<std::string>()
+                                 : arch + " is a vision-language architecture",
+                       n, n ? ": " : "", which + (n > 12 ? fmt::format(" and {} more", n - 12) : ""));
+}
 
 SelectInputs read_select_inputs(const SelectOptions & opt) {
     SelectInputs in;
@@ -362,6 +415,7 @@ SelectInputs read_select_inputs(const SelectOptions & opt) {
     in.ks = opt.ks;
     std::sort(in.ks.begin(), in.ks.end());
     in.ks.erase(std::unique(in.ks.begin(), in.ks.end()), in.ks.end());
+    in.media_experts = media_experts_of(s);
     return in;
 }
 
@@ -415,6 +469,17 @@ MapResult make_map(const SelectOptions & opt, const SelectInputs & in, const std
     }
     const Retention w = whole_model(per_layer);
     json r = {{"metric", metric}, {"k", k}, {"whole", retention_json(w)}, {"layers", layers}};
+    for (const auto & [modality, per_layer_ids] : in.media_experts) {
+        size_t all = 0, kept = 0;
+        for (size_t l = 0; l < per_layer_ids.size(); ++l) {
+            const std::vector<int32_t> & keep = km.layers.at(model_layer(s, l));
+            for (int32_t e : per_layer_ids[l]) {
+                ++all;
+                kept += std::count(keep.begin(), keep.end(), e) > 0;
+            }
+        }
+        r["media_experts_kept"][modality] = {{"kept", kept}, {"of", all}};
+    }
     m.row = fmt::format("{:<11} {:>5} {:>8.2f} {:>8.2f} {:>8.2f} {:>9} {:>6} {:>6}", metric, k, 100 * w.count_share,
                         100 * w.reap_share, 100 * w.prob_share, w.min_kept_count, w.kept_under_100, w.kept_rare);
     if (held) {
@@ -578,7 +643,27 @@ SelectReport run_select(const SelectOptions & opt, const std::vector<std::filesy
     if (opt.protect_super) {
         rep.text += fmt::format("super experts kept in every map: {} ({})\n", n_super, super.dump());
     }
+    json media = json::object();
+    for (const auto & [modality, per_layer_ids] : in.media_experts) {
+        media[modality] = json::object();
+        size_t n = 0;
+        for (size_t l = 0; l < per_layer_ids.size(); ++l) {
+            if (!per_layer_ids[l].empty()) {
+                media[modality][std::to_string(model_layer(in.stats, l))] = per_layer_ids[l];
+                n += per_layer_ids[l].size();
+            }
+        }
+        rep.text += fmt::format("{} experts (most of their hits from {} positions): {} ({})\n", modality, modality, n,
+                                media[modality].dump());
+    }
+    const std::string warning = missing_media_warning(opt, in.stats);
+    if (!warning.empty()) {
+        rep.warnings.push_back(warning);
+        rep.text += warning + "\n";
+    }
     rep.json = select_json(opt, in, results, nesting, overlap, super);
+    rep.json["media_experts"] = media;
+    rep.json["warnings"] = rep.warnings;
     return rep;
 }
 

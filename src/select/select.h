@@ -66,6 +66,8 @@ struct SelectReport {
     nlohmann::json json;   // inputs, super experts, per criterion and K: retention, screen, overlap
     std::string text;      // the terminal table
     std::vector<std::filesystem::path> written;
+    // For the terminal's error stream too: a multimodal model calibrated without media.
+    std::vector<std::string> warnings;
 };
 
 // `outputs`: files the caller writes from the report; with the keep maps, refused when one is an input.

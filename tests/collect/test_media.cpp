@@ -200,6 +200,66 @@ TEST(Media, CollectRecordsImagePositionsUnderTheirModality) {
     }
 }
 
+// select names the experts most of whose hits come from image positions (exactly the
+// planted ones) and domain-max keeps them all at a small K; calibrated on the same
+// conversations without images, freq keeps none of them and select warns, naming them.
+TEST(Media, SelectFindsImageExpertsAndWarnsWithoutImages) {
+    const VisionModel & vm = vision_model();
+    test::TempDir dir;
+    const std::string corpus = media_corpus(dir.path(), "picture.jpeg");
+    test::write_text(dir / "corpus.jsonl", corpus);
+    std::string text_only;
+    for (size_t at = 0, end; at < corpus.size(); at = end + 1) {
+        end = corpus.find('\n', at);
+        json doc = json::parse(corpus.substr(at, end - at));
+        if (doc.contains("messages")) doc["messages"][0]["content"] = doc["messages"][0]["content"][0]["text"];
+        text_only += doc.dump() + "\n";
+    }
+    test::write_text(dir / "text.jsonl", text_only);
+    const auto run_ok = [](const std::string & args) {
+        const auto r = test::run_command(moeprune_cmd(args));
+        EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.output;
+        return r.output;
+    };
+    run_ok(fmt::format("collect -m {} --mmproj {} -f {} -o {} -t 2", vm.model.string(), vm.mmproj.string(),
+                       (dir / "corpus.jsonl").string(), (dir / "stats.json").string()));
+    const std::string collect_out = run_ok(fmt::format("collect -m {} --mmproj {} -f {} -o {} -t 2", vm.model.string(),
+                                                       vm.mmproj.string(), (dir / "text.jsonl").string(),
+                                                       (dir / "text-stats.json").string()));
+    EXPECT_NE(collect_out.find("WARNING: " + (dir / "text.jsonl").string() + " calibrates a multimodal model"),
+              std::string::npos) << collect_out;
+
+    run_ok(fmt::format("select --stats {} -k 6 --metric domain-max freq -o {} --json {}", (dir / "stats.json").string(),
+                       (dir / "maps").string(), (dir / "select.json").string()));
+    const json sel = json::parse(test::read_bytes(dir / "select.json"));
+    const json dmax = json::parse(test::read_bytes(dir / "maps" / "domain-max-k6.json"));
+    for (int layer = 0; layer < 4; ++layer) {
+        const std::set<int> planted = vm.image_experts(layer);
+        EXPECT_EQ(sel["media_experts"]["image"][std::to_string(layer)].get<std::set<int>>(), planted) << layer;
+        const auto kept = dmax["layers"][std::to_string(layer)].get<std::set<int>>();
+        for (int e : planted) EXPECT_TRUE(kept.count(e)) << "domain-max dropped image expert " << e << " layer " << layer;
+    }
+    for (const json & r : sel["results"]) {
+        if (r["metric"] == "domain-max") EXPECT_EQ(r["media_experts_kept"]["image"]["kept"], 8);
+    }
+    EXPECT_TRUE(sel["warnings"].empty());
+
+    const std::string out = run_ok(fmt::format("select --stats {} -k 6 --metric freq -o {} --json {}",
+                                               (dir / "text-stats.json").string(), (dir / "text-maps").string(),
+                                               (dir / "text-select.json").string()));
+    const json freq = json::parse(test::read_bytes(dir / "text-maps" / "freq-k6.json"));
+    for (int layer = 0; layer < 4; ++layer) {
+        const auto kept = freq["layers"][std::to_string(layer)].get<std::set<int>>();
+        for (int e : vm.image_experts(layer)) EXPECT_FALSE(kept.count(e)) << "image expert " << e << " layer " << layer;
+    }
+    const json text_sel = json::parse(test::read_bytes(dir / "text-select.json"));
+    ASSERT_EQ(text_sel["warnings"].size(), 1u);
+    const std::string w = text_sel["warnings"][0].get<std::string>();
+    EXPECT_NE(w.find("collect was given the projector " + vm.mmproj.string()), std::string::npos) << w;
+    EXPECT_NE(w.find(fmt::format("blk.0 e{}", *vm.image_experts(0).begin())), std::string::npos) << w;
+    EXPECT_NE(out.find("moeprune select: WARNING"), std::string::npos) << "the warning goes to the error stream too";
+}
+
 // Media that cannot be read: a clear error naming the file, and nothing written.
 TEST(Media, BadMediaAreRefusedByNameAndNothingIsWritten) {
     const VisionModel & vm = vision_model();
