@@ -71,6 +71,9 @@ void add_eval(CLI::App & app, Action & action) {
     sub->add_option("--generate", opt->generate, "Behaviour checks: greedy continuations of N tokens for every chat "
                                                  "prompt, base vs. every candidate (docs/eval.md)")
         ->capture_default_str();
+    sub->add_option("--mmproj", opt->mmproj,
+                    "Projector GGUF (llama.cpp's libmtmd) for the corpus' images and audio: the text after a "
+                    "document's last media is scored under the domain \"image\" or \"audio\"");
     sub->add_option("--prompts", opt->prompts, "Chat prompts for --generate (JSONL with \"messages\"; default: -f)");
     sub->callback([=, &action] {
         action = [=] {

@@ -553,19 +553,6 @@ Window media_window(const CollectOptions & opt, const MediaEncoder & media, cons
     return {d, prompt->tokens, std::move(prompt)};
 }
 
-// Media rows are recorded under their modality's domain ("image", "audio"), after the
-// corpus' own domains.
-void add_modality_domains(Corpus & corpus) {
-    for (const Modality m : corpus.media_modalities) {
-        const std::string name = modality_name(m);
-        if (std::find(corpus.domains.begin(), corpus.domains.end(), name) != corpus.domains.end()) {
-            fail_file(corpus.path.string(), fmt::format("has a domain named \"{}\", the name its {} positions are "
-                                                        "recorded under: rename that domain", name, name));
-        }
-        corpus.domains.push_back(name);
-    }
-}
-
 // Windows of every document, in corpus order, the first --chunks of them; `total` counts
 // them all.
 std::vector<Window> corpus_windows(const CollectOptions & opt, const Corpus & corpus, const llama_model * model,

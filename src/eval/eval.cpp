@@ -12,6 +12,7 @@
 #include "formats/trace.h"
 #include "model/model_file.h"
 #include "model/inspect.h"
+#include "engine/media.h"
 #include "engine/mtp.h"
 #include "engine/session.h"
 
@@ -39,6 +40,9 @@ namespace {
 
 // A stretch of one document decoded from a clean context; positions [first, last]
 // predict the token after them.
+// A document with media is one window: its prompt up to the text after its last media
+// span is decoded first without outputs (`media`), and `tokens` are that text, from
+// position `pos0`.
 struct Window {
     size_t doc = 0;
     int domain = -1;
@@ -46,6 +50,10 @@ struct Window {
     int first = 0, last = -1;
     uint64_t first_record = 0;  // index of its first scored token over the whole run
     int n_scored() const { return last - first + 1; }
+    std::shared_ptr<const MediaPrompt> media;
+    const MediaEncoder * encoder = nullptr;
+    size_t prefix_rows = 0;
+    int32_t pos0 = 0;
 };
 
 // The reference distribution of one scored position, from the live base context.
@@ -232,11 +240,40 @@ void decode_tokens(llama_context * ctx, const llama_token * tokens, int n, int p
     }
 }
 
+// The text and media before a media window's scored text, without outputs.
+void decode_media_prefix(llama_context * ctx, const Window & w, int batch, const std::function<void()> & rethrow) {
+    const MediaPrompt & p = *w.media;
+    int32_t pos = 0;
+    auto span = p.media.begin();
+    for (size_t i = 0; i < w.prefix_rows;) {
+        if (span != p.media.end() && span->offset == i) {
+            try {
+                pos += w.encoder->decode(ctx, p, *span, pos, batch, {}, rethrow);
+            } catch (const Error &) {
+                if (rethrow) {
+                    rethrow();
+                }
+                throw;
+            }
+            i += span->n_tokens;
+            ++span;
+            continue;
+        }
+        const size_t end = std::min({w.prefix_rows, i + size_t(batch), span != p.media.end() ? span->offset : w.prefix_rows});
+        decode_tokens(ctx, p.tokens.data() + i, int(end - i), pos, 0, -1, rethrow);
+        pos += int32_t(end - i);
+        i = end;
+    }
+}
+
 void decode_window(llama_context * ctx, const Window & w, const std::function<void()> & rethrow = {},
                    bool all_outputs = false) {
     llama_memory_clear(llama_get_memory(ctx), true);
+    if (w.media) {
+        decode_media_prefix(ctx, w, int(llama_n_batch(ctx)), rethrow);
+    }
     const int n = int(w.tokens.size());
-    decode_tokens(ctx, w.tokens.data(), n, 0, all_outputs ? 0 : w.first, all_outputs ? n - 1 : w.last, rethrow);
+    decode_tokens(ctx, w.tokens.data(), n, w.pos0, all_outputs ? 0 : w.first, all_outputs ? n - 1 : w.last, rethrow);
 }
 
 // KL(P || Q) of two rows of logits, in nats.
@@ -558,6 +595,7 @@ public:
     void read_keep_maps();
     void load_base();
     void make_windows();
+    void refuse_unsupported_media();
     void read_prompts();
     void check_base_file();
     void open_candidates();
@@ -601,6 +639,7 @@ private:
     const llama_vocab * vocab = nullptr;
     int n_vocab = 0;
     std::string base_vocab;
+    std::unique_ptr<MediaEncoder> media;  // --mmproj: encodes the corpus' media for every model's passes
     std::vector<Window> windows;
     uint64_t n_scored = 0;
     std::vector<Prompt> prompts;
@@ -709,6 +748,7 @@ void EvalRun::read_model() {
     inputs.push_back(opt.corpus);
     inputs.push_back(opt.base_in);
     inputs.push_back(opt.prompts);
+    inputs.push_back(opt.mmproj);
     inputs.insert(inputs.end(), keeps.begin(), keeps.end());
     for (const fs::path & c : opt.candidates) {
         const GgufModel cm = GgufModel::open(c);
@@ -769,22 +809,65 @@ void EvalRun::load_base() {
     }
 
     corpus = read_corpus(opt.corpus);
+    add_modality_domains(corpus);
+    refuse_unsupported_media();
     init_llama(opt.rpc);
     threads = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
 
     base.model = load_model(opt.model, opt.gpu_layers, run_mtp);
+    if (!opt.mmproj.empty()) {
+        media = std::make_unique<MediaEncoder>(opt.mmproj, base.model.get(), threads, opt.gpu_layers > 0);
+    }
     vocab = llama_model_get_vocab(base.model.get());
     n_vocab = llama_vocab_n_tokens(vocab);
     base_vocab = vocab_digest(vocab);
 }
 
 // Windows and the positions they score.
+// A document with media: the text after its last media span is scored, under that
+// span's modality's domain, after the rest is decoded.
+Window media_window(const EvalOptions & opt, const MediaEncoder & encoder, const Corpus & corpus, const llama_model * model,
+                    size_t d, const std::string & where) {
+    const CorpusDocument & doc = corpus.documents[d];
+    auto prompt = std::make_shared<MediaPrompt>(
+        encoder.tokenize(document_text(model, doc, false, where), media_of(doc.messages), opt.parse_special, where));
+    if (prompt->tokens.size() > size_t(opt.ctx)) {
+        fail_file(where, fmt::format("takes {} rows with its media, more than -c {}; a document with media is not split",
+                                     prompt->tokens.size(), opt.ctx));
+    }
+    const MediaSpan & last = prompt->media.back();
+    Window w;
+    w.doc = d;
+    const std::string domain = modality_name(last.modality);
+    w.domain = int(std::find(corpus.domains.begin(), corpus.domains.end(), domain) - corpus.domains.begin());
+    w.prefix_rows = last.offset + last.n_tokens;
+    w.tokens.assign(prompt->tokens.begin() + long(w.prefix_rows), prompt->tokens.end());
+    // A media span takes n_pos positions for its n_tokens rows (fewer for an M-RoPE image).
+    w.pos0 = int32_t(w.prefix_rows);
+    for (const MediaSpan & s : prompt->media) {
+        w.pos0 -= int32_t(s.n_tokens) - s.n_pos;
+    }
+    w.last = int(w.tokens.size()) - 2;
+    w.media = std::move(prompt);
+    w.encoder = &encoder;
+    return w;
+}
+
 void EvalRun::make_windows() {
     const bool second_half = opt.score == "second-half";
     const bool add_bos = llama_vocab_get_add_bos(vocab);
     for (size_t d = 0; d < corpus.documents.size(); ++d) {
         const CorpusDocument & doc = corpus.documents[d];
         const std::string where = doc.line ? fmt::format("{}:{}", opt.corpus.string(), doc.line) : opt.corpus.string();
+        if (!media_of(doc.messages).empty()) {
+            Window w = media_window(opt, *media, corpus, base.model.get(), d, where);
+            if (w.n_scored() > 0) {
+                w.first_record = n_scored;
+                n_scored += uint64_t(w.n_scored());
+                windows.push_back(std::move(w));
+            }
+            continue;
+        }
         const std::vector<llama_token> toks =
             tokenize(vocab, document_text(base.model.get(), doc, false, where), opt.parse_special, where);
         const auto dit = std::find(corpus.domains.begin(), corpus.domains.end(), doc.domain);
@@ -825,11 +908,37 @@ void EvalRun::make_windows() {
     }
 }
 
+// What does not take media yet, refused before a model loads: media without a
+// projector, the passes that need every row's routing or token (the closed loop, MTP
+// drafts), llama-perplexity's second-half scoring and the behaviour checks' prompts.
+void EvalRun::refuse_unsupported_media() {
+    if (corpus.media_modalities.empty()) {
+        return;
+    }
+    const auto refuse = [&](const std::string & why) { refuse_media(corpus, why); };
+    if (opt.mmproj.empty()) {
+        refuse("no projector was given to encode it (--mmproj FILE)");
+    }
+    if (closed_loop) {
+        refuse("the closed loop (--cache-policy) routes text only; evaluate media without it");
+    }
+    if (run_mtp) {
+        refuse("the model's MTP head drafts from token ids, which media positions have none: give --mtp drop");
+    }
+    if (opt.score == "second-half") {
+        refuse("--score second-half splits windows, and a document with media is one window: use --score all");
+    }
+    if (opt.generate > 0 && opt.prompts.empty()) {
+        refuse("the behaviour checks (--generate) take text prompts: give them with --prompts FILE");
+    }
+}
+
 // Chat prompts for the behaviour checks, refused before anything runs.
 void EvalRun::read_prompts() {
     if (opt.generate > 0) {
         const fs::path & from = opt.prompts.empty() ? opt.corpus : opt.prompts;
         const Corpus pc = opt.prompts.empty() ? corpus : read_corpus(opt.prompts);
+        refuse_media(pc, "the behaviour checks (--generate) take text prompts");
         for (const CorpusDocument & doc : pc.documents) {
             if (doc.messages.empty()) {
                 continue;
@@ -1431,6 +1540,9 @@ void EvalRun::describe_run() {
     if (opt.generate > 0) {
         rep.inputs["generate"] = opt.generate;
         rep.inputs["prompts"] = (opt.prompts.empty() ? opt.corpus : opt.prompts).string();
+    }
+    if (!opt.mmproj.empty()) {
+        rep.inputs["mmproj"] = opt.mmproj.string();
     }
     if (closed_loop) {
         rep.inputs["closed_loop"] = {

@@ -61,6 +61,7 @@ struct EvalOptions {
     // every chat prompt, by the base and by every candidate.
     int generate = 0;
     std::filesystem::path prompts;                  // JSONL with "messages"; default: the -f file
+    std::filesystem::path mmproj;                   // projector for the corpus' images and audio (libmtmd)
 };
 
 struct EvalStats {

@@ -126,6 +126,28 @@ std::vector<CorpusMedia> media_of(const std::vector<CorpusMessage> & messages) {
     return out;
 }
 
+void add_modality_domains(Corpus & corpus) {
+    for (const Modality m : corpus.media_modalities) {
+        const std::string name = modality_name(m);
+        if (std::find(corpus.domains.begin(), corpus.domains.end(), name) != corpus.domains.end()) {
+            fail_file(corpus.path.string(), fmt::format("has a domain named \"{}\", the name its {} positions are "
+                                                        "counted under: rename that domain", name, name));
+        }
+        corpus.domains.push_back(name);
+    }
+}
+
+void refuse_media(const Corpus & corpus, const std::string & why) {
+    for (const CorpusDocument & d : corpus.documents) {
+        const std::vector<CorpusMedia> media = media_of(d.messages);
+        if (!media.empty()) {
+            fail_file(fmt::format("{}:{}", corpus.path.string(), d.line),
+                      fmt::format("has an {} ({}): {}", modality_name(media.front().modality), media.front().path.string(),
+                                  why));
+        }
+    }
+}
+
 std::vector<CorpusMessage> parse_messages(const json & messages, const std::string & where,
                                           const std::filesystem::path * media_base) {
     if (!messages.is_array() || messages.empty()) {

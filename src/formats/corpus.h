@@ -61,6 +61,14 @@ std::vector<CorpusMessage> parse_messages(const nlohmann::json & messages, const
 // Every media part of the messages, in order.
 std::vector<CorpusMedia> media_of(const std::vector<CorpusMessage> & messages);
 
+// Media rows are counted under their modality's domain ("image", "audio"), after the
+// corpus' own domains; a corpus domain of either name is refused.
+void add_modality_domains(Corpus & corpus);
+
+// For a reader that takes text only: the first document with media is an error naming
+// its line and saying `why`, so its markers are never read as text.
+void refuse_media(const Corpus & corpus, const std::string & why);
+
 // A file ending in .jsonl (any case) is JSONL, anything else plain text. Every malformed line is
 // an error naming the file and line.
 Corpus read_corpus(const std::filesystem::path & path);

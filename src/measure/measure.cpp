@@ -431,6 +431,7 @@ void Measurement::read_text() {
     }
     // A corpus (JSONL) is decoded as one text: its documents in order, a conversation's turns as plain lines.
     const Corpus corpus = read_corpus(opt_.text);
+    refuse_media(corpus, "measure times llama.cpp decoding text, so its corpus holds text only");
     std::string text;
     for (const CorpusDocument & d : corpus.documents) {
         text += text.empty() ? "" : "\n\n";
