@@ -1027,6 +1027,7 @@ CollectResult collect(const CollectOptions & opt) {
     const GgufModel gguf = GgufModel::open(opt.model);
     std::vector<std::filesystem::path> inputs = gguf.shard_paths();
     inputs.push_back(opt.corpus);
+    inputs.push_back(opt.mmproj);
     refuse_output_clashes({opt.output, opt.trace, opt.imatrix, collect_checkpoint_path(opt.output)}, inputs);
     Corpus corpus = read_corpus(opt.corpus);
     add_modality_domains(corpus);
