@@ -779,26 +779,17 @@ private:
     // The window's prompt: text in batches of -b, each media span encoded and decoded
     // through the projector. Returns the next position.
     int32_t prefill(const Window & w) {
-        int32_t pos = 0;
         const std::vector<MediaSpan> no_media;
-        const std::vector<MediaSpan> & spans = w.media ? w.media->media : no_media;
-        auto span = spans.begin();
-        for (size_t i = 0; i < w.tokens.size();) {
-            if (span != spans.end() && span->offset == i) {
-                pos += decode_media(w, *span, pos);
-                i += span->n_tokens;
-                ++span;
-                continue;
-            }
-            const size_t end = std::min({w.tokens.size(), i + size_t(opt.batch),
-                                         span != spans.end() ? span->offset : w.tokens.size()});
-            std::vector<TokenInfo> infos;
-            for (; i < end; ++i) {
-                infos.push_back(token_info(w, w.tokens[i], pos++, TracePhase::Prefill));
-            }
-            decode(std::move(infos));
-        }
-        return pos;
+        return walk_rows(
+            w.media ? w.media->media : no_media, w.tokens.size(), size_t(opt.batch),
+            [&](size_t first, size_t n, int32_t pos0) {
+                std::vector<TokenInfo> infos;
+                for (size_t i = 0; i < n; ++i) {
+                    infos.push_back(token_info(w, w.tokens[first + i], pos0 + int32_t(i), TracePhase::Prefill));
+                }
+                decode(std::move(infos));
+            },
+            [&](const MediaSpan & span, int32_t pos0) { return decode_media(w, span, pos0); });
     }
 
     // A media span's rows, recorded under its modality's domain with no token id.

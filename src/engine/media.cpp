@@ -45,6 +45,26 @@ private:
 
 } // namespace
 
+int32_t walk_rows(const std::vector<MediaSpan> & spans, size_t n_rows, size_t batch,
+                  const std::function<void(size_t, size_t, int32_t)> & text,
+                  const std::function<int32_t(const MediaSpan &, int32_t)> & media) {
+    int32_t pos = 0;
+    auto span = spans.begin();
+    for (size_t i = 0; i < n_rows;) {
+        if (span != spans.end() && span->offset == i) {
+            pos += media(*span, pos);
+            i += span->n_tokens;
+            ++span;
+            continue;
+        }
+        const size_t end = std::min({n_rows, i + batch, span != spans.end() ? span->offset : n_rows});
+        text(i, end - i, pos);
+        pos += int32_t(end - i);
+        i = end;
+    }
+    return pos;
+}
+
 MediaEncoder::MediaEncoder(const fs::path & mmproj, const llama_model * model, int threads, bool use_gpu) : path_(mmproj) {
     // libmtmd's loader reads whatever it is given; a FIFO or a folder is refused by name first.
     std::error_code ec;

@@ -40,6 +40,13 @@ struct MediaPrompt {
     std::shared_ptr<mtmd_input_chunks> chunks;
 };
 
+// The rows [0, n_rows) of a prompt in decode order: text runs of at most `batch` rows that
+// stop at a media span (`text(first_row, n, pos0)`), and each span whole (`media(span,
+// pos0)`, returning the positions it took). Returns the position after them.
+int32_t walk_rows(const std::vector<MediaSpan> & spans, size_t n_rows, size_t batch,
+                  const std::function<void(size_t, size_t, int32_t)> & text,
+                  const std::function<int32_t(const MediaSpan &, int32_t)> & media);
+
 class MediaEncoder {
 public:
     // Fails naming `mmproj` when libmtmd cannot load it or it does not fit `model`.

@@ -243,27 +243,19 @@ void decode_tokens(llama_context * ctx, const llama_token * tokens, int n, int p
 // The text and media before a media window's scored text, without outputs.
 void decode_media_prefix(llama_context * ctx, const Window & w, int batch, const std::function<void()> & rethrow) {
     const MediaPrompt & p = *w.media;
-    int32_t pos = 0;
-    auto span = p.media.begin();
-    for (size_t i = 0; i < w.prefix_rows;) {
-        if (span != p.media.end() && span->offset == i) {
+    walk_rows(
+        p.media, w.prefix_rows, size_t(batch),
+        [&](size_t first, size_t n, int32_t pos0) { decode_tokens(ctx, p.tokens.data() + first, int(n), pos0, 0, -1, rethrow); },
+        [&](const MediaSpan & span, int32_t pos0) {
             try {
-                pos += w.encoder->decode(ctx, p, *span, pos, batch, {}, rethrow);
+                return w.encoder->decode(ctx, p, span, pos0, batch, {}, rethrow);
             } catch (const Error &) {
                 if (rethrow) {
                     rethrow();
                 }
                 throw;
             }
-            i += span->n_tokens;
-            ++span;
-            continue;
-        }
-        const size_t end = std::min({w.prefix_rows, i + size_t(batch), span != p.media.end() ? span->offset : w.prefix_rows});
-        decode_tokens(ctx, p.tokens.data() + i, int(end - i), pos, 0, -1, rethrow);
-        pos += int32_t(end - i);
-        i = end;
-    }
+        });
 }
 
 void decode_window(llama_context * ctx, const Window & w, const std::function<void()> & rethrow = {},
