@@ -130,9 +130,9 @@ struct Writer {
     }
 };
 
-void add_tuned_metadata(const Writer & w, const SynthOptions & o) {
+void add_tuned_metadata(const Writer & w, const SynthOptions & o, const ArchTraits & t) {
     const std::string & a = w.a;
-    const uint32_t head_dim = 32;
+    const uint32_t head_dim = uint32_t(t.head_dim);
     const uint32_t n_head = uint32_t(o.n_embd) / head_dim;
     w.u32("context_length", 4096);
     w.u32("embedding_length", uint32_t(o.n_embd));
@@ -334,7 +334,7 @@ void add_arch_metadata(gguf_context * meta, const SynthOptions & o, const ArchTr
     gguf_set_val_str(meta, "general.architecture", traits.name.c_str());
     gguf_set_val_str(meta, "general.name", ("moeprune-synth-" + traits.name).c_str());
     if (traits.tuned) {
-        add_tuned_metadata(w, o);
+        add_tuned_metadata(w, o, traits);
     } else {
         add_general_metadata(w, o, traits);
     }

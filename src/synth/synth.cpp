@@ -122,8 +122,12 @@ struct Plan {
     int n_kind_coords = 0;                          // embedding coordinates 1..n_kind_coords mark text kinds
     std::map<int, std::vector<int>> image;          // layer -> ids only image tokens reach
     int image_coord = 0;                            // the coordinate that marks image tokens; 0: none
+    // Where image experts write what the text after an image reads (0: no such channel),
+    // and the attention head width the channel's planted query and key dimensions live in.
+    int image_signal_coord = 0;
+    int head_dim = 0;
     // The planted coordinates are 0..last_coord(): no layer may write into them.
-    int last_coord() const { return std::max(n_kind_coords, image_coord); }
+    int last_coord() const { return std::max({n_kind_coords, image_coord, image_signal_coord}); }
 };
 
 // A tensor as llama.cpp created it and synth filled it. llama.cpp's own model saver
@@ -164,6 +168,50 @@ bool is_norm_weight(const ggml_tensor * t) {
 }
 
 bool planting(const Plan & p) { return !p.dead.empty() || !p.specialists.empty() || !p.image.empty(); }
+
+// On random weights the text after an image hardly depends on the image: attention is
+// near uniform and what image experts add to an image row is noise among noise. So a
+// model with image experts gets a planted channel through which it does depend on them.
+// The image experts of every layer write into the signal coordinate of the image rows;
+// in every layer each query head's last dimension reads the constant coordinate 0 and
+// each key head's the image coordinate, so every position attends mostly to the image
+// rows before it; and the first dimensions of each value head read the signal. A keep
+// map without the image experts then changes what the text after an image sees. The
+// last dimension of a head is in the slowest rotating pair under both of llama.cpp's
+// rope layouts, so the channel holds at any distance a small model is run over.
+constexpr float kChannelQueryKey = 4.0f, kChannelValue = 4.0f, kImageSignal = 4.0f;
+constexpr int kChannelValueDims = 8;
+
+void plant_image_channel(const std::string & name, const ggml_tensor * t, std::vector<float> & v, const Plan & plan,
+                         std::mt19937_64 & rng) {
+    const int64_t row = t->ne[0];
+    const int64_t hd = plan.head_dim;
+    const int layer = layer_of(name);
+    const bool query = ends_with(name, ".attn_q.weight"), key = ends_with(name, ".attn_k.weight");
+    if ((query || key || ends_with(name, ".attn_v.weight")) && row == plan.opt.n_embd && t->ne[1] % hd == 0) {
+        for (int64_t h = 0; h < t->ne[1] / hd; ++h) {
+            if (query || key) {
+                float * r = &v[size_t((h * hd + hd - 1) * row)];
+                std::fill_n(r, row, 0.0f);
+                r[query ? 0 : plan.image_coord] = kChannelQueryKey;
+            } else {
+                for (int64_t d = 0; d < kChannelValueDims && d < hd; ++d) {
+                    v[size_t((h * hd + d) * row + plan.image_signal_coord)] = kChannelValue;
+                }
+            }
+        }
+    }
+    const auto il = plan.image.find(layer);
+    if (ends_with(name, ".ffn_down_exps.weight") && il != plan.image.end() && t->ne[1] == plan.opt.n_embd) {
+        std::normal_distribution<float> d(0.0f, kImageSignal / std::sqrt(float(row)));
+        for (int e : il->second) {
+            float * r = &v[size_t((int64_t(e) * t->ne[1] + plan.image_signal_coord) * row)];
+            for (int64_t j = 0; j < row; ++j) {
+                r[j] = d(rng);
+            }
+        }
+    }
+}
 
 // Fills every tensor llama.cpp creates. Planting works through the residual stream:
 // embedding coordinate 0 is a constant 1 for every token and coordinate 1+k marks tokens
@@ -279,6 +327,10 @@ void fill_tensor(ggml_tensor * t, void * ud) {
                 }
             }
         }
+    }
+
+    if (plan.image_signal_coord > 0) {
+        plant_image_channel(name, t, v, plan, rng);
     }
 
     std::vector<uint8_t> data(ggml_nbytes(t));
@@ -430,7 +482,7 @@ SynthOptions resolve_defaults(SynthOptions o) {
     return o;
 }
 
-Plan make_plan(const SynthOptions & o, const gguf_context * vocab, const fs::path & vocab_path) {
+Plan make_plan(const SynthOptions & o, const ArchTraits & traits, const gguf_context * vocab, const fs::path & vocab_path) {
     Plan p;
     p.opt = o;
     if (o.specialists) {
@@ -473,6 +525,10 @@ Plan make_plan(const SynthOptions & o, const gguf_context * vocab, const fs::pat
     if (!o.mmproj.empty()) {
         p.image_coord = p.n_kind_coords + 1;
     }
+    if (o.image_experts > 0 && !traits.mla && !traits.recurrent_layer_1) {
+        p.image_signal_coord = p.image_coord + 1;
+        p.head_dim = traits.head_dim;
+    }
     return p;
 }
 
@@ -510,6 +566,7 @@ json planted_json(const Plan & p, const std::set<int> & router_layers) {
         }
         planted["image"] = image;
         planted["image_coordinate"] = p.image_coord;
+        planted["image_signal_coordinate"] = p.image_signal_coord;
     }
     return planted;
 }
@@ -644,7 +701,7 @@ SynthResult synthesize(const SynthOptions & requested) {
         refuse_output_clashes(planned, {vocab_path});
     }
     GgufPtr vocab = open_gguf_metadata(vocab_path);
-    Plan plan = make_plan(o, vocab.get(), vocab_path);
+    Plan plan = make_plan(o, traits, vocab.get(), vocab_path);
 
     GgufPtr meta(gguf_init_empty());
     gguf_set_kv(meta.get(), vocab.get());

@@ -201,6 +201,18 @@ TEST(Media, CollectRecordsImagePositionsUnderTheirModality) {
     }
 }
 
+// The same documents with their image parts left out.
+std::string text_only(const std::string & corpus) {
+    std::string out;
+    for (size_t at = 0, end; at < corpus.size(); at = end + 1) {
+        end = corpus.find('\n', at);
+        json doc = json::parse(corpus.substr(at, end - at));
+        if (doc.contains("messages")) doc["messages"][0]["content"] = doc["messages"][0]["content"][0]["text"];
+        out += doc.dump() + "\n";
+    }
+    return out;
+}
+
 // select names the experts most of whose hits come from image positions (exactly the
 // planted ones) and domain-max keeps them all at a small K; calibrated on the same
 // conversations without images, freq keeps none of them and select warns, naming them.
@@ -209,14 +221,7 @@ TEST(Media, SelectFindsImageExpertsAndWarnsWithoutImages) {
     test::TempDir dir;
     const std::string corpus = media_corpus(dir.path(), "picture.jpeg");
     test::write_text(dir / "corpus.jsonl", corpus);
-    std::string text_only;
-    for (size_t at = 0, end; at < corpus.size(); at = end + 1) {
-        end = corpus.find('\n', at);
-        json doc = json::parse(corpus.substr(at, end - at));
-        if (doc.contains("messages")) doc["messages"][0]["content"] = doc["messages"][0]["content"][0]["text"];
-        text_only += doc.dump() + "\n";
-    }
-    test::write_text(dir / "text.jsonl", text_only);
+    test::write_text(dir / "text.jsonl", text_only(corpus));
     const auto run_ok = [](const std::string & args) {
         const auto r = test::run_command(moeprune_cmd(args));
         EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.output;
@@ -276,6 +281,15 @@ TEST(Media, EvalScoresTextAfterImagesMaskedAsSliced) {
     r = run(fmt::format("select --stats {} -k 6 16 --metric domain-max -o {}", (dir / "stats.json").string(),
                         (dir / "maps").string()));
     ASSERT_EQ(r.exit_code, 0) << r.output;
+    // The map a text-only calibration gives at the same K, beside the image-aware ones.
+    test::write_text(dir / "text.jsonl", text_only(media_corpus(dir.path(), "picture.jpeg")));
+    r = run(fmt::format("collect -m {} --mmproj {} -f {} -o {} -t 2", vm.model.string(), vm.mmproj.string(),
+                        (dir / "text.jsonl").string(), (dir / "text-stats.json").string()));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = run(fmt::format("select --stats {} -k 6 --metric freq -o {}", (dir / "text-stats.json").string(),
+                        (dir / "text-maps").string()));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    fs::copy_file(dir / "text-maps" / "freq-k6.json", dir / "maps" / "text-only-freq-k6.json");
     r = run(fmt::format("slice -m {} --keep {} -o {}", vm.model.string(), (dir / "maps" / "domain-max-k6.json").string(),
                         (dir / "sliced.gguf").string()));
     ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -291,6 +305,13 @@ TEST(Media, EvalScoresTextAfterImagesMaskedAsSliced) {
     EXPECT_GT(by_name["domain-max-k6"]["domains"]["image"]["kld_mean"].get<double>(), 1e-4);
     EXPECT_EQ(by_name["domain-max-k16"]["domains"]["image"]["kld_mean"].get<double>(), 0.0) << "every expert kept";
     EXPECT_TRUE(by_name["domain-max-k6"]["domains"].contains("code")) << "text documents keep their domain";
+    // Synth's image experts write what the text after an image reads, so losing them costs
+    // there: the text-only map (none of them kept) is far worse on the image domain than
+    // the image-aware map of the same size, which spends slots on them and loses text experts.
+    ASSERT_TRUE(by_name.count("text-only-freq-k6"));
+    const double text_only_kld = by_name["text-only-freq-k6"]["domains"]["image"]["kld_mean"].get<double>();
+    const double image_aware_kld = by_name["domain-max-k6"]["domains"]["image"]["kld_mean"].get<double>();
+    EXPECT_GT(text_only_kld, 5.0 * image_aware_kld) << "text-only " << text_only_kld << ", image-aware " << image_aware_kld;
 
     r = run(eval_args + fmt::format(" --keep {} --candidate {} --against {} --json {}",
                                     (dir / "maps" / "domain-max-k6.json").string(), (dir / "sliced.gguf").string(),
