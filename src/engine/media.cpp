@@ -1,13 +1,19 @@
 #include "engine/media.h"
 #include "core/atomic_file.h"
 #include "core/errors.h"
+#include "model/model_file.h"
 
+#include "clip.h"
 #include "mtmd-helper.h"
 #include "mtmd.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <csignal>
+#include <cstring>
+#include <sys/wait.h>
+#include <unistd.h>
 
 namespace moeprune {
 
@@ -65,6 +71,81 @@ int32_t walk_rows(const std::vector<MediaSpan> & spans, size_t n_rows, size_t ba
     return pos;
 }
 
+namespace {
+
+// The last lines of what a child wrote, for an error message.
+std::string tail_lines(const std::string & text, size_t n) {
+    size_t at = text.size();
+    while (at > 0 && text[at - 1] == '\n') {
+        --at;
+    }
+    const std::string trimmed = text.substr(0, at);
+    for (size_t lines = 0; at > 0; --at) {
+        if (trimmed[at - 1] == '\n' && ++lines == n) {
+            break;
+        }
+    }
+    return trimmed.substr(at);
+}
+
+// libmtmd's loader aborts the whole process (GGML_ASSERT, or gguf's type checks) on many
+// malformed projectors instead of failing: a key of the wrong type, hyperparameters out
+// of range for the projector type. So a child process loads the projector first, on the
+// CPU and without warm-up, and a projector that kills it is refused by name with what
+// libmtmd printed. Shapes of tensors are only met when an image is encoded; those are
+// not checked here.
+void probe_projector(const fs::path & mmproj) {
+    int err[2];
+    if (pipe(err) != 0) {
+        fail_file(mmproj.string(), std::string("could not start the projector check: ") + std::strerror(errno));
+    }
+    std::fflush(nullptr);
+    const pid_t pid = fork();
+    if (pid < 0) {
+        fail_file(mmproj.string(), std::string("could not start the projector check: ") + std::strerror(errno));
+    }
+    if (pid == 0) {
+        close(err[0]);
+        dup2(err[1], STDERR_FILENO);
+        dup2(err[1], STDOUT_FILENO);
+        setenv("GGML_NO_BACKTRACE", "1", 1);  // ggml would attach gdb to print one
+        clip_context_params p{};
+        p.use_gpu = false;
+        p.flash_attn_type = CLIP_FLASH_ATTN_TYPE_DISABLED;
+        p.image_min_tokens = -1;
+        p.image_max_tokens = -1;
+        p.warmup = false;
+        const clip_init_result r = clip_init(mmproj.c_str(), p);
+        _exit(r.ctx_v || r.ctx_a ? 0 : 3);
+    }
+    close(err[1]);
+    std::string said;
+    char buf[4096];
+    for (ssize_t n; (n = read(err[0], buf, sizeof(buf))) != 0;) {
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n < 0) {
+            break;
+        }
+        said.append(buf, size_t(n));
+    }
+    close(err[0]);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    const std::string printed = said.empty() ? "" : ": " + tail_lines(said, 3);
+    if (WIFSIGNALED(status)) {
+        fail_file(mmproj.string(), fmt::format("llama.cpp's libmtmd aborts loading it as a projector ({}){}",
+                                               strsignal(WTERMSIG(status)), printed));
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fail_file(mmproj.string(), "llama.cpp's libmtmd could not load it as a projector" + printed);
+    }
+}
+
+} // namespace
+
 MediaEncoder::MediaEncoder(const fs::path & mmproj, const llama_model * model, int threads, bool use_gpu) : path_(mmproj) {
     // libmtmd's loader reads whatever it is given; a FIFO or a folder is refused by name first.
     std::error_code ec;
@@ -76,6 +157,20 @@ MediaEncoder::MediaEncoder(const fs::path & mmproj, const llama_model * model, i
             std::fputs(text, stderr);
         }
     }, nullptr);
+    {
+        // moeprune's own header walk first: ggml's reader has undefined behaviour on some
+        // malformed headers (docs/reliability.md), and libmtmd calls it unguarded.
+        const GgufPtr meta = open_gguf_metadata(mmproj);
+        const int64_t arch = gguf_find_key(meta.get(), "general.architecture");
+        const std::string name = arch >= 0 && gguf_get_kv_type(meta.get(), arch) == GGUF_TYPE_STRING
+                                     ? gguf_get_val_str(meta.get(), arch)
+                                     : "";
+        if (name != "clip") {
+            fail_file(mmproj.string(), fmt::format("is not a projector: its general.architecture is '{}', a projector "
+                                                   "GGUF's (what --mmproj names) is 'clip'", name));
+        }
+    }
+    probe_projector(mmproj);
     mtmd_context_params p = mtmd_context_params_default();
     p.use_gpu = use_gpu;
     p.n_threads = threads;

@@ -9,6 +9,7 @@
 #include "support/test_support.h"
 #include "synth/synth.h"
 
+#include "gguf.h"
 #include "llama.h"
 #include "mtmd-helper.h"
 #include "mtmd.h"
@@ -362,5 +363,18 @@ TEST(Media, BadMediaAreRefusedByNameAndNothingIsWritten) {
     refused(with_image("ok.jpeg", "audio"), mmproj, "the projector " + vm.mmproj.string() + " encodes no audio");
     refused(with_image("ok.jpeg"), "", "no projector was given to encode it (--mmproj FILE)");
     refused(with_image("ok.jpeg", "video"), mmproj, "\"type\" text, image or audio");
-    refused(with_image("ok.jpeg"), "--mmproj " + vm.model.string(), vm.model.string() + ": llama.cpp's libmtmd could not load it");
+    refused(with_image("ok.jpeg"), "--mmproj " + vm.model.string(), vm.model.string() + ": is not a projector: its general.architecture is 'qwen3vlmoe'");
+
+    // A key libmtmd reads as a number, stored as a string: gguf's typed getter would abort
+    // the process inside libmtmd's loader.
+    gguf_context * g = gguf_init_from_file(vm.mmproj.c_str(), {/*no_alloc=*/true, nullptr});
+    ASSERT_NE(g, nullptr);
+    const size_t data_offset = gguf_get_data_offset(g);
+    gguf_set_val_str(g, "clip.vision.image_size", "large");
+    const fs::path bad = dir / "bad-mmproj.gguf";
+    ASSERT_TRUE(gguf_write_to_file(g, bad.c_str(), /*only_meta=*/true));
+    gguf_free(g);
+    test::write_text(bad, test::read_bytes(bad) + test::read_bytes(vm.mmproj).substr(data_offset));
+    refused(with_image("ok.jpeg"), "--mmproj " + bad.string(),
+            bad.string() + ": llama.cpp's libmtmd aborts loading it as a projector (Aborted): ");
 }
