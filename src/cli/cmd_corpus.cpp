@@ -57,6 +57,7 @@ void add_corpus(CLI::App & app, Action & action) {
     sub->add_option("-m,--model", opt->model, "Model whose tokenizer and chat template measure the budgets (GGUF)")
         ->required();
     sub->add_option("--manifest", *manifest, "Sources and settings (TOML, docs/corpus.md)");
+    sub->add_option("--mmproj", opt->mmproj, "The model's projector GGUF: counts the tokens of images and audio as libmtmd does (needed for media sources)");
     sub->add_option("--source", *sources, "DOMAIN=PATH_OR_GLOB, one group per file (repeatable)");
     sub->add_option("-o,--out", opt->out_dir, "Output directory: calib.jsonl, eval.jsonl, corpus.json")->required();
     sub->add_option("--seed", *seed, "Seed of the split and the order (default: the manifest's, or 0)");

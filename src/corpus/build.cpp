@@ -7,6 +7,7 @@
 #include "core/progress.h"
 #include "corpus/dedupe.h"
 #include "corpus/sources.h"
+#include "engine/media.h"
 #include "engine/session.h"
 
 #include <fmt/format.h>
@@ -47,12 +48,18 @@ std::string & body(SourceDocument & d) {
     return d.messages.empty() ? d.text : d.messages.front().content;
 }
 
+// What deduplication and the leak check compare. A document with media is its media
+// files' digests and the answers: the user's words beside a file are mostly a prompt
+// every document of a media source shares.
 std::string content_text(const SourceDocument & d) {
     if (d.messages.empty()) {
         return d.text;
     }
-    std::string s;
+    std::string s = d.media_key.empty() ? "" : d.media_key + "\n";
     for (const CorpusMessage & m : d.messages) {
+        if (!d.media_key.empty() && m.role == "user") {
+            continue;
+        }
         s += m.content;
         s += '\n';
     }
@@ -84,7 +91,8 @@ size_t char_start(const std::string & s, size_t at) {
 
 class Tokenizer {
 public:
-    Tokenizer(const llama_model * model, uint32_t limit) : model_(model), vocab_(llama_model_get_vocab(model)), limit_(limit) {}
+    Tokenizer(const llama_model * model, uint32_t limit, const MediaEncoder * media)
+        : model_(model), vocab_(llama_model_get_vocab(model)), limit_(limit), media_(media) {}
 
     uint64_t count(const std::string & text, const std::string & where) const {
         return tokenize(vocab_, text, true, where).size();
@@ -102,10 +110,22 @@ public:
         return false;
     }
 
+    // With media, the rows collect decodes: libmtmd's text tokens and media embeddings.
     uint64_t count_chat(const std::vector<CorpusMessage> & msgs, const std::string & where) const {
         CorpusDocument c;
         c.messages = msgs;
-        return count(render_chat(model_, c, false, where), where);
+        const std::string text = render_chat(model_, c, false, where);
+        const std::vector<CorpusMedia> media = media_of(msgs);
+        if (media.empty()) {
+            return count(text, where);
+        }
+        if (!media_) {
+            fail_file(where, fmt::format("has an {} ({}): give the model's projector with --mmproj FILE, so its tokens "
+                                         "are counted as libmtmd counts them", modality_name(media[0].modality),
+                                         media[0].path.string()));
+        }
+        std::lock_guard<std::mutex> lock(media_mutex_);  // one libmtmd context for the tokenizing threads
+        return media_->tokenize(text, media, true, where).tokens.size();
     }
 
     // The units one document becomes under the limit.
@@ -123,6 +143,10 @@ public:
         u.tokens = d.messages.empty() ? count(d.text, where) : count_chat(d.messages, where);
         if (u.tokens <= limit_) {
             return {std::move(u)};
+        }
+        if (!d.media_key.empty()) {
+            fail_file(where, fmt::format("takes {} tokens with its media as libmtmd counts them, over doc_tokens {}: a "
+                                         "document with media is never cut, so raise doc_tokens", u.tokens, limit_));
         }
         if (!d.messages.empty()) {
             return rule == Truncate::Left ? std::vector<Unit>{chat_tail(index, d.messages, where)}
@@ -231,6 +255,8 @@ private:
     const llama_model * model_;
     const llama_vocab * vocab_;
     uint64_t limit_;
+    const MediaEncoder * media_;
+    mutable std::mutex media_mutex_;
 };
 
 double group_draw(uint64_t seed, const std::string & group) {
@@ -339,6 +365,7 @@ struct CorpusBuild {
     CorpusBuild(const CorpusOptions & options, std::vector<SourceSpec> sources)
         : opt(options), spec(options.spec), specs(std::move(sources)), paths(specs.size()),
           empty_skipped(specs.size(), 0), read_docs(specs.size(), 0), binary_skipped(specs.size()),
+          not_media_skipped(specs.size()),
           exact_dropped(specs.size(), 0), near_dropped(specs.size(), 0), boiler_only(specs.size(), 0),
           order(specs.size()), groups(specs.size()), budget(specs.size(), {0, 0}), taken(specs.size()),
           next_doc(specs.size(), {0, 0}), taken_tokens(specs.size(), {0, 0}), spare(specs.size()) {}
@@ -359,6 +386,7 @@ struct CorpusBuild {
     std::vector<Doc> docs;
     std::vector<uint64_t> empty_skipped, read_docs;
     std::vector<std::vector<std::string>> binary_skipped;
+    std::vector<std::vector<std::string>> not_media_skipped;
 
     // drop_exact_duplicates, mark_boilerplate, drop_near_duplicates
     std::vector<uint64_t> exact_dropped, near_dropped, boiler_only;
@@ -392,7 +420,7 @@ struct CorpusBuild {
 };
 
 // The sources with their key roots, and the settings checked before anything is read.
-std::vector<SourceSpec> checked_sources(const CorpusSpec & spec) {
+std::vector<SourceSpec> checked_sources(const CorpusSpec & spec, bool has_projector) {
     std::vector<SourceSpec> specs = spec.sources;
     for (SourceSpec & s : specs) {
         s.key_root = source_key_root(s, spec.base_dir);
@@ -406,6 +434,12 @@ std::vector<SourceSpec> checked_sources(const CorpusSpec & spec) {
             throw Error(fmt::format("two sources are named \"{}\"", s.name));
         }
     }
+    for (const SourceSpec & s : specs) {
+        if (s.media != Modality::Text && !has_projector) {
+            throw Error(fmt::format("source \"{}\" is {} files: give the model's projector with --mmproj FILE, so "
+                                    "their tokens are counted as libmtmd counts them", s.name, modality_name(s.media)));
+        }
+    }
     if (!(spec.near_dup > 0 && spec.near_dup <= 1) || !(spec.eval_share >= 0 && spec.eval_share < 1)) {
         throw Error("--near-dup must be in (0, 1] and --eval-share in [0, 1)");
     }
@@ -416,6 +450,9 @@ std::vector<SourceSpec> checked_sources(const CorpusSpec & spec) {
 void prepare_files(CorpusBuild & b) {
     const CorpusOptions & opt = b.opt;
     std::vector<fs::path> inputs{opt.model};
+    if (!opt.mmproj.empty()) {
+        inputs.push_back(opt.mmproj);
+    }
     if (!b.spec.manifest.empty()) {
         inputs.push_back(b.spec.manifest);
     }
@@ -481,6 +518,9 @@ void read_sources(CorpusBuild & b) {
         for (std::string & skipped : read[i].binary_skipped) {
             b.binary_skipped[jobs[i].first].push_back(std::move(skipped));
         }
+        for (std::string & skipped : read[i].not_media_skipped) {
+            b.not_media_skipped[jobs[i].first].push_back(std::move(skipped));
+        }
         for (SourceDocument & d : read[i].documents) {
             d.file += offset;
             ++b.read_docs[d.source];
@@ -496,6 +536,13 @@ void read_sources(CorpusBuild & b) {
                          specs[s].name.c_str(), skipped.size(),
                          fmt::format("{}", fmt::join(skipped.begin(), skipped.begin() + long(std::min<size_t>(skipped.size(), 5)), ", ")).c_str(),
                          skipped.size() > 5 ? fmt::format(" and {} more (corpus.json lists them)", skipped.size() - 5).c_str() : "");
+        }
+        const std::vector<std::string> & other = b.not_media_skipped[s];
+        if (!other.empty()) {
+            std::fprintf(stderr, "moeprune corpus: source \"%s\": skipped %zu file(s) that are not %s files: %s%s\n",
+                         specs[s].name.c_str(), other.size(), modality_name(specs[s].media),
+                         fmt::format("{}", fmt::join(other.begin(), other.begin() + long(std::min<size_t>(other.size(), 5)), ", ")).c_str(),
+                         other.size() > 5 ? fmt::format(" and {} more (corpus.json lists them)", other.size() - 5).c_str() : "");
         }
     }
 }
@@ -529,7 +576,7 @@ void mark_boilerplate(CorpusBuild & b) {
         std::vector<size_t> ids;
         std::vector<std::string_view> bodies;
         for (size_t i = 0; i < docs.size(); ++i) {
-            if (docs[i].d.source == s && !docs[i].dropped) {
+            if (docs[i].d.source == s && !docs[i].dropped && docs[i].d.media_key.empty()) {
                 ids.push_back(i);
                 bodies.push_back(body(docs[i].d));
             }
@@ -892,6 +939,7 @@ json check_leaks(const CorpusBuild & b) {
             SourceDocument view;
             view.text = u->text;
             view.messages = u->messages;
+            view.media_key = d.d.media_key;
             const std::string text = content_text(view);
             const size_t skip = d.boiler_skip && !u->truncated && !u->piece ? d.boiler_skip : 0;
             leak_docs[size_t(side)].push_back({text, d.d.group, label(b.files, d.d), std::min(skip, text.size())});
@@ -902,6 +950,29 @@ json check_leaks(const CorpusBuild & b) {
 
 // The JSONL collect and eval read, written whole under temporary names: every output
 // takes its final name only once all are written, so a failed write leaves the old set.
+// A message as the corpus format reads it: a string, or text and media parts in order,
+// media by absolute path (the output may live far from its sources).
+json content_json(const CorpusMessage & m) {
+    if (m.media.empty()) {
+        return m.content;
+    }
+    json parts = json::array();
+    size_t at = 0;
+    const std::string marker = kMediaMarker;
+    for (const CorpusMedia & media : m.media) {
+        const size_t next = m.content.find(marker, at);
+        if (next > at) {
+            parts.push_back({{"type", "text"}, {"text", m.content.substr(at, next - at)}});
+        }
+        parts.push_back({{"type", modality_name(media.modality)}, {"path", fs::absolute(media.path).string()}});
+        at = next + marker.size();
+    }
+    if (at < m.content.size()) {
+        parts.push_back({{"type", "text"}, {"text", m.content.substr(at)}});
+    }
+    return parts;
+}
+
 void stage_jsonl(CorpusBuild & b) {
     for (int side : {kCalib, kEval}) {
         std::string bytes;
@@ -913,7 +984,7 @@ void stage_jsonl(CorpusBuild & b) {
             } else {
                 json msgs = json::array();
                 for (const CorpusMessage & m : u->messages) {
-                    msgs.push_back({{"role", m.role}, {"content", m.content}});
+                    msgs.push_back({{"role", m.role}, {"content", content_json(m)}});
                 }
                 line["messages"] = std::move(msgs);
             }
@@ -949,10 +1020,12 @@ json source_report(const CorpusBuild & b, size_t s) {
                 {"domain", src.domain},
                 {"group", src.group.written},
                 {"split", to_string(src.split)},
+                {"media", modality_name(src.media)},
                 {"files", f},
                 {"documents_read", b.read_docs[s]},
                 {"empty_skipped", b.empty_skipped[s]},
                 {"binary_skipped", b.binary_skipped[s]},
+                {"not_media_skipped", b.not_media_skipped[s]},
                 {"exact_duplicates", b.exact_dropped[s]},
                 {"near_duplicates", b.near_dropped[s]},
                 {"boilerplate_only", b.boiler_only[s]}};
@@ -1007,6 +1080,7 @@ json corpus_report(const CorpusBuild & b, const llama_model * model, const LshIn
          {{"model", {{"path", opt.model.string()}, {"bytes", fs::file_size(opt.model, ec)},
                      {"digest", b.model_identity}, {"vocab", vocab_digest(llama_model_get_vocab(model))}}},
           {"manifest", spec.manifest.empty() ? json(nullptr) : json(spec.manifest.string())},
+          {"mmproj", opt.mmproj.empty() ? json(nullptr) : json(opt.mmproj.string())},
           {"bytes", b.total_bytes}}},
         {"settings",
          {{"seed", spec.seed},
@@ -1150,12 +1224,16 @@ json leak_check(const std::vector<LeakDocument> & calib, const std::vector<LeakD
 }
 
 json build_corpus(const CorpusOptions & opt) {
-    CorpusBuild b(opt, checked_sources(opt.spec));
+    CorpusBuild b(opt, checked_sources(opt.spec, !opt.mmproj.empty()));
     prepare_files(b);
 
     // The tokenizer first: a model that cannot load should fail before minutes of reading.
     const ModelPtr model = load_vocabulary(opt.model);
-    const Tokenizer tokenizer(model.get(), opt.spec.doc_tokens);
+    std::unique_ptr<MediaEncoder> media;
+    if (!opt.mmproj.empty()) {
+        media = std::make_unique<MediaEncoder>(opt.mmproj, model.get(), std::max(1, opt.threads), false);
+    }
+    const Tokenizer tokenizer(model.get(), opt.spec.doc_tokens, media.get());
 
     json seconds = json::object();
     auto last = std::chrono::steady_clock::now();

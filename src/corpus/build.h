@@ -15,6 +15,7 @@ namespace moeprune {
 
 struct CorpusOptions {
     std::filesystem::path model;
+    std::filesystem::path mmproj;   // the projector that counts media tokens; needed for media sources
     CorpusSpec spec;
     std::filesystem::path out_dir;
     std::filesystem::path report;   // a copy of corpus.json elsewhere; empty: none

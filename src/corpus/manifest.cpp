@@ -208,7 +208,7 @@ CorpusSpec read_manifest(const std::filesystem::path & path) {
         const std::string where = at(file, sn);
         check_keys(t, file,
                    {"name", "path", "domain", "group", "group_on", "tokens", "eval_tokens", "weight", "format", "split",
-                    "truncate"},
+                    "truncate", "media", "prompt"},
                    "[[source]]");
         SourceSpec s;
         s.format = default_format;
@@ -241,7 +241,14 @@ CorpusSpec read_manifest(const std::filesystem::path & path) {
                 s.split = get_split(n, w);
             } else if (key == "truncate") {
                 s.truncate = get_truncate(n, w);
+            } else if (key == "media") {
+                s.media = get_choice<Modality>(n, w, key, {{"image", Modality::Image}, {"audio", Modality::Audio}});
+            } else if (key == "prompt") {
+                s.prompt = get_string(n, w, key);
             }
+        }
+        if (!s.prompt.empty() && s.media == Modality::Text) {
+            fail_file(where, "\"prompt\" is the words beside each file of a media source: give \"media\" too");
         }
         if (s.path.empty() || s.domain.empty()) {
             fail_file(where, "a [[source]] needs a non-empty \"path\" and \"domain\"");

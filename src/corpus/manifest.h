@@ -1,6 +1,8 @@
 #pragma once
 // What a corpus is made of: the sources of a TOML manifest (or of --source flags) and the
 // corpus-wide settings. docs/corpus.md documents every key.
+#include "formats/corpus.h"
+
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -35,6 +37,11 @@ struct SourceSpec {
     SourceFormat format = SourceFormat::Auto;
     SplitSide split = SplitSide::Both;
     Truncate truncate = Truncate::Auto;
+    // A media source: every image (or audio) file of `path` is one conversation, the user
+    // giving `prompt` and the file, the assistant answering with the caption in the file's
+    // NAME.txt beside it when there is one. Text (the default) reads documents.
+    Modality media = Modality::Text;
+    std::string prompt;         // the user's words beside each file; empty: a default per modality
     // Where group keys of files (`file`, `path:N`, a regex over the path) are taken
     // relative to, so a corpus moved elsewhere splits the same; set by source_key_root.
     std::filesystem::path key_root;

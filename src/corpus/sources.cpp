@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstring>
 #include <regex>
+#include <set>
 
 namespace moeprune {
 
@@ -114,7 +115,8 @@ std::string string_field(const json & j, const char * key, const std::string & w
 }
 
 // One JSONL line into a document; false for a document with no text at all.
-bool parse_jsonl_document(const std::string & line, const std::string & where, SourceDocument & d, json & j) {
+bool parse_jsonl_document(const std::string & line, const std::string & where, const std::filesystem::path & folder,
+                          SourceDocument & d, json & j) {
     j = parse_json(line, where);
     if (!j.is_object()) {
         fail_file(where, "a document must be a JSON object with \"text\", \"messages\", or \"prompt\" and \"response\"");
@@ -132,14 +134,92 @@ bool parse_jsonl_document(const std::string & line, const std::string & where, S
             fail_file(where, "needs both \"prompt\" and \"response\"");
         }
         d.prompt_response = true;
-        d.messages = {{"user", string_field(j, "prompt", where)}, {"assistant", string_field(j, "response", where)}};
+        d.messages = {{"user", string_field(j, "prompt", where), {}}, {"assistant", string_field(j, "response", where), {}}};
         return !blank(d.messages[0].content) || !blank(d.messages[1].content);
     }
-    d.messages = parse_messages(j["messages"], where);
+    d.messages = parse_messages(j["messages"], where, &folder);
     return std::any_of(d.messages.begin(), d.messages.end(), [](const CorpusMessage & m) { return !blank(m.content); });
 }
 
+std::string media_key(const std::vector<CorpusMessage> & messages) {
+    std::string key;
+    for (const CorpusMedia & m : media_of(messages)) {
+        const std::string bytes = read_text_file(m.path);
+        key += fmt::format("{}media:{:016x}", key.empty() ? "" : " ", XXH64(bytes.data(), bytes.size(), 0));
+    }
+    return key;
+}
+
+std::string lower_extension(const std::filesystem::path & path) {
+    std::string ext = path.extension().string();
+    std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+    return ext;
+}
+
+// One image or audio file of a media source: the user gives it with the source's prompt,
+// and the caption beside it (NAME.txt) is the answer.
+void read_media_file(const SourceSpec & s, uint32_t index, const std::filesystem::path & path, SourceFiles & out) {
+    const std::string file = path.string();
+    if (!is_media_file(s.media, path)) {
+        std::error_code ec;
+        std::filesystem::path stem = path;
+        stem.replace_extension();
+        bool caption = lower_extension(path) == ".txt";
+        if (caption) {
+            caption = false;
+            for (auto it = std::filesystem::directory_iterator(path.parent_path(), ec);
+                 !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+                std::filesystem::path other = it->path();
+                caption |= is_media_file(s.media, other) && other.replace_extension() == stem;
+            }
+        }
+        if (!caption) {
+            out.not_media_skipped.push_back(file);
+        }
+        out.files.push_back({path, std::filesystem::file_size(path, ec), ""});
+        return;
+    }
+    const std::string bytes = read_text_file(path);
+    out.files.push_back({path, bytes.size(), fmt::format("{:016x}", XXH64(bytes.data(), bytes.size(), 0))});
+    SourceDocument d;
+    d.source = index;
+    d.file = uint32_t(out.files.size() - 1);
+    d.group = group_key(s, path, nullptr, file);
+    const std::string prompt = !s.prompt.empty()                  ? s.prompt
+                               : s.media == Modality::Image ? "Describe this image."
+                                                            : "Transcribe this audio.";
+    d.messages.push_back({"user", std::string(kMediaMarker) + "\n" + prompt, {{s.media, std::filesystem::absolute(path)}}});
+    std::filesystem::path caption_path = path;
+    caption_path.replace_extension(".txt");
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(caption_path, ec)) {
+        std::string caption = read_text_file(caption_path);
+        const size_t bad = invalid_utf8_at(caption);
+        if (bad != std::string::npos || caption.find('\0') != std::string::npos) {
+            fail_file(caption_path.string(), "is not UTF-8 text: a caption beside " + file + " must be");
+        }
+        if (caption.rfind("\xEF\xBB\xBF", 0) == 0) {
+            caption.erase(0, 3);
+        }
+        while (!caption.empty() && (caption.back() == '\n' || caption.back() == '\r')) {
+            caption.pop_back();
+        }
+        if (!blank(caption)) {
+            d.messages.push_back({"assistant", caption, {}});
+        }
+    }
+    d.media_key = fmt::format("media:{}", out.files.back().digest);
+    out.documents.push_back(std::move(d));
+}
+
 } // namespace
+
+bool is_media_file(Modality m, const std::filesystem::path & path) {
+    static const std::set<std::string> image = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tga", ".psd", ".pnm", ".ppm", ".pgm", ".hdr", ".pic", ".webp"};
+    static const std::set<std::string> audio = {".wav", ".mp3", ".flac"};
+    const std::string ext = lower_extension(path);
+    return m == Modality::Image ? image.count(ext) > 0 : m == Modality::Audio ? audio.count(ext) > 0 : false;
+}
 
 size_t invalid_utf8_at(std::string_view text) {
     const auto * s = reinterpret_cast<const unsigned char *>(text.data());
@@ -262,6 +342,10 @@ std::vector<std::filesystem::path> expand_source_path(const SourceSpec & s, cons
 
 void read_source_file(const SourceSpec & s, uint32_t index, const std::filesystem::path & path, bool skip_binary,
                       SourceFiles & out) {
+    if (s.media != Modality::Text) {
+        read_media_file(s, index, path, out);
+        return;
+    }
     const std::string file = path.string();
     std::string bytes = read_text_file(path);
     const uint32_t file_index = uint32_t(out.files.size());
@@ -324,11 +408,12 @@ void read_source_file(const SourceSpec & s, uint32_t index, const std::filesyste
         d.source = index;
         d.file = file_index;
         d.line = line_no;
-        if (!parse_jsonl_document(line, where, d, j)) {
+        if (!parse_jsonl_document(line, where, std::filesystem::absolute(path).parent_path(), d, j)) {
             ++out.empty_skipped;
             continue;
         }
         d.group = group_key(s, path, &j, where);
+        d.media_key = media_key(d.messages);
         out.documents.push_back(std::move(d));
     }
 }

@@ -19,6 +19,9 @@ struct SourceDocument {
     std::vector<CorpusMessage> messages;   // a conversation
     bool prompt_response = false;          // messages came from "prompt" + "response"
     std::string group;                     // the group key, qualified by the rule's kind
+    // "media:<xxh64>" of each media file, in order: what deduplication and the leak check
+    // compare a document with media by, with its answers (never the shared prompt).
+    std::string media_key;
 };
 
 struct SourceFile {
@@ -32,7 +35,11 @@ struct SourceFiles {
     std::vector<SourceDocument> documents;
     uint64_t empty_skipped = 0;            // empty files and whitespace-only texts
     std::vector<std::string> binary_skipped;  // files of a directory or glob that are not text
+    std::vector<std::string> not_media_skipped;  // files of a media source of another type (captions aside)
 };
+
+// File name endings libmtmd reads as each modality (stb_image's and miniaudio's formats).
+bool is_media_file(Modality m, const std::filesystem::path & path);
 
 // Files of a source's path (a file, a directory searched recursively, or a glob), sorted,
 // relative paths starting at `base_dir`. No match is an error naming the source.

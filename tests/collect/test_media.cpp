@@ -378,3 +378,80 @@ TEST(Media, BadMediaAreRefusedByNameAndNothingIsWritten) {
     refused(with_image("ok.jpeg"), "--mmproj " + bad.string(),
             bad.string() + ": llama.cpp's libmtmd aborts loading it as a projector (Aborted): ");
 }
+
+// A corpus manifest's media source: every image of a folder is one conversation (the
+// source's prompt and the image, the caption beside it as the answer), budgeted in the
+// rows libmtmd makes of it, split by group like text, and written with absolute paths
+// that collect then reads, decoding exactly the tokens corpus counted.
+TEST(Media, CorpusMediaSourceFlowsIntoCollect) {
+    const VisionModel & vm = vision_model();
+    test::TempDir dir;
+    fs::create_directories(dir / "photos");
+    fs::create_directories(dir / "prose");
+    const std::string jpeg = test::read_bytes(test_image);
+    for (int i = 0; i < 6; ++i) {
+        // Bytes after a JPEG's end marker are ignored by decoders: six distinct files of one image.
+        test::write_text(dir / "photos" / fmt::format("p{}.jpeg", i), jpeg + std::string(size_t(i + 1), char('a' + i)));
+        test::write_text(dir / "prose" / fmt::format("t{}.txt", i),
+                         fmt::format("Document {} is about rivers, gardens and the weather in spring number {}.", i, i * 7));
+    }
+    test::write_text(dir / "photos" / "p0.txt", "A photograph of a scene.");
+    test::write_text(dir / "photos" / "notes.md", "not an image");
+    test::write_text(dir / "corpus.toml", "[corpus]\nseed = 3\neval_share = 0.34\n\n"
+                                          "[[source]]\npath = \"photos\"\ndomain = \"photos\"\nmedia = \"image\"\n"
+                                          "prompt = \"What do you see?\"\n\n"
+                                          "[[source]]\npath = \"prose\"\ndomain = \"prose\"\ntokens = 40\n");
+    const auto run = [](const std::string & args) { return test::run_command(moeprune_cmd(args)); };
+
+    auto r = run(fmt::format("corpus -m {} --manifest {} -o {}", vm.model.string(), (dir / "corpus.toml").string(),
+                             (dir / "bare").string()));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find("source \"photos\" is image files: give the model's projector with --mmproj FILE"),
+              std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(dir / "bare" / "calib.jsonl"));
+
+    // Small sources miss their proportional budgets by a document; that is not under test.
+    r = run(fmt::format("corpus -m {} --mmproj {} --manifest {} -o {} --allow-shortfall", vm.model.string(), vm.mmproj.string(),
+                        (dir / "corpus.toml").string(), (dir / "out").string()));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("skipped 1 file(s) that are not image files: " + (dir / "photos" / "notes.md").string()),
+              std::string::npos) << r.output;
+    const json report = json::parse(test::read_bytes(dir / "out" / "corpus.json"));
+    EXPECT_EQ(report["inputs"]["mmproj"], vm.mmproj.string());
+    std::map<std::string, int> side_of_image;
+    bool captioned = false;
+    for (const char * side : {"calib", "eval"}) {
+        const std::string lines = test::read_bytes(dir / "out" / (std::string(side) + ".jsonl"));
+        for (size_t at = 0, end; at < lines.size(); at = end + 1) {
+            end = lines.find('\n', at);
+            const json doc = json::parse(lines.substr(at, end - at));
+            if (doc["domain"] != "photos") continue;
+            const json & parts = doc["messages"][0]["content"];
+            ASSERT_EQ(parts.size(), 2u) << doc.dump();
+            EXPECT_EQ(parts[0]["type"], "image");
+            const fs::path image = parts[0]["path"].get<std::string>();
+            EXPECT_TRUE(image.is_absolute() && fs::exists(image)) << image;
+            EXPECT_EQ(parts[1]["text"], "\nWhat do you see?");
+            EXPECT_EQ(side_of_image.count(image.filename().string()), 0u) << "each image once";
+            side_of_image[image.filename().string()] = std::string(side) == "calib" ? 0 : 1;
+            if (image.filename() == "p0.jpeg") {
+                ASSERT_EQ(doc["messages"].size(), 2u);
+                EXPECT_EQ(doc["messages"][1]["content"], "A photograph of a scene.");
+                captioned = true;
+            }
+        }
+    }
+    EXPECT_EQ(side_of_image.size(), 6u) << "every image, none dropped as a duplicate of another";
+    EXPECT_TRUE(captioned);
+    int on_eval = 0;
+    for (const auto & [name, side] : side_of_image) on_eval += side;
+    EXPECT_EQ(on_eval, 2) << "round(0.34 x 6) image groups held out";
+
+    // collect decodes what corpus counted: 16 embeddings per image and the text around them.
+    r = run(fmt::format("collect -m {} --mmproj {} -f {} -o {} -t 2", vm.model.string(), vm.mmproj.string(),
+                        (dir / "out" / "calib.jsonl").string(), (dir / "stats.json").string()));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const json stats = json::parse(test::read_bytes(dir / "stats.json"));
+    EXPECT_EQ(stats["n_tokens"].get<uint64_t>(), report["outputs"]["calib"]["tokens"].get<uint64_t>());
+    EXPECT_EQ(stats["domains"]["image"]["n_tokens"].get<uint64_t>(), 16u * 4u) << "four calib images of 16 rows";
+}
