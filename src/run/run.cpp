@@ -382,6 +382,14 @@ CorpusSpec corpus_spec(const RunConfig & c, std::vector<fs::path> & inputs) {
             spec.sources.push_back(source_from_flag(s));
         }
     }
+    for (const SourceSpec & s : spec.sources) {
+        // measure and eval's closed loop decode text only, and run has no projector to give.
+        if (s.media != Modality::Text) {
+            throw Error(fmt::format("source \"{}\" is {} files, and run does not take media yet: build the corpus "
+                                    "with `moeprune corpus --mmproj`, then collect, select and eval with --mmproj "
+                                    "(docs/run.md)", s.name, modality_name(s.media)));
+        }
+    }
     spec.seed = c.seed.value_or(spec.seed);
     spec.eval_share = c.eval_share.value_or(spec.eval_share);
     spec.tokens = c.tokens ? c.tokens : spec.tokens;
