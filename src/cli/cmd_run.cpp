@@ -23,6 +23,7 @@ void add_run(CLI::App & app, Action & action) {
     sub->add_option("--config", *config, "Settings of every stage (run.toml; flags override it)");
     sub->add_option("-m,--model", c->model, "The model (GGUF; first shard of a split model)");
     sub->add_option("--corpus", c->corpus, "A corpus manifest (.toml) or DOMAIN=PATH_OR_GLOB sources (repeatable)");
+    sub->add_option("--mmproj", c->mmproj, "The model's projector GGUF: media sources (images, audio) flow through corpus, collect and eval");
     sub->add_option("-k", c->ks, "Experts to keep per layer, one map per K and criterion")->delimiter(',');
     sub->add_option("-o,--out", opt->run_dir, "Run directory")->required();
     sub->add_option("--criteria", c->criteria, "Selection criteria")->delimiter(',');
@@ -56,6 +57,7 @@ void add_run(CLI::App & app, Action & action) {
             const auto given = [&](const char * flag) { return sub->count(flag) > 0; };
             if (given("--model")) merged.model = c->model;
             if (given("--corpus")) merged.corpus = c->corpus;
+            if (given("--mmproj")) merged.mmproj = c->mmproj;
             if (given("-k")) merged.ks = c->ks;
             if (given("--criteria")) merged.criteria = c->criteria;
             if (given("--ram")) merged.ram = c->ram;

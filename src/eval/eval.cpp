@@ -632,6 +632,7 @@ private:
     int n_vocab = 0;
     std::string base_vocab;
     std::unique_ptr<MediaEncoder> media;  // --mmproj: encodes the corpus' media for every model's passes
+    size_t media_documents_left_out = 0;  // text_only
     std::vector<Window> windows;
     uint64_t n_scored = 0;
     std::vector<Prompt> prompts;
@@ -801,6 +802,9 @@ void EvalRun::load_base() {
     }
 
     corpus = read_corpus(opt.corpus);
+    if (opt.text_only) {
+        media_documents_left_out = drop_media_documents(corpus);
+    }
     add_modality_domains(corpus);
     refuse_unsupported_media();
     init_llama(opt.rpc);
@@ -1447,6 +1451,22 @@ void EvalRun::score_statistics() {
         for (size_t d = 0; d < rep.domains.size(); ++d) {
             c.domains.emplace_back(rep.domains[d], eval_stats(per_domain[d]));
         }
+        if (!corpus.media_modalities.empty()) {
+            std::vector<const TokenScore *> text;
+            for (const TokenScore * t : all) {
+                const std::string & d = t->domain >= 0 ? rep.domains[size_t(t->domain)] : std::string();
+                if (d != modality_name(Modality::Image) && d != modality_name(Modality::Audio)) {
+                    text.push_back(t);
+                }
+            }
+            c.modalities.emplace_back(modality_name(Modality::Text), eval_stats(text));
+            for (const Modality m : corpus.media_modalities) {
+                const auto it = std::find(rep.domains.begin(), rep.domains.end(), modality_name(m));
+                if (it != rep.domains.end()) {
+                    c.modalities.emplace_back(modality_name(m), eval_stats(per_domain[size_t(it - rep.domains.begin())]));
+                }
+            }
+        }
         std::vector<const TokenScore *> worst = all;
         const size_t n_worst = std::min(worst.size(), size_t(opt.top_tokens));
         std::partial_sort(worst.begin(), worst.begin() + long(n_worst), worst.end(),
@@ -1535,6 +1555,10 @@ void EvalRun::describe_run() {
     }
     if (!opt.mmproj.empty()) {
         rep.inputs["mmproj"] = opt.mmproj.string();
+    }
+    if (opt.text_only) {
+        rep.inputs["text_only"] = true;
+        rep.inputs["media_documents_left_out"] = media_documents_left_out;
     }
     if (closed_loop) {
         rep.inputs["closed_loop"] = {
@@ -1685,6 +1709,13 @@ json to_json(const EvalReport & r) {
         }
         cand["all"] = all;
         cand["domains"] = domains;
+        if (!c.modalities.empty()) {
+            json modalities = json::object();
+            for (const auto & [name, st] : c.modalities) {
+                modalities[name] = stats_json(st);
+            }
+            cand["modalities"] = modalities;
+        }
         cand["worst_tokens"] = c.worst;
         cands.push_back(cand);
     }

@@ -62,6 +62,7 @@ struct EvalOptions {
     int generate = 0;
     std::filesystem::path prompts;                  // JSONL with "messages"; default: the -f file
     std::filesystem::path mmproj;                   // projector for the corpus' images and audio (libmtmd)
+    bool text_only = false;                         // leave out documents with media (run's closed loop)
 };
 
 struct EvalStats {
@@ -101,6 +102,9 @@ struct EvalCandidate {
     std::string name, kind, source;  // kind: "keep", "file" or "closed-loop"
     EvalStats all;
     std::vector<std::pair<std::string, EvalStats>> domains;
+    // With media in the corpus: "text" (tokens scored under the corpus' own domains), then
+    // "image" and "audio" (the text after each document's last media), as in the corpus.
+    std::vector<std::pair<std::string, EvalStats>> modalities;
     std::vector<TokenScore> tokens;
     nlohmann::json worst = nlohmann::json::array();  // tokens with the largest KLD, text shown
     nlohmann::json config;                           // closed loop: policy, cache, lambda, j, moce, keep

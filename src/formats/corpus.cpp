@@ -137,6 +137,13 @@ void add_modality_domains(Corpus & corpus) {
     }
 }
 
+size_t drop_media_documents(Corpus & corpus) {
+    const size_t before = corpus.documents.size();
+    std::erase_if(corpus.documents, [](const CorpusDocument & d) { return !media_of(d.messages).empty(); });
+    corpus.media_modalities.clear();
+    return before - corpus.documents.size();
+}
+
 void refuse_media(const Corpus & corpus, const std::string & why) {
     for (const CorpusDocument & d : corpus.documents) {
         const std::vector<CorpusMedia> media = media_of(d.messages);

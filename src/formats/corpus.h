@@ -65,6 +65,10 @@ std::vector<CorpusMedia> media_of(const std::vector<CorpusMessage> & messages);
 // corpus' own domains; a corpus domain of either name is refused.
 void add_modality_domains(Corpus & corpus);
 
+// Leaves out the documents with media (a stage that decodes text only, inside a run whose
+// corpus has images); returns how many.
+size_t drop_media_documents(Corpus & corpus);
+
 // For a reader that takes text only: the first document with media is an error naming
 // its line and saying `why`, so its markers are never read as text.
 void refuse_media(const Corpus & corpus, const std::string & why);

@@ -68,6 +68,12 @@ EvalFileCandidate candidate_of(const JsonFields & c) {
                 out.domains.emplace_back(domain, figures_of(domains.object(domain)));
             }
         }
+        if (c.has("modalities")) {
+            const JsonFields modalities = c.object("modalities");
+            for (const auto & [modality, unused] : c.any("modalities").items()) {
+                out.modalities.emplace_back(modality, figures_of(modalities.object(modality)));
+            }
+        }
     }
     return out;
 }
@@ -165,6 +171,15 @@ SelectFile read_select_report(const std::filesystem::path & path) {
     out.path = path.string();
     for (const JsonFields & result : report.objects("results")) {
         out.results.push_back(result_of(result));
+    }
+    if (report.has("warnings")) {
+        const json & warnings = report.array("warnings");
+        for (size_t i = 0; i < warnings.size(); ++i) {
+            if (!warnings[i].is_string()) {
+                report.fail(fmt::format("warnings[{}]", i), "must be a string");
+            }
+            out.warnings.push_back(warnings[i].get<std::string>());
+        }
     }
     return out;
 }

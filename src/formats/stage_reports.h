@@ -42,6 +42,7 @@ struct EvalFileCandidate {
     double lambda = 0;
     EvalFigures all;
     std::vector<std::pair<std::string, EvalFigures>> domains;
+    std::vector<std::pair<std::string, EvalFigures>> modalities;  // text, image, audio; empty without media
     ClosedLoopFigures loop;          // closed-loop only
 };
 
@@ -99,6 +100,7 @@ struct SelectResultFigures {
 struct SelectFile {
     std::string path;
     std::vector<SelectResultFigures> results;
+    std::vector<std::string> warnings;   // e.g. a multimodal model calibrated without media
 };
 
 // A moeprune-select report; refuses another format and impossible values by field.

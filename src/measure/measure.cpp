@@ -430,7 +430,10 @@ void Measurement::read_text() {
         fail_file(opt_.model.string(), "llama.cpp could not load its vocabulary");
     }
     // A corpus (JSONL) is decoded as one text: its documents in order, a conversation's turns as plain lines.
-    const Corpus corpus = read_corpus(opt_.text);
+    Corpus corpus = read_corpus(opt_.text);
+    if (opt_.text_only) {
+        drop_media_documents(corpus);
+    }
     refuse_media(corpus, "measure times llama.cpp decoding text, so its corpus holds text only");
     std::string text;
     for (const CorpusDocument & d : corpus.documents) {
@@ -720,7 +723,7 @@ MeasureReport Measurement::finish() {
     rep_.settings = {{"ram", opt_.ram},       {"tokens", opt_.tokens},       {"warmup", opt_.warmup},
                      {"ctx", ctx_},           {"threads", threads_},         {"probe_mib", opt_.probe_mib},
                      {"seed", opt_.seed},     {"batch", 1},                  {"mmap", true},
-                     {"repack", opt_.repack}};
+                     {"repack", opt_.repack}, {"text_only", opt_.text_only}};
     rep_.system = {{"kernel", fmt::format("{} {}", u.sysname, u.release)},
                    {"machine", u.machine},
                    {"cpus", std::thread::hardware_concurrency()},

@@ -28,6 +28,7 @@ struct MeasureOptions {
     uint64_t probe_mib = 256;   // storage probe: MiB of random experts read; 0: no probe
     uint64_t seed = 1;          // the probe's order of experts
     bool repack = true;         // false: llama.cpp's --no-repack (weights stay mapped, as streaming needs)
+    bool text_only = false;     // leave out a corpus' documents with media instead of refusing them (run)
     std::filesystem::path json_out, trace_out;
     std::filesystem::path worker_exe = "/proc/self/exe";   // the program that runs `measure-worker`
     // llama.cpp's llama-bench, run under every limit too (its text generation): the check that

@@ -109,6 +109,8 @@ namespace {
 struct ReportRows {
     json kld = json::array(), layers = json::array(), replay = json::array(), closed = json::array(),
          plan = json::array(), corpus = json::array();
+    json modality = json::array();   // per keep map and modality (text, image, audio); empty without media
+    std::vector<std::string> warnings;  // select's, e.g. a multimodal model calibrated without media
     json measured = json::array();   // predicted vs measured, per measured RAM limit
     json throughput_inputs;   // the replays' throughput settings; null without replays
 };
@@ -168,6 +170,27 @@ json kld_rows(const EvalFile & eval, int64_t n_expert) {
         }
     }
     return kld_rows;
+}
+
+// Quality per modality: text, and the text after images or audio.
+json modality_rows(const EvalFile & eval, int64_t n_expert) {
+    json rows = json::array();
+    for (const EvalFileCandidate & c : eval.candidates) {
+        if (c.kind != "keep") {
+            continue;
+        }
+        const std::pair<std::string, int64_t> map = map_name(c.source, n_expert);
+        for (const auto & [modality, st] : c.modalities) {
+            rows.push_back({{"map", keep_map_label(map.first, map.second)},
+                            {"criterion", map.first},
+                            {"k", map.second},
+                            {"modality", modality},
+                            {"kld_mean", or_null(st.kld_mean)},
+                            {"same_top1", or_null(st.same_top1)},
+                            {"tokens", st.tokens}});
+        }
+    }
+    return rows;
 }
 
 // Per layer: kept share (statistics and held out) and substitution.
@@ -360,6 +383,9 @@ void write_csvs(const fs::path & run_dir, const ReportRows & rows, std::vector<f
     if (!rows.closed.empty()) {
         csv("closed_loop.csv", rows.closed, kClosedColumns);
     }
+    if (!rows.modality.empty()) {
+        csv("modality.csv", rows.modality, {"map", "criterion", "k", "modality", "kld_mean", "same_top1", "tokens"});
+    }
     if (!rows.measured.empty()) {
         csv("measured.csv", rows.measured, kMeasuredColumns);
     }
@@ -385,6 +411,44 @@ std::string chart_scripts() {
 
 std::string cell(const json & v) {
     return html_escape(v.is_string() ? v.get<std::string>() : v.is_number_float() ? fmt::format("{:.4g}", v.get<double>()) : v.dump());
+}
+
+// Quality per modality: a row per keep map, a column per modality.
+std::string modality_section(const json & rows) {
+    std::string body = "<h3>Quality per modality</h3>\n";
+    if (rows.empty()) {
+        return body + "<p>The held-out corpus has no images or audio: every KLD here is on text.</p>\n";
+    }
+    std::vector<std::string> modalities, maps;
+    std::map<std::pair<std::string, std::string>, json> at;
+    for (const json & r : rows) {
+        const std::string map = r.at("map").get<std::string>(), modality = r.at("modality").get<std::string>();
+        if (std::find(maps.begin(), maps.end(), map) == maps.end()) {
+            maps.push_back(map);
+        }
+        if (std::find(modalities.begin(), modalities.end(), modality) == modalities.end()) {
+            modalities.push_back(modality);
+        }
+        at[{map, modality}] = r;
+    }
+    std::stable_partition(modalities.begin(), modalities.end(), [](const std::string & m) { return m == "text"; });
+    body += "<p>Mean KLD (same top-1) of each keep map on text, and on the text that follows an image or audio "
+            "(report/modality.csv).</p>\n<table><tr><th>keep map</th>";
+    for (const std::string & m : modalities) {
+        body += "<th>" + html_escape(m) + "</th>";
+    }
+    body += "</tr>";
+    for (const std::string & map : maps) {
+        body += "<tr><td>" + html_escape(map) + "</td>";
+        for (const std::string & m : modalities) {
+            const auto it = at.find({map, m});
+            body += it == at.end() || it->second.at("kld_mean").is_null()
+                        ? "<td>-</td>"
+                        : "<td>" + cell(it->second.at("kld_mean")) + " (" + cell(it->second.at("same_top1")) + ")</td>";
+        }
+        body += "</tr>";
+    }
+    return body + "</table>\n";
 }
 
 std::string measured_section(const json & rows, const PlanFile & plan) {
@@ -486,7 +550,11 @@ std::string report_html(const ReportInputs & in, const PlanFile & plan, const js
         }
         body += "<div class=\"chart\" id=\"" + id + "\"></div>\n";
     };
+    for (const std::string & w : rows.warnings) {
+        body += "<p class=\"warning\"><b>WARNING:</b> " + html_escape(w) + "</p>\n";
+    }
     section("kld_vs_k", "Quality cost", "Keep maps masked inside the original model, scored on the held-out side (report/kld.csv).");
+    body += modality_section(rows.modality);
     section("kept_share_per_layer", "Kept share per layer", "");
     section("substitution_per_layer", "Substitution per layer", "");
     section("misses_vs_cache", "Expert cache", "Replayed on the held-out router trace (report/replay.csv).");
@@ -518,7 +586,7 @@ std::string report_html(const ReportInputs & in, const PlanFile & plan, const js
                        "body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
                        "table{border-collapse:collapse}th,td{border:1px solid #ccc;padding:3px 8px;text-align:left}"
                        "pre{background:#f6f6f6;padding:1em;overflow:auto}.why{font-size:1.1em}.chart{margin:1em 0}"
-                       "#errors{color:#b00}</style>\n";
+                       "#errors{color:#b00}.warning{color:#b00;border:2px solid #b00;padding:0.5em}</style>\n";
     page += libs;
     page += "</head><body data-charts=\"" + std::to_string(charts.size()) + "\" data-rendered=\"0\">\n" + body;
     page += "<pre id=\"errors\"></pre>\n<script>\nconst specs = " + specs + ";\n" + R"JS(
@@ -543,8 +611,12 @@ std::vector<fs::path> write_report(const ReportInputs & in) {
     const int64_t n_expert = plan.n_expert;
     // A stage output without a field the report reads is refused naming the file.
     ReportRows rows;
-    rows.kld = kld_rows(read_eval_report(in.eval), n_expert);
-    rows.layers = layer_rows(read_select_report(in.select));
+    const EvalFile eval = read_eval_report(in.eval);
+    rows.kld = kld_rows(eval, n_expert);
+    rows.modality = modality_rows(eval, n_expert);
+    const SelectFile select = read_select_report(in.select);
+    rows.layers = layer_rows(select);
+    rows.warnings = select.warnings;
     rows.replay = replay_rows(in.replays, n_expert, rows.throughput_inputs);
     rows.closed = closed_loop_rows(in.closed_loop_evals, n_expert);
     rows.plan = plan_rows(plan);
@@ -568,6 +640,8 @@ std::vector<fs::path> write_report(const ReportInputs & in) {
                       {"boilerplate", corpus.at("boilerplate")},
                       {"outputs", corpus.at("outputs")}}},
                     {"kld", rows.kld},
+                    {"modalities", rows.modality.empty() ? json(nullptr) : rows.modality},
+                    {"warnings", rows.warnings},
                     {"layers", rows.layers},
                     {"replay", rows.replay},
                     {"plan", load(in.plan)},

@@ -226,6 +226,8 @@ RunConfig read_run_config(const fs::path & path) {
         const std::string where = at(file, k.source());
         if (key == "model") {
             c.model = rel(scalar<std::string>(n, where, key));
+        } else if (key == "mmproj") {
+            c.mmproj = rel(scalar<std::string>(n, where, key));
         } else if (key == "corpus") {
             c.corpus.clear();
             for (const std::string & s : array_of<std::string>(n, where, key)) {
@@ -294,6 +296,9 @@ std::string run_config_toml(const RunConfig & c) {
     std::string s = "# moeprune run: every setting of this run (moeprune run --config run.toml repeats it)\n";
     s += "model = " + toml_string(c.model.string()) + "\n";
     s += "corpus = " + toml_array(c.corpus) + "      # a manifest, or DOMAIN=PATH sources\n";
+    if (!c.mmproj.empty()) {
+        s += "mmproj = " + toml_string(c.mmproj.string()) + "      # the projector for the corpus' images and audio\n";
+    }
     s += "k = " + toml_array(c.ks) + "\n";
     s += "criteria = " + toml_array(c.criteria) + "\n";
     s += "ram = " + toml_string(c.ram) + "                # empty: no RAM limit\n";
@@ -383,10 +388,8 @@ CorpusSpec corpus_spec(const RunConfig & c, std::vector<fs::path> & inputs) {
         }
     }
     for (const SourceSpec & s : spec.sources) {
-        // measure and eval's closed loop decode text only, and run has no projector to give.
-        if (s.media != Modality::Text) {
-            throw Error(fmt::format("source \"{}\" is {} files, and run does not take media yet: build the corpus "
-                                    "with `moeprune corpus --mmproj`, then collect, select and eval with --mmproj "
+        if (s.media != Modality::Text && c.mmproj.empty()) {
+            throw Error(fmt::format("source \"{}\" is {} files: give the model's projector with --mmproj FILE "
                                     "(docs/run.md)", s.name, modality_name(s.media)));
         }
     }
@@ -398,6 +401,9 @@ CorpusSpec corpus_spec(const RunConfig & c, std::vector<fs::path> & inputs) {
         throw Error("eval_share must be in (0, 1): the held-out side feeds eval and replay");
     }
     inputs = {c.model};
+    if (!c.mmproj.empty()) {
+        inputs.push_back(c.mmproj);
+    }
     if (manifest) {
         inputs.push_back(c.corpus[0]);
     }
@@ -468,6 +474,7 @@ void corpus_stage(Runner & run, const RunConfig & c, const RunPaths & at) {
               corpus_inputs, [&] {
                   CorpusOptions o;
                   o.model = c.model;
+                  o.mmproj = c.mmproj;
                   o.spec = spec;
                   o.out_dir = dir / "corpus";
                   o.threads = c.threads;
@@ -486,9 +493,14 @@ void collect_stage(Runner & run, const RunOptions & opt, const InspectReport & m
     if (!trace.empty()) {
         settings["trace_top"] = trace_top;
     }
-    run.stage(name, settings, {c.model, text}, [&] {
+    std::vector<fs::path> inputs{c.model, text};
+    if (!c.mmproj.empty()) {
+        inputs.push_back(c.mmproj);
+    }
+    run.stage(name, settings, inputs, [&] {
         CollectOptions o;
         o.model = c.model;
+        o.mmproj = c.mmproj;
         o.corpus = text;
         o.output = out;
         o.trace = trace;
@@ -567,6 +579,9 @@ void eval_stage(Runner & run, const RunOptions & opt, const InspectReport & mode
                 const RunMaps & m) {
     const RunConfig & c = opt.config;
     std::vector<fs::path> eval_inputs{c.model, at.eval_text};
+    if (!c.mmproj.empty()) {
+        eval_inputs.push_back(c.mmproj);
+    }
     eval_inputs.insert(eval_inputs.end(), m.maps.begin(), m.maps.end());
     json eval_settings = {{"ctx", c.ctx}};
     if (!m.closed_evals.empty()) {
@@ -576,6 +591,7 @@ void eval_stage(Runner & run, const RunOptions & opt, const InspectReport & mode
     run.stage("eval", eval_settings, eval_inputs, [&] {
         EvalOptions o;
         o.model = c.model;
+        o.mmproj = c.mmproj;
         o.corpus = at.eval_text;
         o.keeps = m.maps;
         o.ctx = c.ctx;
@@ -591,6 +607,7 @@ void eval_stage(Runner & run, const RunOptions & opt, const InspectReport & mode
             k.cache_policies = m.online;
             k.caches = map_caches(c, model, m.all[i]);
             k.lambdas = m.rerouting;
+            k.text_only = true;  // the closed loop routes text only; documents with media are scored above
             k.json_out = m.closed_evals[i];
             run_eval(k);
             written.push_back(m.closed_evals[i]);
@@ -636,6 +653,7 @@ void replay_stage(Runner & run, const RunConfig & c, const InspectReport & model
 std::vector<fs::path> measure_to(const RunOptions & opt, const fs::path & model, const fs::path & text,
                                  const std::vector<std::string> & ram, const fs::path & json_out) {
     MeasureOptions o;
+    o.text_only = true;  // llama.cpp's decode of the held-out text; images are encoded, not streamed
     o.model = model;
     o.text = text;
     o.ram = ram;

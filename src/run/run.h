@@ -17,6 +17,7 @@ namespace moeprune {
 struct RunConfig {
     std::filesystem::path model;
     std::vector<std::string> corpus;       // one manifest (.toml), or DOMAIN=PATH sources
+    std::filesystem::path mmproj;          // the model's projector: media sources flow through corpus, collect and eval
     std::vector<int64_t> ks;
     std::vector<std::string> criteria{"reap", "reap-lcb", "freq"};
     std::string ram;                       // e.g. "24G"; empty: no limit

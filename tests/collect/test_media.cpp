@@ -455,3 +455,64 @@ TEST(Media, CorpusMediaSourceFlowsIntoCollect) {
     EXPECT_EQ(stats["n_tokens"].get<uint64_t>(), report["outputs"]["calib"]["tokens"].get<uint64_t>());
     EXPECT_EQ(stats["domains"]["image"]["n_tokens"].get<uint64_t>(), 16u * 4u) << "four calib images of 16 rows";
 }
+
+// run with --mmproj: a media source flows through corpus, collect, select and eval, and
+// the report's quality section has a row per keep map with its KLD on text and on the
+// text after images. Without images the same run warns in the report, naming what
+// select warned about.
+TEST(Media, RunCarriesImagesToTheReportsModalityRows) {
+    const VisionModel & vm = vision_model();
+    test::TempDir dir;
+    fs::create_directories(dir / "photos");
+    fs::create_directories(dir / "prose");
+    const std::string jpeg = test::read_bytes(test_image);
+    static const char * words[] = {"garden", "river", "stone", "cloud", "window", "bread", "music", "paper", "light"};
+    for (int i = 0; i < 8; ++i) {
+        test::write_text(dir / "photos" / fmt::format("p{}.jpeg", i), jpeg + std::string(size_t(i + 1), char('a' + i)));
+        std::string text;
+        for (int w = 0; w < 120; ++w) text += std::string(words[(w * 7 + i * 5 + w * w * i) % 9]) + " ";
+        test::write_text(dir / "prose" / fmt::format("t{}.txt", i), text);
+    }
+    const std::string text_source = "[[source]]\npath = \"prose\"\ndomain = \"prose\"\n";
+    test::write_text(dir / "corpus.toml", "[corpus]\nseed = 1\neval_share = 0.34\n\n[[source]]\npath = \"photos\"\n"
+                                          "domain = \"photos\"\nmedia = \"image\"\n\n" + text_source);
+    test::write_text(dir / "text.toml", "[corpus]\nseed = 1\neval_share = 0.34\n\n" + text_source);
+    const auto run = [&](const std::string & manifest, const std::string & out) {
+        return test::run_command(moeprune_cmd(fmt::format(
+            "run -m {} --mmproj {} --corpus {} -k 6 --criteria domain-max,freq --ram 4GB --reserve 0 --compute-ms 5 "
+            "--policies lru -c 256 -t 2 -o {}", vm.model.string(), vm.mmproj.string(), (dir / manifest).string(),
+            (dir / out).string())));
+    };
+    auto r = run("corpus.toml", "media-run");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const json report = json::parse(test::read_bytes(dir / "media-run" / "report.json"));
+    EXPECT_TRUE(report["warnings"].empty()) << report["warnings"];
+    std::map<std::string, std::map<std::string, json>> by_map;
+    for (const json & row : report["modalities"]) by_map[row["map"].get<std::string>()][row["modality"].get<std::string>()] = row;
+    ASSERT_EQ(by_map.size(), 2u);
+    for (const auto & [map, rows] : by_map) {
+        ASSERT_TRUE(rows.count("text") && rows.count("image")) << map;
+        EXPECT_EQ(rows.at("image").at("tokens").get<int64_t>() > 0, true) << map;
+        EXPECT_EQ(rows.at("text").at("tokens").get<int64_t>() > 0, true) << map;
+    }
+    const json eval = json::parse(test::read_bytes(dir / "media-run" / "eval" / "eval.json"));
+    EXPECT_EQ(eval["inputs"]["mmproj"], vm.mmproj.string());
+    for (const json & c : eval["candidates"]) {
+        const std::string map = fs::path(c["source"].get<std::string>()).stem().string();
+        EXPECT_EQ(c["modalities"]["image"]["kld_mean"], by_map[map]["image"]["kld_mean"]) << "the report's row is eval's";
+    }
+    const std::string html = test::read_bytes(dir / "media-run" / "report.html");
+    EXPECT_NE(html.find("<th>keep map</th><th>text</th><th>image</th>"), std::string::npos);
+    EXPECT_NE(test::read_bytes(dir / "media-run" / "report" / "modality.csv").find("domain-max-k6,domain-max,6,image,"),
+              std::string::npos);
+
+    r = run("text.toml", "text-run");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const json text_report = json::parse(test::read_bytes(dir / "text-run" / "report.json"));
+    ASSERT_EQ(text_report["warnings"].size(), 1u);
+    EXPECT_NE(text_report["warnings"][0].get<std::string>().find("multimodal"), std::string::npos) << text_report["warnings"];
+    EXPECT_TRUE(text_report["modalities"].is_null());
+    const std::string text_html = test::read_bytes(dir / "text-run" / "report.html");
+    EXPECT_NE(text_html.find("<p class=\"warning\"><b>WARNING:</b>"), std::string::npos);
+    EXPECT_NE(text_html.find("no images or audio: every KLD here is on text"), std::string::npos);
+}

@@ -286,13 +286,13 @@ TEST_F(RunTest, BadConfigIsNamedByFileAndKey) {
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.output.find("less than the"), std::string::npos) << r.output;
 
-    // A media source is refused by name before any stage runs (docs/run.md).
+    // A media source without the projector is refused by name before any stage runs.
     test::write_text(tmp_ / "media.toml", "[[source]]\npath = \"" + (d() / "src" / "prose").string() +
                                               "\"\ndomain = \"photos\"\nmedia = \"image\"\n");
     r = test::run_command(moeprune_cmd(fmt::format("run -m {} --corpus {} -k 6 --ram 4GB --reserve 0 -o {}", (d() / "m.gguf").string(),
                                                    (tmp_ / "media.toml").string(), (tmp_ / "media-run").string())));
     EXPECT_NE(r.exit_code, 0);
-    EXPECT_NE(r.output.find("source \"" + (d() / "src" / "prose").string() + "\" is image files, and run does not take media yet"),
+    EXPECT_NE(r.output.find("source \"" + (d() / "src" / "prose").string() + "\" is image files: give the model's projector with --mmproj FILE"),
               std::string::npos) << r.output;
     EXPECT_FALSE(fs::exists(tmp_ / "media-run" / "corpus" / "calib.jsonl"));
 }
