@@ -633,6 +633,7 @@ private:
     std::string base_vocab;
     std::unique_ptr<MediaEncoder> media;  // --mmproj: encodes the corpus' media for every model's passes
     size_t media_documents_left_out = 0;  // text_only
+    json mmproj_identity;                 // the projector's file and digest when the corpus has media; null otherwise
     std::vector<Window> windows;
     uint64_t n_scored = 0;
     std::vector<Prompt> prompts;
@@ -967,9 +968,20 @@ void EvalRun::check_base_file() {
     // The compact base: T such that a record is at most 1% of llama-perplexity's 2 bytes per vocabulary entry.
     const uint32_t top_max = uint32_t(std::max<int64_t>(1, (int64_t(n_vocab) * 2 / 100 - 12) / 8));
     top = opt.top > 0 ? opt.top : std::min<uint32_t>(256, top_max);
+    // Media rows come from the projector: a base recorded through another one scored other inputs.
+    if (!corpus.media_modalities.empty()) {
+        mmproj_identity = {{"file", opt.mmproj.string()}, {"digest", model_digest({opt.mmproj})}};
+    }
     if (base_file) {
         const json & h = base_file->header();
         const std::string origin = opt.base_in.string();
+        const json recorded_mmproj = h.contains("mmproj") && h["mmproj"].is_object() ? h["mmproj"] : json();
+        const auto digest_of = [](const json & id) { return id.is_object() ? id.value("digest", json()) : json(); };
+        if (digest_of(recorded_mmproj) != digest_of(mmproj_identity)) {
+            fail_file(origin, fmt::format("was recorded through another projector ({}), not {}",
+                                          recorded_mmproj.is_null() ? "none" : recorded_mmproj.value("file", json()).dump(),
+                                          mmproj_identity.is_null() ? "none" : opt.mmproj.string()));
+        }
         if (h.value("model", json()) != base_identity) {
             fail_file(origin, "was recorded on another model: " + h.value("model", json()).dump() + ", not " +
                                   base_identity.dump());
@@ -1168,6 +1180,7 @@ void EvalRun::open_outputs() {
                               {"model", base_identity},
                               {"model_file", opt.model.string()},
                               {"corpus", {{"file", opt.corpus.string()}, {"digest", corpus.digest}}},
+                              {"mmproj", mmproj_identity},
                               {"settings", settings},
                               {"top", top},
                               {"n_vocab", n_vocab},

@@ -329,6 +329,21 @@ TEST(Media, EvalScoresTextAfterImagesMaskedAsSliced) {
         EXPECT_NE(rr.output.find(expected), std::string::npos) << rr.output;
     };
     const std::string keep = " --keep " + (dir / "maps" / "domain-max-k6.json").string();
+
+    // A base recorded through one projector is not read through another: the media rows differ.
+    r = run(eval_args + keep + " --base-out " + (dir / "base.mpkl").string());
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = run(eval_args + keep + " --base " + (dir / "base.mpkl").string());
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    SynthOptions other;
+    other.arch = "qwen3vlmoe";
+    other.seed = 7;
+    other.output = dir / "other.gguf";
+    other.mmproj = dir / "other-mmproj.gguf";
+    synthesize(other);
+    refused(fmt::format("eval -m {} --mmproj {} -f {} -t 2", vm.model.string(), other.mmproj.string(),
+                        (dir / "corpus.jsonl").string()) + keep + " --base " + (dir / "base.mpkl").string(),
+            "was recorded through another projector (\"" + vm.mmproj.string() + "\"), not " + other.mmproj.string());
     refused(fmt::format("eval -m {} -f {} -t 2", vm.model.string(), (dir / "corpus.jsonl").string()) + keep,
             "no projector was given to encode it (--mmproj FILE)");
     refused(eval_args + keep + " --generate 8", "give them with --prompts FILE");
