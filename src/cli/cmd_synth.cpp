@@ -36,6 +36,8 @@ void add_synth(CLI::App & app, Action & action) {
                     "Also write a projector GGUF (llava-style mlp) that llama.cpp's libmtmd loads for images");
     sub->add_option("--image-experts", opt->image_experts, "Plant N experts per layer that only image tokens reach (needs --mmproj)")
         ->capture_default_str();
+    sub->add_option("--audio-experts", opt->audio_experts, "Plant N experts per layer that only audio reaches; the projector then encodes audio too (needs --mmproj)")
+        ->capture_default_str();
     sub->add_option("--vocab", opt->vocab, "GGUF whose tokenizer to copy (default: the pinned llama.cpp's Qwen2 vocabulary)");
     sub->add_option("-o,--output", opt->output, "Output .gguf (shards are NAME-0000i-of-0000N.gguf)")->required();
     sub->add_flag("--json", *json_out, "Print what was planted and written as JSON");

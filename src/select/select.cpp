@@ -343,11 +343,19 @@ std::map<std::string, std::vector<std::vector<int32_t>>> media_experts_of(const 
         if (d == s.domains.end()) {
             continue;
         }
+        // Per position, not per hit: media can be most of a corpus' positions (a 30-second
+        // clip is 750 rows), and then every expert they touch takes most of its hits there.
+        // An expert is the modality's when its positions choose it at least 9 times as
+        // often as the other positions do.
+        const double rows = double(d->second.n_tokens), other_rows = double(s.n_tokens) - rows;
         auto & layers = out[modality];
         for (size_t l = 0; l < s.layers.size(); ++l) {
             layers.emplace_back();
             for (size_t e = 0; e < size_t(s.n_expert); ++e) {
-                if (2 * d->second.layers[l].count[e] > s.layers[l].count[e]) {
+                const double hits = double(d->second.layers[l].count[e]);
+                const double rate = rows > 0 ? hits / rows : 0;
+                const double other_rate = other_rows > 0 ? (double(s.layers[l].count[e]) - hits) / other_rows : 0;
+                if (rate > 0 && rate >= 9 * other_rate) {
                     layers.back().push_back(int32_t(e));
                 }
             }

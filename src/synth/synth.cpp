@@ -122,12 +122,14 @@ struct Plan {
     int n_kind_coords = 0;                          // embedding coordinates 1..n_kind_coords mark text kinds
     std::map<int, std::vector<int>> image;          // layer -> ids only image tokens reach
     int image_coord = 0;                            // the coordinate that marks image tokens; 0: none
+    std::map<int, std::vector<int>> audio;          // layer -> ids only audio reaches
+    int audio_coord = 0;                            // the coordinate that marks audio rows; 0: none
     // Where image experts write what the text after an image reads (0: no such channel),
     // and the attention head width the channel's planted query and key dimensions live in.
     int image_signal_coord = 0;
     int head_dim = 0;
     // The planted coordinates are 0..last_coord(): no layer may write into them.
-    int last_coord() const { return std::max({n_kind_coords, image_coord, image_signal_coord}); }
+    int last_coord() const { return std::max({n_kind_coords, image_coord, image_signal_coord, audio_coord}); }
 };
 
 // A tensor as llama.cpp created it and synth filled it. llama.cpp's own model saver
@@ -167,7 +169,7 @@ bool is_norm_weight(const ggml_tensor * t) {
                                               ggml_n_dims(t) == 1);
 }
 
-bool planting(const Plan & p) { return !p.dead.empty() || !p.specialists.empty() || !p.image.empty(); }
+bool planting(const Plan & p) { return !p.dead.empty() || !p.specialists.empty() || !p.image.empty() || !p.audio.empty(); }
 
 // On random weights the text after an image hardly depends on the image: attention is
 // near uniform and what image experts add to an image row is noise among noise. So a
@@ -271,7 +273,9 @@ void fill_tensor(ggml_tensor * t, void * ud) {
             const bool is_spec = sl != plan.specialists.end() && sl->second.count(int(e));
             const auto il = plan.image.find(layer);
             const bool is_image = il != plan.image.end() && std::count(il->second.begin(), il->second.end(), int(e));
-            if (is_dead || is_spec || is_image) {
+            const auto al = plan.audio.find(layer);
+            const bool is_audio = al != plan.audio.end() && std::count(al->second.begin(), al->second.end(), int(e));
+            if (is_dead || is_spec || is_image || is_audio) {
                 std::fill(r, r + row, 0.0f);
                 // A dead expert's logit sits so far below the rest that its softmax
                 // probability underflows to exactly 0: removing it then changes no sum,
@@ -283,6 +287,9 @@ void fill_tensor(ggml_tensor * t, void * ud) {
             }
             if (is_image) {
                 r[plan.image_coord] = 6.0f;
+            }
+            if (is_audio) {
+                r[plan.audio_coord] = 6.0f;
             }
         }
     } else if (ends_with(name, "norm.bias")) {
@@ -442,15 +449,21 @@ const ArchTraits & check_options(const SynthOptions & o) {
     if (o.image_experts > 0 && o.mmproj.empty()) {
         throw Error("synth: --image-experts plants experts only images reach, so it needs --mmproj to write the projector");
     }
+    if (o.audio_experts < 0) {
+        throw Error("synth: --audio-experts must be >= 0");
+    }
+    if (o.audio_experts > 0 && o.mmproj.empty()) {
+        throw Error("synth: --audio-experts plants experts only audio reaches, so it needs --mmproj to write the projector");
+    }
     if (!o.mmproj.empty() && o.mmproj.extension() != ".gguf") {
         throw Error("synth: --mmproj must name a .gguf file");
     }
-    const int planted = o.dead + (o.specialists ? int(specialist_kinds().size()) : 0) + o.image_experts;
+    const int planted = o.dead + (o.specialists ? int(specialist_kinds().size()) : 0) + o.image_experts + o.audio_experts;
     if (o.n_expert - planted < o.n_expert_used) {
         throw Error(fmt::format("synth: {} planted experts leave {} ordinary experts, fewer than --used {}", planted,
                                 o.n_expert - planted, o.n_expert_used));
     }
-    const bool plants = o.dead > 0 || o.specialists || o.image_experts > 0;
+    const bool plants = o.dead > 0 || o.specialists || o.image_experts > 0 || o.audio_experts > 0;
     if (plants && !traits->planting_refused.empty()) {
         throw Error("synth: --dead, --specialists and --image-experts cannot be planted in " + o.arch + ": " +
                     traits->planting_refused);
@@ -520,6 +533,12 @@ Plan make_plan(const SynthOptions & o, const ArchTraits & traits, const gguf_con
             std::vector<int> image(ids.begin() + ptrdiff_t(next), ids.begin() + ptrdiff_t(next) + o.image_experts);
             std::sort(image.begin(), image.end());
             p.image[layer] = image;
+            next += size_t(o.image_experts);
+        }
+        if (o.audio_experts > 0) {
+            std::vector<int> audio(ids.begin() + ptrdiff_t(next), ids.begin() + ptrdiff_t(next) + o.audio_experts);
+            std::sort(audio.begin(), audio.end());
+            p.audio[layer] = audio;
         }
     }
     if (!o.mmproj.empty()) {
@@ -528,6 +547,9 @@ Plan make_plan(const SynthOptions & o, const ArchTraits & traits, const gguf_con
     if (o.image_experts > 0 && !traits.mla && !traits.recurrent_layer_1) {
         p.image_signal_coord = p.image_coord + 1;
         p.head_dim = traits.head_dim;
+    }
+    if (o.audio_experts > 0) {
+        p.audio_coord = std::max(p.image_coord, p.image_signal_coord) + 1;
     }
     return p;
 }
@@ -567,6 +589,16 @@ json planted_json(const Plan & p, const std::set<int> & router_layers) {
         planted["image"] = image;
         planted["image_coordinate"] = p.image_coord;
         planted["image_signal_coordinate"] = p.image_signal_coord;
+        if (p.audio_coord > 0) {
+            json audio = json::object();
+            for (const auto & [layer, ids] : p.audio) {
+                if (router_layers.count(layer)) {
+                    audio[std::to_string(layer)] = ids;
+                }
+            }
+            planted["audio"] = audio;
+            planted["audio_coordinate"] = p.audio_coord;
+        }
     }
     return planted;
 }
@@ -616,15 +648,19 @@ struct HalfTensor {
 // coordinate 0's constant (dead experts stay dead) and the image coordinate exactly, and
 // none of the text kinds.
 constexpr int kImageSize = 64, kPatchSize = 16, kVisionWidth = 32, kProjectorHidden = 64;
+// The audio encoder, with audio experts: llama.cpp's qwen2a type (Qwen2-Audio's Whisper
+// encoder: two 1-D convolutions over 128 mel bins, one transformer block, average pooling,
+// one linear layer), 750 embeddings per 30-second chunk libmtmd cuts audio into.
+constexpr int kAudioWidth = 32, kMelBins = 128, kAudioPositions = 1500;
 
 void write_projector(const Plan & plan, int64_t n_embd_inp, const fs::path & path) {
     constexpr int n_patches = (kImageSize / kPatchSize) * (kImageSize / kPatchSize);
     struct Spec {
-        const char * name;
+        std::string name;
         std::vector<int64_t> ne;
-        float sigma;
+        float sigma;  // > 0: normal; 0: zeros; < 0: the constant -sigma (norm gains)
     };
-    const std::vector<Spec> specs = {
+    std::vector<Spec> specs = {
         {"v.patch_embd.weight", {kPatchSize, kPatchSize, 3, kVisionWidth}, 0.02f},
         {"v.position_embd.weight", {kVisionWidth, n_patches}, 0.02f},
         {"mm.0.weight", {kVisionWidth, kProjectorHidden}, 0.1f},
@@ -632,13 +668,44 @@ void write_projector(const Plan & plan, int64_t n_embd_inp, const fs::path & pat
         {"mm.2.weight", {kProjectorHidden, n_embd_inp}, 0.1f},
         {"mm.2.bias", {n_embd_inp}, 0.0f},
     };
+    const bool audio = plan.audio_coord > 0;
+    if (audio) {
+        const int64_t w = kAudioWidth;
+        const std::vector<Spec> a = {
+            {"a.conv1d.1.weight", {3, kMelBins, w}, 0.02f}, {"a.conv1d.1.bias", {1, w}, 0.0f},
+            {"a.conv1d.2.weight", {3, w, w}, 0.02f},        {"a.conv1d.2.bias", {1, w}, 0.0f},
+            {"a.position_embd.weight", {w, kAudioPositions}, 0.02f},
+            {"a.blk.0.ln1.weight", {w}, -1.0f},              {"a.blk.0.ln1.bias", {w}, 0.0f},
+            {"a.blk.0.attn_q.weight", {w, w}, 0.02f},        {"a.blk.0.attn_q.bias", {w}, 0.0f},
+            {"a.blk.0.attn_k.weight", {w, w}, 0.02f},
+            {"a.blk.0.attn_v.weight", {w, w}, 0.02f},        {"a.blk.0.attn_v.bias", {w}, 0.0f},
+            {"a.blk.0.attn_out.weight", {w, w}, 0.02f},      {"a.blk.0.attn_out.bias", {w}, 0.0f},
+            {"a.blk.0.ln2.weight", {w}, -1.0f},              {"a.blk.0.ln2.bias", {w}, 0.0f},
+            {"a.blk.0.ffn_up.weight", {w, w}, 0.02f},        {"a.blk.0.ffn_up.bias", {w}, 0.0f},
+            {"a.blk.0.ffn_down.weight", {w, w}, 0.02f},      {"a.blk.0.ffn_down.bias", {w}, 0.0f},
+            {"mm.a.fc.weight", {w, n_embd_inp}, 0.1f},       {"mm.a.fc.bias", {n_embd_inp}, 0.0f},
+        };
+        specs.insert(specs.end(), a.begin(), a.end());
+    }
     ggml_init_params ip{ggml_tensor_overhead() * specs.size(), nullptr, /*no_alloc=*/true};
     std::unique_ptr<ggml_context, decltype(&ggml_free)> ctx(ggml_init(ip), ggml_free);
     GgufPtr g(gguf_init_empty());
     gguf_set_val_str(g.get(), "general.architecture", "clip");
     gguf_set_val_str(g.get(), "general.name", "moeprune-synth-projector");
     gguf_set_val_bool(g.get(), "clip.has_vision_encoder", true);
-    gguf_set_val_str(g.get(), "clip.projector_type", "mlp");
+    // One projector type for a vision-only file; one per modality when it encodes audio too.
+    gguf_set_val_str(g.get(), audio ? "clip.vision.projector_type" : "clip.projector_type", "mlp");
+    if (audio) {
+        gguf_set_val_bool(g.get(), "clip.has_audio_encoder", true);
+        gguf_set_val_str(g.get(), "clip.audio.projector_type", "qwen2a");
+        gguf_set_val_u32(g.get(), "clip.audio.embedding_length", kAudioWidth);
+        gguf_set_val_u32(g.get(), "clip.audio.feed_forward_length", kAudioWidth);
+        gguf_set_val_u32(g.get(), "clip.audio.attention.head_count", 1);
+        gguf_set_val_u32(g.get(), "clip.audio.block_count", 1);
+        gguf_set_val_u32(g.get(), "clip.audio.projection_dim", uint32_t(n_embd_inp));
+        gguf_set_val_f32(g.get(), "clip.audio.attention.layer_norm_epsilon", 1e-5f);
+        gguf_set_val_u32(g.get(), "clip.audio.num_mel_bins", kMelBins);
+    }
     gguf_set_val_u32(g.get(), "clip.vision.embedding_length", kVisionWidth);
     gguf_set_val_u32(g.get(), "clip.vision.feed_forward_length", kVisionWidth);
     gguf_set_val_u32(g.get(), "clip.vision.attention.head_count", 1);
@@ -651,28 +718,33 @@ void write_projector(const Plan & plan, int64_t n_embd_inp, const fs::path & pat
     gguf_set_arr_data(g.get(), "clip.vision.image_mean", GGUF_TYPE_FLOAT32, half, 3);
     gguf_set_arr_data(g.get(), "clip.vision.image_std", GGUF_TYPE_FLOAT32, half, 3);
     const json settings = {{"type", "mlp"},           {"image_size", kImageSize}, {"patch_size", kPatchSize},
-                           {"tokens_per_image", n_patches}, {"image_coordinate", plan.image_coord}, {"seed", plan.opt.seed}};
+                           {"tokens_per_image", n_patches}, {"image_coordinate", plan.image_coord}, {"seed", plan.opt.seed},
+                           {"audio", audio ? json{{"type", "qwen2a"}, {"tokens_per_30s", kAudioPositions / 2},
+                                                  {"audio_coordinate", plan.audio_coord}}
+                                           : json(nullptr)}};
     gguf_set_val_str(g.get(), "moeprune.synth.projector", settings.dump().c_str());
 
     std::vector<std::vector<float>> data;
     data.reserve(specs.size());
     for (const Spec & sp : specs) {
         ggml_tensor * t = ggml_new_tensor(ctx.get(), GGML_TYPE_F32, int(sp.ne.size()), sp.ne.data());
-        ggml_set_name(t, sp.name);
-        std::vector<float> & v = data.emplace_back(size_t(ggml_nelements(t)), 0.0f);
-        std::mt19937_64 rng(tensor_seed(plan.opt.seed, sp.name));
+        ggml_set_name(t, sp.name.c_str());
+        std::vector<float> & v = data.emplace_back(size_t(ggml_nelements(t)), sp.sigma < 0 ? -sp.sigma : 0.0f);
+        std::mt19937_64 rng(tensor_seed(plan.opt.seed, sp.name.c_str()));
         std::normal_distribution<float> d(0.0f, sp.sigma > 0 ? sp.sigma : 1.0f);
         if (sp.sigma > 0) {
             for (float & x : v) {
                 x = d(rng);
             }
         }
-        if (std::string(sp.name) == "mm.2.weight") {
-            std::fill_n(v.begin(), size_t(plan.last_coord() + 1) * kProjectorHidden, 0.0f);
+        // Each encoder's last layer writes the constant and its modality's coordinate
+        // exactly, and nothing else into the planted coordinates.
+        if (sp.name == "mm.2.weight" || sp.name == "mm.a.fc.weight") {
+            std::fill_n(v.begin(), size_t(plan.last_coord() + 1) * size_t(sp.ne[0]), 0.0f);
         }
-        if (std::string(sp.name) == "mm.2.bias") {
+        if (sp.name == "mm.2.bias" || sp.name == "mm.a.fc.bias") {
             v[0] = 1.0f;
-            v[size_t(plan.image_coord)] = 1.0f;
+            v[size_t(sp.name == "mm.2.bias" ? plan.image_coord : plan.audio_coord)] = 1.0f;
         }
         t->data = v.data();
         gguf_add_tensor(g.get(), t);
@@ -758,6 +830,7 @@ SynthResult synthesize(const SynthOptions & requested) {
                            {"seed", o.seed}, {"dead", o.dead}, {"specialists", o.specialists}};
     if (!o.mmproj.empty()) {
         settings["image_experts"] = o.image_experts;
+        settings["audio_experts"] = o.audio_experts;
         settings["mmproj"] = o.mmproj.string();
     }
 

@@ -32,6 +32,7 @@ struct SynthOptions {
     int dead = 0;                        // experts per layer that no input can route to
     bool specialists = false;            // plant one expert per layer per text kind
     int image_experts = 0;               // experts per layer that only image tokens reach (needs mmproj)
+    int audio_experts = 0;               // experts per layer that only audio reaches; the projector then encodes audio too
     std::filesystem::path mmproj;        // also write a projector that libmtmd loads, for images
     std::filesystem::path vocab;         // defaults to the pinned llama.cpp's Qwen2 vocabulary
     std::filesystem::path output;
@@ -41,7 +42,7 @@ struct SynthResult {
     std::vector<std::filesystem::path> files;  // the model's shards
     std::filesystem::path mmproj;              // the projector, when asked for
     // {"dead": {"L": [ids]}, "specialists": {"L": {"ID": "kind"}}, "kinds": [...]}, and with a
-    // projector "image": {"L": [ids]}
+    // projector "image": {"L": [ids]}, and with audio experts "audio": {"L": [ids]}
     nlohmann::json planted;
     uint64_t bytes = 0;
 };

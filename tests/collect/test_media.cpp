@@ -60,6 +60,27 @@ const VisionModel & vision_model() {
     return m;
 }
 
+// The same with two experts per layer that only audio reaches, and a projector that
+// encodes audio too (qwen2a: a Whisper encoder).
+struct OmniModel {
+    test::TempDir dir;
+    SynthResult synth;
+    fs::path model, mmproj;
+    OmniModel() {
+        SynthOptions o;
+        o.arch = "qwen3vlmoe";
+        o.dead = 2;
+        o.image_experts = 2;
+        o.audio_experts = 2;
+        o.output = model = dir / "omni.gguf";
+        o.mmproj = mmproj = dir / "omni-mmproj.gguf";
+        synth = synthesize(o);
+    }
+    std::set<int> planted(const char * modality, int layer) const {
+        return synth.planted[modality][std::to_string(layer)].get<std::set<int>>();
+    }
+};
+
 // Two conversations about the test image, and text of each specialist kind.
 std::string media_corpus(const fs::path & dir, const std::string & image_name) {
     fs::copy_file(test_image, dir / image_name, fs::copy_options::overwrite_existing);
@@ -530,4 +551,61 @@ TEST(Media, RunCarriesImagesToTheReportsModalityRows) {
     const std::string text_html = test::read_bytes(dir / "text-run" / "report.html");
     EXPECT_NE(text_html.find("<p class=\"warning\"><b>WARNING:</b>"), std::string::npos);
     EXPECT_NE(text_html.find("no images or audio: every KLD here is on text"), std::string::npos);
+}
+
+// Audio takes the same path as images: libmtmd's Whisper encoder (qwen2a) in synth's
+// projector turns test-2.mp3 into rows that only the planted audio experts are chosen by;
+// collect counts them under the domain "audio", select names exactly those experts, and
+// eval scores the text after the audio under "audio".
+TEST(Media, AudioReachesOnlyThePlantedAudioExperts) {
+    const OmniModel om;
+    test::TempDir dir;
+    fs::copy_file(fs::path(MOEPRUNE_LLAMA_DIR) / "tools" / "mtmd" / "test-2.mp3", dir / "speech.mp3");
+    fs::copy_file(test_image, dir / "picture.jpeg");
+    const auto conversation = [](const char * type, const char * path, const char * question) {
+        return json{{"messages",
+                     {{{"role", "user"}, {"content", {{{"type", "text"}, {"text", question}}, {{"type", type}, {"path", path}}}}},
+                      {{"role", "assistant"}, {"content", "It is about the weather."}}}}}
+                   .dump() +
+               "\n";
+    };
+    test::write_text(dir / "corpus.jsonl", conversation("audio", "speech.mp3", "What is said here?") +
+                                               conversation("image", "picture.jpeg", "What is in this picture?") +
+                                               json{{"text", "Plain text about rivers and gardens."}}.dump() + "\n");
+    const auto run = [](const std::string & args) { return test::run_command(moeprune_cmd(args)); };
+    auto r = run(fmt::format("collect -m {} --mmproj {} -f {} -o {} -c 1024 -t 2", om.model.string(), om.mmproj.string(),
+                             (dir / "corpus.jsonl").string(), (dir / "stats.json").string()));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const json stats = json::parse(test::read_bytes(dir / "stats.json"));
+    const uint64_t audio_rows = stats["domains"]["audio"]["n_tokens"].get<uint64_t>();
+    EXPECT_EQ(audio_rows, 750u) << "one 30-second chunk: 3000 mel frames, halved by the convolution and the pooling";
+    EXPECT_EQ(stats["domains"]["image"]["n_tokens"].get<uint64_t>(), 16u);
+    for (int layer = 0; layer < 4; ++layer) {
+        const json & l = stats["layers"][size_t(layer)];
+        const json & audio_layer = stats["domains"]["audio"]["layers"][size_t(layer)];
+        for (int e : om.planted("audio", layer)) {
+            EXPECT_EQ(l["count"][size_t(e)].get<uint64_t>(), audio_rows) << "audio expert " << e << " layer " << layer;
+            EXPECT_EQ(audio_layer["count"][size_t(e)].get<uint64_t>(), audio_rows);
+        }
+        for (int e : om.planted("image", layer)) {
+            EXPECT_EQ(audio_layer["count"][size_t(e)].get<uint64_t>(), 0u) << "image expert " << e << " chosen by audio";
+        }
+    }
+    r = run(fmt::format("select --stats {} -k 8 --metric domain-max -o {} --json {}", (dir / "stats.json").string(),
+                        (dir / "maps").string(), (dir / "select.json").string()));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const json sel = json::parse(test::read_bytes(dir / "select.json"));
+    const json dmax = json::parse(test::read_bytes(dir / "maps" / "domain-max-k8.json"));
+    for (int layer = 0; layer < 4; ++layer) {
+        EXPECT_EQ(sel["media_experts"]["audio"][std::to_string(layer)].get<std::set<int>>(), om.planted("audio", layer));
+        const auto kept = dmax["layers"][std::to_string(layer)].get<std::set<int>>();
+        for (int e : om.planted("audio", layer)) EXPECT_TRUE(kept.count(e)) << "audio expert " << e << " layer " << layer;
+    }
+    r = run(fmt::format("eval -m {} --mmproj {} -f {} -c 1024 -t 2 --keep {} --json {}", om.model.string(),
+                        om.mmproj.string(), (dir / "corpus.jsonl").string(), (dir / "maps" / "domain-max-k8.json").string(),
+                        (dir / "eval.json").string()));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const json ev = json::parse(test::read_bytes(dir / "eval.json"));
+    EXPECT_GT(ev["candidates"][0]["modalities"]["audio"]["tokens"].get<int64_t>(), 0);
+    EXPECT_GT(ev["candidates"][0]["modalities"]["text"]["tokens"].get<int64_t>(), 0);
 }
