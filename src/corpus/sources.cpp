@@ -150,6 +150,20 @@ std::string media_key(const std::vector<CorpusMessage> & messages) {
     return key;
 }
 
+// stb_image's formats for images, miniaudio's for audio: what libmtmd decodes.
+const std::set<std::string> & media_extensions(Modality m) {
+    static const std::set<std::string> image = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tga", ".psd",
+                                                ".pnm", ".ppm", ".pgm", ".hdr", ".pic"};
+    static const std::set<std::string> audio = {".wav", ".mp3", ".flac"};
+    static const std::set<std::string> none;
+    return m == Modality::Image ? image : m == Modality::Audio ? audio : none;
+}
+
+std::string upper(std::string s) {
+    std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return char(std::toupper(c)); });
+    return s;
+}
+
 std::string lower_extension(const std::filesystem::path & path) {
     std::string ext = path.extension().string();
     std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return char(std::tolower(c)); });
@@ -162,15 +176,13 @@ void read_media_file(const SourceSpec & s, uint32_t index, const std::filesystem
     const std::string file = path.string();
     if (!is_media_file(s.media, path)) {
         std::error_code ec;
-        std::filesystem::path stem = path;
-        stem.replace_extension();
-        bool caption = lower_extension(path) == ".txt";
-        if (caption) {
-            caption = false;
-            for (auto it = std::filesystem::directory_iterator(path.parent_path(), ec);
-                 !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
-                std::filesystem::path other = it->path();
-                caption |= is_media_file(s.media, other) && other.replace_extension() == stem;
+        bool caption = false;
+        if (lower_extension(path) == ".txt") {
+            for (const std::string & ext : media_extensions(s.media)) {
+                for (const std::string & spelled : {ext, upper(ext)}) {
+                    std::filesystem::path media = path;
+                    caption |= std::filesystem::is_regular_file(media.replace_extension(spelled), ec);
+                }
             }
         }
         if (!caption) {
@@ -215,10 +227,7 @@ void read_media_file(const SourceSpec & s, uint32_t index, const std::filesystem
 } // namespace
 
 bool is_media_file(Modality m, const std::filesystem::path & path) {
-    static const std::set<std::string> image = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tga", ".psd", ".pnm", ".ppm", ".pgm", ".hdr", ".pic", ".webp"};
-    static const std::set<std::string> audio = {".wav", ".mp3", ".flac"};
-    const std::string ext = lower_extension(path);
-    return m == Modality::Image ? image.count(ext) > 0 : m == Modality::Audio ? audio.count(ext) > 0 : false;
+    return media_extensions(m).count(lower_extension(path)) > 0;
 }
 
 size_t invalid_utf8_at(std::string_view text) {
