@@ -31,12 +31,12 @@ namespace {
 const fs::path test_image = fs::path(MOEPRUNE_LLAMA_DIR) / "tools" / "mtmd" / "test-1.jpeg";
 
 // A qwen3vlmoe model (M-RoPE) with dead experts, text specialists and two experts per layer
-// that only images reach, and its projector.
+// that only images reach (and, asked for, two that only audio reaches), and its projector.
 struct VisionModel {
     test::TempDir dir;
     SynthResult synth;
     fs::path model, mmproj;
-    VisionModel() {
+    explicit VisionModel(int audio_experts = 0) {
         SynthOptions o;
         o.arch = "qwen3vlmoe";
         o.n_layer = 4;
@@ -46,13 +46,15 @@ struct VisionModel {
         o.dead = 2;
         o.specialists = true;
         o.image_experts = 2;
+        o.audio_experts = audio_experts;
         o.output = model = dir / "m.gguf";
         o.mmproj = mmproj = dir / "mmproj.gguf";
         synth = synthesize(o);
     }
-    std::set<int> image_experts(int layer) const {
-        return synth.planted["image"][std::to_string(layer)].get<std::set<int>>();
+    std::set<int> planted(const char * modality, int layer) const {
+        return synth.planted[modality][std::to_string(layer)].get<std::set<int>>();
     }
+    std::set<int> image_experts(int layer) const { return planted("image", layer); }
 };
 
 const VisionModel & vision_model() {
@@ -60,26 +62,6 @@ const VisionModel & vision_model() {
     return m;
 }
 
-// The same with two experts per layer that only audio reaches, and a projector that
-// encodes audio too (qwen2a: a Whisper encoder).
-struct OmniModel {
-    test::TempDir dir;
-    SynthResult synth;
-    fs::path model, mmproj;
-    OmniModel() {
-        SynthOptions o;
-        o.arch = "qwen3vlmoe";
-        o.dead = 2;
-        o.image_experts = 2;
-        o.audio_experts = 2;
-        o.output = model = dir / "omni.gguf";
-        o.mmproj = mmproj = dir / "omni-mmproj.gguf";
-        synth = synthesize(o);
-    }
-    std::set<int> planted(const char * modality, int layer) const {
-        return synth.planted[modality][std::to_string(layer)].get<std::set<int>>();
-    }
-};
 
 // Two conversations about the test image, and text of each specialist kind.
 std::string media_corpus(const fs::path & dir, const std::string & image_name) {
@@ -558,7 +540,7 @@ TEST(Media, RunCarriesImagesToTheReportsModalityRows) {
 // collect counts them under the domain "audio", select names exactly those experts, and
 // eval scores the text after the audio under "audio".
 TEST(Media, AudioReachesOnlyThePlantedAudioExperts) {
-    const OmniModel om;
+    const VisionModel om(/*audio_experts=*/2);
     test::TempDir dir;
     fs::copy_file(fs::path(MOEPRUNE_LLAMA_DIR) / "tools" / "mtmd" / "test-2.mp3", dir / "speech.mp3");
     fs::copy_file(test_image, dir / "picture.jpeg");
