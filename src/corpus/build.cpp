@@ -489,6 +489,17 @@ ModelPtr load_vocabulary(const fs::path & path) {
     return model;
 }
 
+// The files of a source that were skipped for not being `what`: the first five, then how many more.
+void print_skipped(const SourceSpec & src, const std::vector<std::string> & skipped, const std::string & what) {
+    if (skipped.empty()) {
+        return;
+    }
+    const size_t shown = std::min<size_t>(skipped.size(), 5);
+    std::fprintf(stderr, "moeprune corpus: source \"%s\": skipped %zu file(s) that are not %s: %s%s\n", src.name.c_str(),
+                 skipped.size(), what.c_str(), fmt::format("{}", fmt::join(skipped.begin(), skipped.begin() + long(shown), ", ")).c_str(),
+                 skipped.size() > shown ? fmt::format(" and {} more (corpus.json lists them)", skipped.size() - shown).c_str() : "");
+}
+
 // Read every file, in parallel, keeping the sources' order.
 void read_sources(CorpusBuild & b) {
     const std::vector<SourceSpec> & specs = b.specs;
@@ -530,20 +541,8 @@ void read_sources(CorpusBuild & b) {
     }
 
     for (size_t s = 0; s < specs.size(); ++s) {
-        const std::vector<std::string> & skipped = b.binary_skipped[s];
-        if (!skipped.empty()) {
-            std::fprintf(stderr, "moeprune corpus: source \"%s\": skipped %zu file(s) that are not UTF-8 text: %s%s\n",
-                         specs[s].name.c_str(), skipped.size(),
-                         fmt::format("{}", fmt::join(skipped.begin(), skipped.begin() + long(std::min<size_t>(skipped.size(), 5)), ", ")).c_str(),
-                         skipped.size() > 5 ? fmt::format(" and {} more (corpus.json lists them)", skipped.size() - 5).c_str() : "");
-        }
-        const std::vector<std::string> & other = b.not_media_skipped[s];
-        if (!other.empty()) {
-            std::fprintf(stderr, "moeprune corpus: source \"%s\": skipped %zu file(s) that are not %s files: %s%s\n",
-                         specs[s].name.c_str(), other.size(), modality_name(specs[s].media),
-                         fmt::format("{}", fmt::join(other.begin(), other.begin() + long(std::min<size_t>(other.size(), 5)), ", ")).c_str(),
-                         other.size() > 5 ? fmt::format(" and {} more (corpus.json lists them)", other.size() - 5).c_str() : "");
-        }
+        print_skipped(specs[s], b.binary_skipped[s], "UTF-8 text");
+        print_skipped(specs[s], b.not_media_skipped[s], fmt::format("{} files", modality_name(specs[s].media)));
     }
 }
 
@@ -948,8 +947,6 @@ json check_leaks(const CorpusBuild & b) {
     return leak_check(leak_docs[kCalib], leak_docs[kEval], b.spec.near_dup, b.opt.threads);
 }
 
-// The JSONL collect and eval read, written whole under temporary names: every output
-// takes its final name only once all are written, so a failed write leaves the old set.
 // A message as the corpus format reads it: a string, or text and media parts in order,
 // media by absolute path (the output may live far from its sources).
 json content_json(const CorpusMessage & m) {
@@ -973,6 +970,8 @@ json content_json(const CorpusMessage & m) {
     return parts;
 }
 
+// The JSONL collect and eval read, written whole under temporary names: every output
+// takes its final name only once all are written, so a failed write leaves the old set.
 void stage_jsonl(CorpusBuild & b) {
     for (int side : {kCalib, kEval}) {
         std::string bytes;

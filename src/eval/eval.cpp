@@ -1451,6 +1451,10 @@ void EvalRun::finish_passes() {
 
 // Statistics, whole and per domain, and the worst tokens with their context.
 void EvalRun::score_statistics() {
+    std::vector<bool> media_domain(rep.domains.size());
+    for (size_t d = 0; d < rep.domains.size(); ++d) {
+        media_domain[d] = rep.domains[d] == modality_name(Modality::Image) || rep.domains[d] == modality_name(Modality::Audio);
+    }
     for (EvalCandidate & c : rep.candidates) {
         std::vector<const TokenScore *> all;
         std::vector<std::vector<const TokenScore *>> per_domain(rep.domains.size());
@@ -1467,8 +1471,7 @@ void EvalRun::score_statistics() {
         if (!corpus.media_modalities.empty()) {
             std::vector<const TokenScore *> text;
             for (const TokenScore * t : all) {
-                const std::string & d = t->domain >= 0 ? rep.domains[size_t(t->domain)] : std::string();
-                if (d != modality_name(Modality::Image) && d != modality_name(Modality::Audio)) {
+                if (t->domain < 0 || !media_domain[size_t(t->domain)]) {
                     text.push_back(t);
                 }
             }

@@ -387,12 +387,6 @@ CorpusSpec corpus_spec(const RunConfig & c, std::vector<fs::path> & inputs) {
             spec.sources.push_back(source_from_flag(s));
         }
     }
-    for (const SourceSpec & s : spec.sources) {
-        if (s.media != Modality::Text && c.mmproj.empty()) {
-            throw Error(fmt::format("source \"{}\" is {} files: give the model's projector with --mmproj FILE "
-                                    "(docs/run.md)", s.name, modality_name(s.media)));
-        }
-    }
     spec.seed = c.seed.value_or(spec.seed);
     spec.eval_share = c.eval_share.value_or(spec.eval_share);
     spec.tokens = c.tokens ? c.tokens : spec.tokens;

@@ -336,7 +336,8 @@ struct SelectInputs {
     std::map<std::string, std::vector<std::vector<int32_t>>> media_experts;
 };
 
-std::map<std::string, std::vector<std::vector<int32_t>>> media_experts_of(const SaliencyStats & s) {
+std::map<std::string, std::vector<std::vector<int32_t>>> media_experts_of(const SaliencyStats & s,
+                                                                          const std::string & origin) {
     std::map<std::string, std::vector<std::vector<int32_t>>> out;
     for (const char * modality : {"image", "audio"}) {
         const auto d = s.domains.find(modality);
@@ -347,11 +348,20 @@ std::map<std::string, std::vector<std::vector<int32_t>>> media_experts_of(const 
         // clip is 750 rows), and then every expert they touch takes most of its hits there.
         // An expert is the modality's when its positions choose it at least 9 times as
         // often as the other positions do.
+        // A modality's rows and hits are part of the whole; more would make the rates negative.
+        if (d->second.n_tokens > s.n_tokens) {
+            fail_file(origin, fmt::format("domain {} holds {} tokens, more than the {} of the whole", modality,
+                                          d->second.n_tokens, s.n_tokens));
+        }
         const double rows = double(d->second.n_tokens), other_rows = double(s.n_tokens) - rows;
         auto & layers = out[modality];
         for (size_t l = 0; l < s.layers.size(); ++l) {
             layers.emplace_back();
             for (size_t e = 0; e < size_t(s.n_expert); ++e) {
+                if (d->second.layers[l].count[e] > s.layers[l].count[e]) {
+                    fail_file(origin, fmt::format("domain {} gives expert {} of layer {} more hits than the whole", modality,
+                                                  e, l));
+                }
                 const double hits = double(d->second.layers[l].count[e]);
                 const double rate = rows > 0 ? hits / rows : 0;
                 const double other_rate = other_rows > 0 ? (double(s.layers[l].count[e]) - hits) / other_rows : 0;
@@ -423,7 +433,7 @@ SelectInputs read_select_inputs(const SelectOptions & opt) {
     in.ks = opt.ks;
     std::sort(in.ks.begin(), in.ks.end());
     in.ks.erase(std::unique(in.ks.begin(), in.ks.end()), in.ks.end());
-    in.media_experts = media_experts_of(s);
+    in.media_experts = media_experts_of(s, opt.stats.string());
     return in;
 }
 

@@ -268,6 +268,16 @@ TEST(Media, SelectFindsImageExpertsAndWarnsWithoutImages) {
     EXPECT_NE(w.find("collect was given the projector " + vm.mmproj.string()), std::string::npos) << w;
     EXPECT_NE(w.find(fmt::format("blk.0 e{}", *vm.image_experts(0).begin())), std::string::npos) << w;
     EXPECT_NE(out.find("moeprune select: WARNING"), std::string::npos) << "the warning goes to the error stream too";
+
+    // A modality holding more rows than the whole is no statistics collect wrote.
+    json bad = json::parse(test::read_bytes(dir / "stats.json"));
+    bad["domains"]["image"]["n_tokens"] = bad["n_tokens"].get<uint64_t>() + 1;
+    test::write_text(dir / "bad-stats.json", bad.dump());
+    const auto r = test::run_command(moeprune_cmd(fmt::format("select --stats {} -k 6 --metric freq -o {}", (dir / "bad-stats.json").string(),
+                                                              (dir / "bad-maps").string())));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find((dir / "bad-stats.json").string() + ": domain image holds"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(dir / "bad-maps"));
 }
 
 // eval scores the text after each conversation's image under the domain "image": a keep
