@@ -15,7 +15,7 @@
 #   statistics and trace without imatrix; T = collect tokens per second.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-make -s -C "$root" build >/dev/null
+make -s -C "$root" build peers >/dev/null
 bin=$root/build/bin
 work=${1:-$root/build/bench-collect}
 mkdir -p "$work"

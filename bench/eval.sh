@@ -20,7 +20,7 @@
 # Target: R <= 1.10.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-make -s -C "$root" build >/dev/null
+make -s -C "$root" build peers >/dev/null
 bin=$root/build/bin
 work=${1:-$root/build/bench-eval}
 mkdir -p "$work"

@@ -17,7 +17,7 @@
 #   diff = |measure - llama-bench| / llama-bench tokens/s (target: E <= 0.10)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-make -s -C "$root" build >/dev/null
+make -s -C "$root" build peers >/dev/null
 bin=$root/build/bin
 work=${1:-$root/build/bench-stream}
 tokens=${2:-32}

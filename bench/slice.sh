@@ -9,7 +9,8 @@
 #   M = peak RSS of moeprune slice in MiB (target <= 64, whatever the tensor size)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-make -s -C "$root" build >/dev/null
+make -s -C "$root" build peers >/dev/null
+cmake --build "$root/build" --target llama-gguf-split >/dev/null  # the peer for GGUF rewriting
 bin=$root/build/bin
 work=${1:-$root/build/bench-slice}
 mkdir -p "$work"

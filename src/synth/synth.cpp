@@ -91,6 +91,46 @@ int classify_token_text(const std::string & utf8) {
 
 namespace {
 
+// std::normal_distribution<float> over std::mt19937_64 as libstdc++ computes it
+// (Marsaglia's polar method over generate_canonical<float, 24>), draw for draw and bit
+// for bit, so every model keeps its bytes; libstdc++ takes a long-double logarithm on
+// every uniform draw, which was most of synth's time. It also makes the bytes the same
+// under any standard library.
+class Normal {
+public:
+    Normal(float mean, float stddev) : mean_(mean), stddev_(stddev) {}
+
+    float operator()(std::mt19937_64 & rng) {
+        float r;
+        if (saved_) {
+            r = *saved_;
+            saved_.reset();
+        } else {
+            float x, y, r2;
+            do {
+                // The subtraction is in double, as libstdc++ writes it.
+                x = float(2.0f * uniform(rng) - 1.0);
+                y = float(2.0f * uniform(rng) - 1.0);
+                r2 = x * x + y * y;
+            } while (r2 > 1.0f || r2 == 0.0f);
+            const float mult = std::sqrt(-2 * std::log(r2) / r2);
+            saved_ = x * mult;
+            r = y * mult;
+        }
+        return r * stddev_ + mean_;
+    }
+
+private:
+    // generate_canonical<float, 24>: one 64-bit draw, rounded to float, over 2^64.
+    static float uniform(std::mt19937_64 & rng) {
+        const float u = float(rng()) * 0x1p-64f;
+        return u >= 1.0f ? std::nextafter(1.0f, 0.0f) : u;
+    }
+
+    float mean_, stddev_;
+    std::optional<float> saved_;
+};
+
 // GPT-2 byte-level BPE stores every byte as a printable code point; this undoes it.
 std::string decode_byte_level(const std::string & piece) {
     static const std::map<uint32_t, uint8_t> decoder = [] {
@@ -205,7 +245,7 @@ void plant_image_channel(const std::string & name, const ggml_tensor * t, std::v
     }
     const auto il = plan.image.find(layer);
     if (ends_with(name, ".ffn_down_exps.weight") && il != plan.image.end() && t->ne[1] == plan.opt.n_embd) {
-        std::normal_distribution<float> d(0.0f, kImageSignal / std::sqrt(float(row)));
+        Normal d(0.0f, kImageSignal / std::sqrt(float(row)));
         for (int e : il->second) {
             float * r = &v[size_t((int64_t(e) * t->ne[1] + plan.image_signal_coord) * row)];
             for (int64_t j = 0; j < row; ++j) {
@@ -229,7 +269,7 @@ void fill_tensor(ggml_tensor * t, void * ud) {
     std::mt19937_64 rng(tensor_seed(plan.opt.seed, t->name));
     std::vector<float> v(size_t(n), 0.0f);
     const auto normal = [&](float sigma) {
-        std::normal_distribution<float> d(0.0f, sigma);
+        Normal d(0.0f, sigma);
         for (auto & x : v) {
             x = d(rng);
         }
@@ -731,7 +771,7 @@ void write_projector(const Plan & plan, int64_t n_embd_inp, const fs::path & pat
         ggml_set_name(t, sp.name.c_str());
         std::vector<float> & v = data.emplace_back(size_t(ggml_nelements(t)), sp.sigma < 0 ? -sp.sigma : 0.0f);
         std::mt19937_64 rng(tensor_seed(plan.opt.seed, sp.name.c_str()));
-        std::normal_distribution<float> d(0.0f, sp.sigma > 0 ? sp.sigma : 1.0f);
+        Normal d(0.0f, sp.sigma > 0 ? sp.sigma : 1.0f);
         if (sp.sigma > 0) {
             for (float & x : v) {
                 x = d(rng);

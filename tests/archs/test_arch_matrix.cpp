@@ -29,6 +29,8 @@ using nlohmann::json;
 
 namespace {
 
+using test::moeprune_cmd;
+
 struct Case {
     std::string name;  // ctest and result-file name
     std::string arch;
@@ -55,8 +57,6 @@ std::string test_name(const std::string & case_name) {
     }
     return s;
 }
-
-std::string moeprune_cmd(const std::string & args) { return test::bin("moeprune").string() + " " + args; }
 
 // The columns of docs/architectures.md, in order: key and title. Every result file
 // carries them, and scripts/arch-table.py takes them from there.

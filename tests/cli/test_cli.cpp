@@ -14,7 +14,7 @@ using nlohmann::json;
 
 namespace {
 
-std::string moeprune_cmd(const std::string & args) { return test::bin("moeprune").string() + " " + args; }
+using test::moeprune_cmd;
 
 json json_of(const std::string & output) {
     const auto start = output.find('{');

@@ -907,25 +907,26 @@ TEST_F(Hostile, CorpusStratifiesGroupsPerSourceAndKeysThemRelativeToTheSource) {
     EXPECT_EQ(test::read_bytes(local("here") / "out" / "calib.jsonl"), test::read_bytes(local("there") / "out" / "calib.jsonl"));
 }
 
-// Measurements plan reads, made on the fixture's model: a keep map, its eval, a replay
-// of the collect trace with and without cache-aware routing.
+// Measurements plan reads, made once on the fixture's model: a keep map, its eval, a
+// replay of the collect trace with and without cache-aware routing.
 class HostilePlan : public Hostile {
 protected:
-    void SetUp() override {
+    static void SetUpTestSuite() {
+        Hostile::SetUpTestSuite();
         const auto run = [&](const std::string & args) {
             const auto r = test::run_command(moeprune_cmd(args));
             ASSERT_EQ(r.exit_code, 0) << args << "\n" << r.output;
         };
-        run(fmt::format("select --stats {} -k 4 --metric freq -o {}", s(path("s.json")), s(local("maps"))));
+        run(fmt::format("select --stats {} -k 4 --metric freq -o {}", s(path("s.json")), s(path("maps"))));
         run(fmt::format("eval -m {} -f {} -c 32 --keep {} --json {}", s(path("m.gguf")), s(path("c.jsonl")),
-                        s(local("maps") / "freq-k4.json"), s(local("e.json"))));
+                        s(path("maps") / "freq-k4.json"), s(path("e.json"))));
         run(fmt::format("replay --trace {} --model {} --policy lru --cache 4 --lambda 0,0.5 --json {}", s(path("t.trace")),
-                        s(path("m.gguf")), s(local("r.json"))));
-        replay_ = json::parse(test::read_bytes(local("r.json")));
-        eval_ = json::parse(test::read_bytes(local("e.json")));
+                        s(path("m.gguf")), s(path("r.json"))));
+        replay_ = json::parse(test::read_bytes(path("r.json")));
+        eval_ = json::parse(test::read_bytes(path("e.json")));
     }
     std::string plan(const std::string & more) {
-        return fmt::format("plan -m {} --replay {} --eval {} {}", s(path("m.gguf")), s(local("r.json")), s(local("e.json")), more);
+        return fmt::format("plan -m {} --replay {} --eval {} {}", s(path("m.gguf")), s(path("r.json")), s(path("e.json")), more);
     }
     // plan refuses a changed copy of the replay (or the eval) result, naming `says`.
     void refuses(bool replay, const std::function<void(json &)> & edit, const std::string & says) {
@@ -934,12 +935,12 @@ protected:
         const fs::path bad = local(replay ? "bad-r.json" : "bad-e.json");
         test::write_text(bad, changed.dump());
         expect_refused(fmt::format("plan -m {} --replay {} --eval {} --json {}", s(path("m.gguf")),
-                                   s(replay ? bad : local("r.json")), s(replay ? local("e.json") : bad), s(local("p.json"))),
+                                   s(replay ? bad : path("r.json")), s(replay ? path("e.json") : bad), s(local("p.json"))),
                        {bad.filename().string() + ": " + says}, {bad}, {local("p.json")});
     }
     void refuses_replay(const std::function<void(json &)> & edit, const std::string & says) { refuses(true, edit, says); }
     void refuses_eval(const std::function<void(json &)> & edit, const std::string & says) { refuses(false, edit, says); }
-    json replay_, eval_;
+    static inline json replay_, eval_;
 };
 
 TEST_F(HostilePlan, RefusesAnotherModelsMeasurements) {
@@ -947,16 +948,16 @@ TEST_F(HostilePlan, RefusesAnotherModelsMeasurements) {
     const auto o = test::run_command(moeprune_cmd(
         fmt::format("synth --arch qwen3moe --layers 2 --experts 8 --used 2 --seed 99 -o {}", s(other))));
     ASSERT_EQ(o.exit_code, 0) << o.output;
-    expect_refused(fmt::format("plan -m {} --replay {}", s(other), s(local("r.json"))),
-                   {"r.json: inputs.trace_meta.model.digest", "another model"}, {local("r.json")});
-    expect_refused(fmt::format("plan -m {} --eval {}", s(other), s(local("e.json"))),
-                   {"e.json: base.digest", "another model"}, {local("e.json")});
+    expect_refused(fmt::format("plan -m {} --replay {}", s(other), s(path("r.json"))),
+                   {"r.json: inputs.trace_meta.model.digest", "another model"}, {path("r.json")});
+    expect_refused(fmt::format("plan -m {} --eval {}", s(other), s(path("e.json"))),
+                   {"e.json: base.digest", "another model"}, {path("e.json")});
     // Planned by hand, the inputs must still agree with each other.
     const auto e2 = test::run_command(moeprune_cmd(fmt::format("eval -m {} -f {} -c 32 --keep {} --json {}", s(other),
-                                                               s(path("c.jsonl")), s(local("maps") / "freq-k4.json"),
+                                                               s(path("c.jsonl")), s(path("maps") / "freq-k4.json"),
                                                                s(local("e-other.json")))));
     ASSERT_EQ(e2.exit_code, 0) << e2.output;
-    expect_refused(fmt::format("plan --expert-mb 1 --layers 2 --experts 8 --used 2 --replay {} --eval {}", s(local("r.json")),
+    expect_refused(fmt::format("plan --expert-mb 1 --layers 2 --experts 8 --used 2 --replay {} --eval {}", s(path("r.json")),
                                s(local("e-other.json"))),
                    {"r.json: inputs.trace_meta.model.digest", "another model than", "e-other.json: base"});
     // A 16-expert model's eval for an 8-expert plan.
@@ -1007,7 +1008,7 @@ TEST_F(HostilePlan, RefusesImpossibleSettings) {
         {fmt::format("eval -m {} -f {} --worst -1", s(path("m.gguf")), s(path("c.jsonl"))), "--worst -1: the number of worst"},
     };
     for (const auto & [args, says] : cases) {
-        expect_refused(args, {says}, {local("r.json"), local("e.json")});
+        expect_refused(args, {says}, {path("r.json"), path("e.json")});
     }
 }
 
@@ -1039,7 +1040,7 @@ TEST_F(HostilePlan, ReroutedOptionsGetOnlyTheClosedLoopsKld) {
     }
     ASSERT_GE(closed_kld, 0);
     const auto both = test::run_command(moeprune_cmd(fmt::format("plan -m {} --replay {} --eval {},{} --json {}", s(path("m.gguf")),
-                                                                 s(local("r.json")), s(local("e.json")), s(local("ec.json")),
+                                                                 s(path("r.json")), s(path("e.json")), s(local("ec.json")),
                                                                  s(local("p2.json")))));
     ASSERT_EQ(both.exit_code, 0) << both.output;
     int measured = 0;

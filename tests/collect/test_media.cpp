@@ -28,6 +28,8 @@ using nlohmann::json;
 
 namespace {
 
+using test::moeprune_cmd;
+
 const fs::path test_image = fs::path(MOEPRUNE_LLAMA_DIR) / "tools" / "mtmd" / "test-1.jpeg";
 
 // A qwen3vlmoe model (M-RoPE) with dead experts, text specialists and two experts per layer
@@ -62,7 +64,6 @@ const VisionModel & vision_model() {
     return m;
 }
 
-
 // Two conversations about the test image, and text of each specialist kind.
 std::string media_corpus(const fs::path & dir, const std::string & image_name) {
     fs::copy_file(test_image, dir / image_name, fs::copy_options::overwrite_existing);
@@ -81,8 +82,6 @@ std::string media_corpus(const fs::path & dir, const std::string & image_name) {
     out += json{{"text", "我们在笔记本电脑上运行大型语言模型，需要减少内存使用。"}, {"domain", "zh"}}.dump() + "\n";
     return out;
 }
-
-std::string moeprune_cmd(const std::string & args) { return test::bin("moeprune").string() + " " + args; }
 
 } // namespace
 

@@ -23,7 +23,7 @@ using nlohmann::json;
 
 namespace {
 
-std::string moeprune_cmd(const std::string & args) { return test::bin("moeprune").string() + " " + args; }
+using test::moeprune_cmd;
 
 std::vector<json> read_jsonl(const fs::path & p) {
     std::vector<json> out;

@@ -27,12 +27,8 @@ using nlohmann::json;
 
 namespace {
 
-std::string moeprune_cmd(const std::string & args) { return test::bin("moeprune").string() + " " + args; }
-
-void synth(const std::string & args, const fs::path & out) {
-    const auto r = test::run_command(moeprune_cmd(fmt::format("synth {} -o {}", args, out.string())));
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-}
+using test::moeprune_cmd;
+using test::synth;
 
 const EvalCandidate & named(const EvalReport & r, const std::string & name) {
     for (const EvalCandidate & c : r.candidates) {

@@ -20,25 +20,9 @@ using nlohmann::json;
 
 namespace {
 
-std::string moeprune_cmd(const std::string & args) { return test::bin("moeprune").string() + " " + args; }
-
-void synth(const std::string & args, const fs::path & out) {
-    const auto r = test::run_command(moeprune_cmd(fmt::format("synth {} -o {}", args, out.string())));
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-}
-
-json read_json(const fs::path & p) { return json::parse(test::read_bytes(p)); }
-
-// candidate name -> its per-token rows
-std::map<std::string, std::vector<json>> per_token(const fs::path & p) {
-    std::map<std::string, std::vector<json>> out;
-    std::istringstream in(test::read_bytes(p));
-    for (std::string line; std::getline(in, line);) {
-        const json j = json::parse(line);
-        out[j["candidate"].get<std::string>()].push_back(j);
-    }
-    return out;
-}
+using test::moeprune_cmd;
+using test::synth;
+using test::read_json;
 
 // Keeps the first k experts of every layer in `layers`.
 KeepMap first_k(int64_t n_expert, int64_t k, const std::vector<int> & layers) {
@@ -86,7 +70,7 @@ TEST_P(MaskedEqualsSliced, PerTokenKldAndTopOne) {
         (dir / "m.gguf").string(), (dir / "text.txt").string(), (dir / "k4.json").string(), (dir / "sliced.gguf").string(),
         (dir / "sliced.gguf").string(), (dir / "r.json").string(), (dir / "pt.jsonl").string())));
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    const auto rows = per_token(dir / "pt.jsonl");
+    const auto rows = test::per_token_rows(dir / "pt.jsonl");
     ASSERT_EQ(rows.at("k4").size(), rows.at("sliced").size());
     ASSERT_GT(rows.at("k4").size(), 500u);
     double worst = 0;
@@ -144,7 +128,7 @@ TEST(Eval, AgreesWithLlamaPerplexityAndItsBaseFileIsUnderOnePercent) {
         (dir / "m.gguf").string(), (dir / "kld-text.txt").string(), (dir / "sliced.gguf").string(),
         (dir / "exact.jsonl").string())));
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    const auto compact = per_token(dir / "compact.jsonl").at("sliced"), exact = per_token(dir / "exact.jsonl").at("sliced");
+    const auto compact = test::per_token_rows(dir / "compact.jsonl").at("sliced"), exact = test::per_token_rows(dir / "exact.jsonl").at("sliced");
     ASSERT_EQ(compact.size(), exact.size());
     for (size_t i = 0; i < exact.size(); ++i) {
         EXPECT_LE(compact[i]["kld"].get<double>(), exact[i]["kld"].get<double>() + 1e-9) << i;

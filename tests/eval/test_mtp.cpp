@@ -22,19 +22,8 @@ using nlohmann::json;
 
 namespace {
 
-std::string moeprune_cmd(const std::string & args) { return test::bin("moeprune").string() + " " + args; }
-
-json read_json(const fs::path & p) { return json::parse(test::read_bytes(p)); }
-
-std::map<std::string, std::vector<json>> per_token(const fs::path & p) {
-    std::map<std::string, std::vector<json>> out;
-    std::istringstream in(test::read_bytes(p));
-    for (std::string line; std::getline(in, line);) {
-        const json j = json::parse(line);
-        out[j["candidate"].get<std::string>()].push_back(j);
-    }
-    return out;
-}
+using test::moeprune_cmd;
+using test::read_json;
 
 // The MTP head's top-1 draft and the trunk's top-1 at every position of `text`, computed
 // as llama.cpp's drafter feeds the head: row k is token k with the trunk's h_nextn of k-1.
@@ -161,7 +150,7 @@ TEST_F(MtpPipeline, CollectSelectAndEvalCoverTheNextnLayer) {
     EXPECT_GT(masked["mtp_tokens"].get<uint64_t>(), 0u) << masked;
     EXPECT_LE(masked["mtp_kld_mean"].get<double>(), 1e-6) << masked;
     EXPECT_EQ(masked["mtp_acceptance"], e["candidates"][1]["all"]["mtp_acceptance"]);
-    const auto rows = per_token(dir / "t.jsonl");
+    const auto rows = test::per_token_rows(dir / "t.jsonl");
     const auto & a = rows.at("reap-k8"), & b = rows.at("cut");
     ASSERT_EQ(a.size(), b.size());
     for (size_t i = 0; i < a.size(); ++i) {
@@ -203,7 +192,7 @@ TEST_F(MtpPipeline, DraftsAndAcceptanceMatchADirectComputation) {
                                                               (dir / "e.json").string(), (dir / "t.jsonl").string())));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const Drafts d = direct_drafts(dir / "m.gguf", text);
-    const auto rows = per_token(dir / "t.jsonl").at("all");
+    const auto rows = test::per_token_rows(dir / "t.jsonl").at("all");
     ASSERT_EQ(rows.size() + 1, d.draft.size());
     uint64_t accepted = 0;
     for (const json & row : rows) {

@@ -24,9 +24,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path seeds_dir() { return fs::path(MOEPRUNE_SOURCE_DIR) / "fuzz" / "corpus"; }
+using test::moeprune_cmd;
 
-std::string moeprune_cmd(const std::string & args) { return test::bin("moeprune").string() + " " + args; }
+fs::path seeds_dir() { return fs::path(MOEPRUNE_SOURCE_DIR) / "fuzz" / "corpus"; }
 
 void run_ok(const std::string & args) {
     const auto r = test::run_command(moeprune_cmd(args));

@@ -18,7 +18,7 @@ using nlohmann::json;
 
 namespace {
 
-std::string moeprune_cmd(const std::string & args) { return test::bin("moeprune").string() + " " + args; }
+using test::moeprune_cmd;
 
 // A small model and ~700 tokens of text in `dir`.
 void make_inputs(const test::TempDir & dir) {

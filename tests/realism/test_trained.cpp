@@ -24,12 +24,11 @@ using nlohmann::json;
 
 namespace {
 
+using test::moeprune_cmd;
+using test::read_json;
+
 const fs::path fixture_dir = fs::path(MOEPRUNE_SOURCE_DIR) / "tests" / "fixtures" / "trained";
 const fs::path trained_model = fixture_dir / "model.gguf";
-
-json read_json(const fs::path & p) { return json::parse(test::read_bytes(p)); }
-
-std::string moeprune_cmd(const std::string & args) { return test::bin("moeprune").string() + " " + args; }
 
 void run_ok(const std::string & command) {
     const auto r = test::run_command(command);

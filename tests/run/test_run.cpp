@@ -26,9 +26,8 @@ using nlohmann::json;
 
 namespace {
 
-std::string moeprune_cmd(const std::string & args) { return test::bin("moeprune").string() + " " + args; }
-
-json read_json(const fs::path & p) { return json::parse(test::read_bytes(p)); }
+using test::moeprune_cmd;
+using test::read_json;
 
 class RunTest : public ::testing::Test {
 protected:

@@ -1,5 +1,7 @@
 #include "support/test_support.h"
 
+#include <gtest/gtest.h>
+
 #include <array>
 #include <cstring>
 #include <cstdio>
@@ -42,6 +44,25 @@ CommandResult run_command(const std::string & command) {
 }
 
 fs::path bin(const std::string & name) { return fs::path(MOEPRUNE_BIN_DIR) / name; }
+
+std::string moeprune_cmd(const std::string & args) { return bin("moeprune").string() + " " + args; }
+
+void synth(const std::string & args, const fs::path & out) {
+    const auto r = run_command(moeprune_cmd("synth " + args + " -o " + out.string()));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+}
+
+nlohmann::json read_json(const fs::path & path) { return nlohmann::json::parse(read_bytes(path)); }
+
+std::map<std::string, std::vector<nlohmann::json>> per_token_rows(const fs::path & path) {
+    std::map<std::string, std::vector<nlohmann::json>> out;
+    std::istringstream in(read_bytes(path));
+    for (std::string line; std::getline(in, line);) {
+        const auto j = nlohmann::json::parse(line);
+        out[j["candidate"].get<std::string>()].push_back(j);
+    }
+    return out;
+}
 
 std::optional<double> llama_perplexity(const fs::path & model, const fs::path & text, const std::string & args,
                                        std::string * log) {

@@ -2,9 +2,12 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace moeprune::test {
 
@@ -27,6 +30,17 @@ struct CommandResult {
 CommandResult run_command(const std::string & command);
 
 std::filesystem::path bin(const std::string & name);  // build/bin/NAME
+
+// The command line that runs build/bin/moeprune with `args`.
+std::string moeprune_cmd(const std::string & args);
+
+// `moeprune synth ARGS -o OUT`; a failure fails the calling test (check HasFatalFailure).
+void synth(const std::string & args, const std::filesystem::path & out);
+
+nlohmann::json read_json(const std::filesystem::path & path);
+
+// eval's --per-token JSONL grouped by candidate name, rows in file order.
+std::map<std::string, std::vector<nlohmann::json>> per_token_rows(const std::filesystem::path & path);
 
 // About 700 tokens of mixed English, source code and CJK text: enough for
 // llama-perplexity at -c 128 and for every planted text kind to appear.

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# make test: the whole suite, each assertion once (docs/reliability.md, "What runs where").
+#   1. the plain build (BUILD): moeprune, the peers, the arch and realism executables;
+#   2. the check build (CHECK): the same code with moeprune's own under ASan+UBSan and
+#      libFuzzer coverage, llama.cpp uninstrumented (its objects from ccache), the test
+#      executable and the fuzz targets;
+#   3. unit, model and e2e under the sanitizers, in CHECK;
+#   4. arch and realism plain, in BUILD (llama.cpp's graphs and the trained model's decode);
+#   5. every fuzz target for SMOKE_RUNS executions from the committed seeds.
+# Prints the wall time of every phase and the 20 slowest tests, and fails at the first
+# failing phase (after printing what ran).
+#
+#   scripts/test.sh BUILD CHECK JOBS SMOKE_RUNS
+set -euo pipefail
+build=$1 check=$2 jobs=$3 smoke_runs=$4
+phases=() seconds=()
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+
+summary() {
+  echo
+  echo "== make test: wall time per phase"
+  local total=0
+  for i in "${!phases[@]}"; do
+    printf '%-44s %6ds\n' "${phases[$i]}" "${seconds[$i]}"
+    total=$((total + seconds[i]))
+  done
+  printf '%-44s %6ds\n' "total" "$total"
+  if ls "$logs"/*.ctest >/dev/null 2>&1; then
+    echo "== the 20 slowest tests"
+    # ctest's lines: "  1/142 Test  #12: Suite.Name ....   Passed   12.34 sec"
+    cat "$logs"/*.ctest | sed -n 's/^ *[0-9]*\/[0-9]* Test *#[0-9]*: \([^ ]*\) .* \([0-9.]*\) sec$/\2 \1/p' |
+      sort -rn | head -20 | awk '{ printf "%8.1fs  %s\n", $1, $2 }'
+  fi
+}
+
+phase() {
+  local name=$1 start status
+  shift
+  echo "== $name"
+  start=$(date +%s)
+  set +e
+  "$@"
+  status=$?
+  set -e
+  phases+=("$name")
+  seconds+=($(($(date +%s) - start)))
+  if [ $status -ne 0 ]; then
+    summary
+    echo "make test: '$name' failed" >&2
+    exit $status
+  fi
+}
+
+run_ctest() {
+  local dir=$1 log=$2
+  shift 2
+  (cd "$dir" && ctest --output-on-failure -j "$jobs" "$@") | tee "$logs/$log.ctest"
+  return "${PIPESTATUS[0]}"
+}
+
+phase "build: plain ($build)" cmake --build "$build" -j "$jobs" \
+  --target moeprune llama-peers moeprune_arch_tests moeprune_realism_tests
+phase "build: check, ASan+UBSan+fuzz ($check)" cmake --build "$check" -j "$jobs" \
+  --target moeprune llama-peers moeprune_tests fuzz-targets
+phase "tests: unit, model, e2e under ASan+UBSan" run_ctest "$check" check -L 'unit|model|e2e' -LE realism
+phase "tests: arch, realism plain" run_ctest "$build" plain -L 'arch|realism'
+phase "fuzz smoke: $smoke_runs runs per target" bash "$(dirname "$0")/fuzz.sh" "$check" "$smoke_runs"
+summary
