@@ -4,7 +4,7 @@
 #   2. the check build (CHECK): the same code with moeprune's own under ASan+UBSan and
 #      libFuzzer coverage, llama.cpp uninstrumented (its objects from ccache), the test
 #      executable and the fuzz targets;
-#   3. unit, model and e2e under the sanitizers, in CHECK;
+#   3. unit, model, matrix and e2e under the sanitizers, in CHECK;
 #   4. arch and realism plain, in BUILD (llama.cpp's graphs and the trained model's decode);
 #   5. every fuzz target for SMOKE_RUNS executions from the committed seeds.
 # Prints the wall time of every phase and the 20 slowest tests, and fails at the first
@@ -63,7 +63,7 @@ phase "build: plain ($build)" cmake --build "$build" -j "$jobs" \
   --target moeprune llama-peers moeprune_arch_tests moeprune_realism_tests
 phase "build: check, ASan+UBSan+fuzz ($check)" cmake --build "$check" -j "$jobs" \
   --target moeprune llama-peers moeprune_tests fuzz-targets
-phase "tests: unit, model, e2e under ASan+UBSan" run_ctest "$check" check -L 'unit|model|e2e' -LE realism
+phase "tests: unit, model, matrix, e2e under ASan+UBSan" run_ctest "$check" check -L 'unit|model|matrix|e2e' -LE realism
 phase "tests: arch, realism plain" run_ctest "$build" plain -L 'arch|realism'
 phase "fuzz smoke: $smoke_runs runs per target" bash "$(dirname "$0")/fuzz.sh" "$check" "$smoke_runs"
 summary
