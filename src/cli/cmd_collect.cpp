@@ -26,7 +26,7 @@ void add_collect(CLI::App & app, Action & action) {
         ->capture_default_str();
     sub->add_option("-b,--batch-size", opt->batch, "Tokens per llama_decode")->capture_default_str();
     sub->add_option("--ubatch-size", opt->ubatch, "Tokens per micro-batch (-ub)")->capture_default_str();
-    sub->add_option("-t,--threads", opt->threads, "CPU threads (0: one per core)")->capture_default_str();
+    sub->add_option("-t,--threads", opt->threads, "CPU threads (0: one per core)")->check(thread_count())->capture_default_str();
     sub->add_option("--gpu-layers", opt->gpu_layers, "Layers offloaded to GPU or RPC devices (-ngl)")->capture_default_str();
     sub->add_option("--chunks", opt->chunks, "Evaluate only the first N windows (-1: all)")->capture_default_str();
     sub->add_flag("--no-parse-special", *no_special, "Treat special-token text as plain text");

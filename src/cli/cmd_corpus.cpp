@@ -72,7 +72,7 @@ void add_corpus(CLI::App & app, Action & action) {
     sub->add_flag("--strip-boilerplate", *strip, "Keep a long prefix shared by many documents in the first only");
     sub->add_flag("--allow-shortfall", opt->allow_shortfall, "Build even when a source cannot meet its budget");
     sub->add_option("--json", opt->report, "Also write the report (moeprune-corpus JSON) here");
-    sub->add_option("-t,--threads", opt->threads, "Threads (0: one per core)")->capture_default_str();
+    sub->add_option("-t,--threads", opt->threads, "Threads (0: one per core)")->check(thread_count())->capture_default_str();
     sub->callback([=, &action] {
         action = [=] {
             if (manifest->empty() == sources->empty()) {

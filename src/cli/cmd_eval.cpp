@@ -36,7 +36,7 @@ void add_eval(CLI::App & app, Action & action) {
     sub->add_option("-b,--batch-size", opt->batch, "Tokens per llama_decode (a window is decoded whole)")
         ->capture_default_str();
     sub->add_option("--ubatch-size", opt->ubatch, "Tokens per micro-batch (-ub)")->capture_default_str();
-    sub->add_option("-t,--threads", opt->threads, "CPU threads (0: one per core)")->capture_default_str();
+    sub->add_option("-t,--threads", opt->threads, "CPU threads (0: one per core)")->check(thread_count())->capture_default_str();
     sub->add_option("--gpu-layers", opt->gpu_layers, "Layers offloaded to GPU or RPC devices (-ngl)")->capture_default_str();
     sub->add_option("--rpc", opt->rpc, "llama.cpp RPC servers host:port (with -ngl)")->delimiter(',');
     sub->add_option("--chunks", opt->chunks, "Evaluate only the first N windows (-1: all)")->capture_default_str();

@@ -29,7 +29,7 @@ void add_measure(CLI::App & app, Action & action) {
     sub->add_option("--tokens", opt->tokens, "Timed tokens per run")->capture_default_str();
     sub->add_option("--warmup", opt->warmup, "Untimed tokens decoded first in every run")->capture_default_str();
     sub->add_option("-c,--ctx-size", opt->ctx, "Context size (0: warmup + tokens)")->capture_default_str();
-    sub->add_option("-t,--threads", opt->threads, "Threads (0: one per core)")->capture_default_str();
+    sub->add_option("-t,--threads", opt->threads, "Threads (0: one per core)")->check(thread_count())->capture_default_str();
     sub->add_option("--probe-mib", opt->probe_mib, "Storage probe: MiB of random experts read cold (0: none)")
         ->capture_default_str();
     sub->add_option("--seed", opt->seed, "The probe's order of experts")->capture_default_str();
@@ -38,6 +38,10 @@ void add_measure(CLI::App & app, Action & action) {
     sub->add_option("--llama-bench", opt->llama_bench,
                     "llama.cpp's llama-bench: run its text generation under every limit too, beside measure's figures")
         ->check(CLI::ExistingFile);
+    sub->add_option("--llama-bench-timeout", opt->llama_bench_timeout,
+                    "Seconds one llama-bench run may take before it and its children are killed (0: from the model's "
+                    "size and measure's own runs)")
+        ->capture_default_str();
     sub->add_option("--json", opt->json_out, "Write the measurement (moeprune-measure JSON, docs/formats.md)");
     sub->add_option("--trace", opt->trace_out, "Write the router trace of the timed tokens");
     sub->callback([=, &action] {

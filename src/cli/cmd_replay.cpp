@@ -73,7 +73,7 @@ void add_replay(CLI::App & app, Action & action) {
                     "Learn the predictor from the first N tokens only (a training split; pair with --warmup N)")
         ->check(CLI::NonNegativeNumber);
     add_cache_model_flags(*sub, opt->params, opt->throughput, *ssd);
-    sub->add_option("-t,--threads", opt->threads, "Worker threads (0: one per core)")->capture_default_str();
+    sub->add_option("-t,--threads", opt->threads, "Worker threads (0: one per core)")->check(thread_count())->capture_default_str();
     sub->add_option("--json", *json_out, "Write one record per configuration as JSON (docs/formats.md)");
     sub->add_option("--csv", *csv_out, "Write the records as CSV, one row per configuration and phase");
     sub->callback([=, &action] {

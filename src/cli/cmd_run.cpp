@@ -37,7 +37,7 @@ void add_run(CLI::App & app, Action & action) {
     sub->add_option("--max-kld", *max_kld, "Recommend the fastest option within this mean KLD");
     sub->add_option("--tokens", *tokens, "Calib tokens shared by weighted corpus sources");
     sub->add_option("-c,--ctx-size", c->ctx, "Context of collect and eval windows");
-    sub->add_option("-t,--threads", c->threads, "Threads (0: one per core)");
+    sub->add_option("-t,--threads", c->threads, "Threads (0: one per core)")->check(thread_count());
     auto seed = std::make_shared<uint64_t>(0);
     sub->add_option("--seed", *seed, "Seed of the corpus split and order (default: the manifest's)");
     sub->add_option("--slice", c->slice, "Write sliced GGUFs at the end: best (the recommendation) or all")

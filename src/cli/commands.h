@@ -2,6 +2,7 @@
 // Each subcommand registers its flags on the app and returns the action to run.
 #include "sim/policy.h"
 #include "replay/replay.h"
+#include "core/threads.h"
 
 #include <CLI/CLI.hpp>
 
@@ -28,6 +29,24 @@ void add_run(CLI::App & app, Action & action);
 void add_measure(CLI::App & app, Action & action);
 
 // The flags of the cache policies and the throughput model, shared by replay and eval's closed loop.
+// -t as every command takes it: refused far above this machine's CPUs (check_threads).
+inline CLI::Validator thread_count() {
+    return CLI::Validator(
+        [](std::string & text) {
+            int64_t n = 0;
+            if (!CLI::detail::lexical_cast(text, n)) {
+                return std::string();  // not a number: the option's own conversion says so
+            }
+            try {
+                check_threads(n, "threads");
+            } catch (const std::exception & e) {
+                return std::string(e.what());
+            }
+            return std::string();
+        },
+        "THREADS");
+}
+
 void add_cache_model_flags(CLI::App & sub, PolicyParams & params, ThroughputParams & throughput, std::string & ssd);
 void apply_ssd_preset(const std::string & ssd, ThroughputParams & throughput);
 

@@ -2,6 +2,7 @@
 #include "core/atomic_file.h"
 #include "core/errors.h"
 
+#include <csignal>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -11,6 +12,15 @@ int main(int argc, char ** argv) {
     std::vector<std::string> args(argv, argv + argc);
     for (std::string & a : args) {
         a = a == "-ub" ? "--ubatch-size" : a == "-ngl" ? "--gpu-layers" : a == "-nr" ? "--no-repack" : a;
+    }
+    // CLI11 reads a list of only commas as no value and takes the next argument instead,
+    // an option included: `--ram , -t 4` would measure under "-t".
+    for (size_t i = 1; i < args.size(); ++i) {
+        if (!args[i].empty() && args[i].find_first_not_of(',') == std::string::npos) {
+            std::fprintf(stderr, "moeprune: error: %s %s: an empty list; give its values separated by commas\n",
+                         args[i - 1].c_str(), args[i].c_str());
+            return 1;
+        }
     }
     std::vector<char *> argv2;
     for (std::string & a : args) {
@@ -39,6 +49,12 @@ int main(int argc, char ** argv) {
     moeprune::install_cleanup_on_signals();
     try {
         return action();
+    } catch (const moeprune::Interrupted & e) {
+        // What the interrupted work made is removed by now; end as the signal would have.
+        std::fprintf(stderr, "moeprune: %s: stopped, and removed what it had made\n", e.what());
+        std::signal(e.signal(), SIG_DFL);
+        std::raise(e.signal());
+        return 128 + e.signal();
     } catch (const std::exception & e) {
         std::fprintf(stderr, "moeprune: error: %s\n", e.what());
         return 1;

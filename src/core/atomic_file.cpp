@@ -7,7 +7,10 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+
+#include <fmt/format.h>
 #include <sstream>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -51,13 +54,88 @@ extern "C" void remove_temps_and_die(int sig) {
     std::raise(sig);
 }
 
+constexpr int kCleanupSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+
+// The signal a DeferredSignals scope received (0: none), and the process groups its
+// handler kills: plain atomics, as a handler may not lock or allocate.
+std::atomic<int> g_deferred_signal{0};
+std::atomic<int> g_deferring{0};
+constexpr size_t kMaxChildGroups = 8;
+std::atomic<pid_t> g_child_groups[kMaxChildGroups];
+
+extern "C" void defer_signal(int sig) {
+    int none = 0;
+    if (!g_deferred_signal.compare_exchange_strong(none, sig)) {
+        remove_temps_and_die(sig);  // a second signal: the person insists
+    }
+    for (auto & slot : g_child_groups) {
+        if (const pid_t group = slot.load(); group > 0) {
+            ::kill(-group, SIGKILL);
+        }
+    }
+}
+
 } // namespace
 
 void install_cleanup_on_signals() {
-    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) {
+    for (int sig : kCleanupSignals) {
         std::signal(sig, remove_temps_and_die);
     }
     std::signal(SIGXFSZ, SIG_IGN);
+}
+
+Interrupted::Interrupted(int sig)
+    : Error(fmt::format("interrupted by {}", ::sigabbrev_np(sig) ? std::string("SIG") + ::sigabbrev_np(sig)
+                                                                  : fmt::format("signal {}", sig))),
+      signal_(sig) {}
+
+DeferredSignals::DeferredSignals() {
+    if (g_deferring++ == 0) {
+        for (int sig : kCleanupSignals) {
+            struct sigaction sa {};
+            sa.sa_handler = defer_signal;
+            sigemptyset(&sa.sa_mask);
+            ::sigaction(sig, &sa, nullptr);  // no SA_RESTART: a blocking wait returns to check
+        }
+    }
+}
+
+DeferredSignals::~DeferredSignals() {
+    if (--g_deferring == 0) {
+        for (int sig : kCleanupSignals) {
+            std::signal(sig, remove_temps_and_die);
+        }
+    }
+}
+
+void DeferredSignals::check() {
+    if (const int sig = g_deferred_signal.load()) {
+        throw Interrupted(sig);
+    }
+}
+
+bool DeferredSignals::interrupted() { return g_deferred_signal.load() != 0; }
+
+void DeferredSignals::add_child_group(pid_t group) {
+    for (auto & slot : g_child_groups) {
+        pid_t none = 0;
+        if (slot.compare_exchange_strong(none, group)) {
+            if (interrupted()) {
+                ::kill(-group, SIGKILL);  // the signal came while it was starting
+            }
+            return;
+        }
+    }
+    throw Error("too many child processes at once");
+}
+
+void DeferredSignals::remove_child_group(pid_t group) {
+    for (auto & slot : g_child_groups) {
+        pid_t expected = group;
+        if (slot.compare_exchange_strong(expected, 0)) {
+            return;
+        }
+    }
 }
 
 AtomicOutput::AtomicOutput(fs::path final_path) : final_(std::move(final_path)) {
@@ -81,6 +159,22 @@ void AtomicOutput::commit() {
         fail_file(final_.string(), "cannot rename " + temp_.string() + " into place: " + ec.message());
     }
     committed_ = true;
+}
+
+void refuse_unwritable_output(const fs::path & out, const std::string & flag) {
+    if (out.empty()) {
+        return;
+    }
+    std::error_code ec;
+    if (fs::is_directory(out, ec)) {
+        fail_file(out.string(), flag + ": is a folder; give a file name");
+    }
+    AtomicOutput probe(out);
+    const int fd = ::open(probe.temp_path().c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        fail_file(out.string(), fmt::format("{}: cannot be written ({})", flag, std::strerror(errno)));
+    }
+    ::close(fd);
 }
 
 void write_file_atomic(const fs::path & path, const std::string & contents) {

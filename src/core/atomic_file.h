@@ -2,8 +2,11 @@
 // Outputs are written under a temporary name beside the destination and renamed
 // only once complete, so a crash or an error never leaves a valid-looking broken
 // file, and an existing file at the destination survives until the new one is whole.
+#include "core/errors.h"
+
 #include <filesystem>
 #include <string>
+#include <sys/types.h>
 #include <vector>
 
 namespace moeprune {
@@ -37,6 +40,10 @@ void write_temp_file(const AtomicOutput & out, const std::string & contents);
 void refuse_output_clashes(const std::vector<std::filesystem::path> & outputs,
                            const std::vector<std::filesystem::path> & inputs);
 
+// Refuses, before any work, an output (given by `flag`; empty: none) that could not be
+// written at the end: a folder, a missing folder, a read-only file system. Leaves nothing.
+void refuse_unwritable_output(const std::filesystem::path & out, const std::string & flag);
+
 // Refuses a file given twice among `inputs` (the same path, a hard link, or a symbolic
 // link to it), saying `why` that is wrong.
 void refuse_repeated_inputs(const std::vector<std::filesystem::path> & inputs, const std::string & why);
@@ -54,5 +61,35 @@ std::string read_text_file(const std::filesystem::path & path);
 // write over the file size limit fails with EFBIG (reported, cleaned up) instead of
 // killing the process with a half-written temporary file left behind.
 void install_cleanup_on_signals();
+
+// What a work raises when a DeferredSignals scope received a signal: main removes
+// nothing more, and dies of the same signal.
+class Interrupted : public Error {
+public:
+    explicit Interrupted(int sig);
+    int signal() const { return signal_; }
+
+private:
+    int signal_;
+};
+
+// Work that leaves what only it can remove (child processes, memory cgroups, a scratch
+// folder) unwinds on SIGINT, SIGTERM, SIGHUP and SIGQUIT instead of dying at once:
+// while a scope lives, the first such signal kills the process groups of the children
+// it was told of and is remembered, and check() throws Interrupted, so destructors
+// remove what was made. A second signal removes temporary files and dies, as outside.
+class DeferredSignals {
+public:
+    DeferredSignals();
+    ~DeferredSignals();
+    DeferredSignals(const DeferredSignals &) = delete;
+    DeferredSignals & operator=(const DeferredSignals &) = delete;
+
+    static void check();
+    static bool interrupted();
+    // A child that leads its own process group; killed with its whole group on a signal.
+    static void add_child_group(pid_t group);
+    static void remove_child_group(pid_t group);
+};
 
 } // namespace moeprune

@@ -9,11 +9,15 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -70,24 +74,21 @@ const char * kHowToGetOne =
     "run moeprune as root, or inside a cgroup delegated to you with the memory controller, e.g. "
     "`systemd-run --user --scope -p Delegate=yes -p MemoryMax=infinity moeprune measure ...`";
 
-bool process_is_moeprune(long pid) {
-    if (::kill(pid_t(pid), 0) != 0 && errno == ESRCH) {
-        return false;
-    }
-    std::string comm = read_small(fmt::format("/proc/{}/comm", pid));
-    while (!comm.empty() && comm.back() == '\n') {
-        comm.pop_back();
-    }
-    return comm == "moeprune";
-}
-
-// Kills every process left in `dir` and removes it, waiting a little for the kernel
-// to let the killed go. False when it is still there.
+// Kills every process left in `dir` and in the cgroups below it, and removes them all,
+// waiting a little for the kernel to let the killed go. False when `dir` is still there.
 bool kill_and_remove(const fs::path & dir) {
+    std::error_code ec;
+    for (const fs::directory_entry & e : fs::directory_iterator(dir, ec)) {
+        if (e.is_directory(ec) && !e.is_symlink(ec)) {
+            kill_and_remove(e.path());  // a cgroup with children cannot be removed
+        }
+    }
     for (int attempt = 0; attempt < 100; ++attempt) {
         for (const std::string & pid : split(read_small(dir / "cgroup.procs"), '\n')) {
-            if (!pid.empty()) {
-                ::kill(pid_t(std::stol(pid)), SIGKILL);
+            char * end = nullptr;
+            const long p = std::strtol(pid.c_str(), &end, 10);
+            if (p > 0 && end && *end == '\0') {
+                ::kill(pid_t(p), SIGKILL);
             }
         }
         if (::rmdir(dir.c_str()) == 0 || errno == ENOENT) {
@@ -96,6 +97,19 @@ bool kill_and_remove(const fs::path & dir) {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     return false;
+}
+
+constexpr const char * kOwnerLock = "owner.lock";
+
+fs::path temp_dir() {
+    std::error_code ec;
+    const fs::path base = fs::temp_directory_path(ec);
+    const char * tmpdir = std::getenv("TMPDIR");
+    if (ec || !fs::is_directory(base, ec)) {
+        throw Error(fmt::format("TMPDIR={}: is not a folder; measure keeps its scratch files in the temporary folder: "
+                                "set TMPDIR to a writable folder", tmpdir ? tmpdir : "(unset)"));
+    }
+    return base;
 }
 
 std::atomic<unsigned> g_cgroups_made{0};
@@ -173,11 +187,38 @@ CgroupSupport find_memory_cgroup() {
     return s;
 }
 
-MemoryCgroup::MemoryCgroup(const CgroupSupport & support, uint64_t limit_bytes) : version_(support.version), limit_(limit_bytes) {
+MeasureScratch::MeasureScratch() {
+    const fs::path base = temp_dir();
+    std::string tmpl = (base / (std::string(kCgroupPrefix) + "XXXXXX")).string();
+    if (!::mkdtemp(tmpl.data())) {
+        throw Error(fmt::format("TMPDIR={}: cannot make a scratch folder in it: {}; set TMPDIR to a writable folder",
+                                base.string(), std::strerror(errno)));
+    }
+    path_ = tmpl;
+    token_ = path_.filename().string().substr(std::strlen(kCgroupPrefix));
+    const fs::path lock = path_ / kOwnerLock;
+    lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (lock_fd_ < 0 || ::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+        const std::string why = std::strerror(errno);
+        std::error_code ec;
+        fs::remove_all(path_, ec);
+        throw Error(fmt::format("{}: cannot be made and locked ({}); measure marks its scratch folder so; set TMPDIR "
+                                "to a local folder", lock.string(), why));
+    }
+}
+
+MeasureScratch::~MeasureScratch() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+    ::close(lock_fd_);
+}
+
+MemoryCgroup::MemoryCgroup(const CgroupSupport & support, uint64_t limit_bytes, const MeasureScratch & owner)
+    : version_(support.version), limit_(limit_bytes) {
     if (version_ == 0) {
         throw Error(support.problem);
     }
-    path_ = support.parent / fmt::format("{}{}-{}", kCgroupPrefix, ::getpid(), g_cgroups_made++);
+    path_ = support.parent / fmt::format("{}{}-{}", kCgroupPrefix, owner.token(), g_cgroups_made++);
     if (::mkdir(path_.c_str(), 0755) != 0) {
         throw Error(fmt::format("cannot make the memory cgroup {}: {}; {}", path_.string(), std::strerror(errno),
                                 kHowToGetOne));
@@ -228,30 +269,61 @@ uint64_t MemoryCgroup::oom_kills() const {
     return 0;
 }
 
-std::vector<std::string> remove_stale_cgroups(const CgroupSupport & support) {
-    std::vector<std::string> removed;
-    if (support.version == 0) {
-        return removed;
-    }
+StaleSweep remove_stale_measures(const CgroupSupport & support, const MeasureScratch & own) {
+    StaleSweep out;
+    const fs::path tmp = own.path().parent_path();
+    const std::string prefix = kCgroupPrefix;
+    // A scratch folder whose lock can be taken belongs to a measure that is gone; the
+    // lock is held until its cgroups and the folder are removed.
+    std::map<std::string, int> gone;
     std::error_code ec;
-    for (const fs::directory_entry & e : fs::directory_iterator(support.parent, ec)) {
+    for (const fs::directory_entry & e : fs::directory_iterator(tmp, ec)) {
         const std::string name = e.path().filename().string();
-        if (!e.is_directory() || name.rfind(kCgroupPrefix, 0) != 0) {
+        if (name.rfind(prefix, 0) != 0 || e.is_symlink(ec) || !e.is_directory(ec) || name == own.path().filename()) {
             continue;
         }
-        const std::string rest = name.substr(std::strlen(kCgroupPrefix));
-        const auto dash = rest.find('-');
-        if (dash == 0 || dash == std::string::npos ||
-            rest.find_first_not_of("0123456789-") != std::string::npos) {
-            continue;
+        const int fd = ::open((e.path() / kOwnerLock).c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+        if (fd < 0) {
+            continue;  // no marker: not provably a measure's
         }
-        const long maker = std::stol(rest.substr(0, dash));
-        if (maker != long(::getpid()) && !process_is_moeprune(maker) && kill_and_remove(e.path())) {
-            removed.push_back(e.path().string());
+        if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+            gone[name.substr(prefix.size())] = fd;
+        } else {
+            ::close(fd);
         }
     }
-    return removed;
+    if (support.version != 0) {
+        for (const fs::directory_entry & e : fs::directory_iterator(support.parent, ec)) {
+            const std::string name = e.path().filename().string();
+            if (name.rfind(prefix, 0) != 0 || !e.is_directory(ec)) {
+                continue;
+            }
+            const std::string rest = name.substr(prefix.size());
+            const std::string token = rest.substr(0, rest.find('-'));
+            if (token == own.token()) {
+                continue;
+            }
+            const fs::path marker = tmp / (prefix + token) / kOwnerLock;
+            if (gone.count(token)) {
+                if (kill_and_remove(e.path())) {
+                    out.removed.push_back(e.path().string());
+                } else {
+                    out.left.push_back(fmt::format("{}: could not be removed (processes in it would not die)", e.path().string()));
+                }
+            } else if (!fs::exists(marker, ec)) {
+                out.left.push_back(fmt::format("{}: left alone: no live or killed measure claims it ({} is missing: "
+                                               "made under another TMPDIR, by an older moeprune, or not by moeprune)",
+                                               e.path().string(), marker.string()));
+            }
+        }
+    }
+    for (const auto & [token, fd] : gone) {
+        const fs::path dir = tmp / (prefix + token);
+        fs::remove_all(dir, ec);
+        ::close(fd);
+        out.removed.push_back(dir.string());
+    }
+    return out;
 }
-
 
 } // namespace moeprune

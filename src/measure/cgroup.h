@@ -29,14 +29,35 @@ struct CgroupSupport {
 // cgroups under its own; `problem` says what is missing otherwise.
 CgroupSupport find_memory_cgroup();
 
-// Every cgroup name moeprune makes starts so, followed by the maker's pid: a later run
-// removes those whose maker is gone, and never touches another name.
+// Every measure claims what it makes with a marker only a live measure holds: a scratch
+// folder TMPDIR/moeprune-measure-TOKEN whose file `owner.lock` it keeps locked (flock) for
+// its whole life, and cgroups named moeprune-measure-TOKEN-N. A later measure removes a
+// cgroup or scratch folder only when that lock exists and can be taken (its maker is
+// gone), and leaves every other name alone, saying so.
 constexpr const char * kCgroupPrefix = "moeprune-measure-";
+
+// The scratch folder of one measure (workers' specs and results, llama-bench's output),
+// locked while it lives and removed with everything in it.
+class MeasureScratch {
+public:
+    MeasureScratch();
+    ~MeasureScratch();
+    MeasureScratch(const MeasureScratch &) = delete;
+    MeasureScratch & operator=(const MeasureScratch &) = delete;
+
+    const std::filesystem::path & path() const { return path_; }
+    const std::string & token() const { return token_; }
+
+private:
+    std::filesystem::path path_;
+    std::string token_;
+    int lock_fd_ = -1;
+};
 
 class MemoryCgroup {
 public:
-    // A cgroup limited to `limit_bytes` of memory (0: no limit, only accounting).
-    MemoryCgroup(const CgroupSupport & support, uint64_t limit_bytes);
+    // A cgroup limited to `limit_bytes` of memory (0: no limit, only accounting), claimed by `owner`.
+    MemoryCgroup(const CgroupSupport & support, uint64_t limit_bytes, const MeasureScratch & owner);
     ~MemoryCgroup();  // kills what is left inside and removes the cgroup
     MemoryCgroup(const MemoryCgroup &) = delete;
     MemoryCgroup & operator=(const MemoryCgroup &) = delete;
@@ -56,8 +77,13 @@ private:
     std::filesystem::path path_;
 };
 
-// Removes the cgroups an earlier moeprune made and could not remove (it was killed):
-// those named kCgroupPrefix + a pid that is no longer a running moeprune. Returns their paths.
-std::vector<std::string> remove_stale_cgroups(const CgroupSupport & support);
+struct StaleSweep {
+    std::vector<std::string> removed;   // cgroups and scratch folders of measures that are gone
+    std::vector<std::string> left;      // names like moeprune's that no marker proves its own, and why
+};
+
+// Removes the cgroups and scratch folders earlier measures made and could not remove
+// (they were killed), by the rule of kCgroupPrefix; `own` is this measure's.
+StaleSweep remove_stale_measures(const CgroupSupport & support, const MeasureScratch & own);
 
 } // namespace moeprune

@@ -5,6 +5,7 @@
 #include "core/errors.h"
 #include "core/json.h"
 #include "core/sizes.h"
+#include "core/threads.h"
 #include "formats/corpus.h"
 #include "formats/trace.h"
 #include "engine/session.h"
@@ -26,6 +27,7 @@
 #include <numeric>
 #include <optional>
 #include <thread>
+#include <chrono>
 
 #include <fcntl.h>
 #include <linux/magic.h>
@@ -142,39 +144,21 @@ void drop_model_pages(const std::vector<fs::path> & shards) {
     }
 }
 
-// A scratch folder for the workers' specs and results, removed with everything in it.
-class ScratchDir {
-public:
-    ScratchDir() {
-        const fs::path base = fs::temp_directory_path();
-        std::string tmpl = (base / "moeprune-measure-XXXXXX").string();
-        if (!::mkdtemp(tmpl.data())) {
-            throw Error(fmt::format("cannot make a scratch folder under {}: {}", base.string(), std::strerror(errno)));
-        }
-        path_ = tmpl;
-    }
-    ~ScratchDir() {
-        std::error_code ec;
-        fs::remove_all(path_, ec);
-    }
-    const fs::path & path() const { return path_; }
-
-private:
-    fs::path path_;
-};
-
 struct WorkerExit {
     json result;
     int signal = 0;   // the signal that killed the worker, 0 when it exited
     int status = 0;
+    bool timed_out = false;   // killed (with its process group) after `timeout_s`
+    double seconds = 0;
 };
 
 // Runs `args` in a child process, inside `cgroup` when given, its standard output into
 // `stdout_path` when given. The child joins the cgroup before exec, so everything it maps
 // and faults is charged there, and dies with this process (PR_SET_PDEATHSIG) so a killed
-// measure leaves no child behind.
+// measure leaves no child behind. It leads its own process group, which a signal to
+// measure (DeferredSignals) or `timeout_s` kills whole: a script's children too.
 WorkerExit spawn_in(std::vector<std::string> args, const MemoryCgroup * cgroup, const fs::path & stdout_path = {},
-                    const fs::path & stderr_path = {}) {
+                    const fs::path & stderr_path = {}, double timeout_s = 0) {
     const std::string procs = cgroup ? cgroup->procs_file().string() : "";
     std::vector<char *> argv;
     for (std::string & a : args) {
@@ -187,6 +171,7 @@ WorkerExit spawn_in(std::vector<std::string> args, const MemoryCgroup * cgroup, 
         throw Error(fmt::format("cannot start {}: {}", args.front(), std::strerror(errno)));
     }
     if (pid == 0) {
+        ::setpgid(0, 0);
         ::prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (::getppid() != parent) {
             ::_exit(125);
@@ -210,12 +195,33 @@ WorkerExit spawn_in(std::vector<std::string> args, const MemoryCgroup * cgroup, 
             }
         }
         ::execv(argv[0], argv.data());
+        const char * why = std::strerror(errno);
+        for (const char * part : {"cannot run ", static_cast<const char *>(argv[0]), ": ", why, "\n"}) {
+            [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, part, std::strlen(part));
+        }
         ::_exit(127);
     }
-    int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
+    ::setpgid(pid, pid);  // as the child does, so the group exists before either goes on
+    DeferredSignals::add_child_group(pid);
     WorkerExit out;
+    const auto t0 = std::chrono::steady_clock::now();
+    int status = 0;
+    for (;;) {
+        const pid_t done = ::waitpid(pid, &status, WNOHANG);
+        if (done == pid || (done < 0 && errno != EINTR)) {
+            break;
+        }
+        out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (timeout_s > 0 && out.seconds > timeout_s && !out.timed_out) {
+            out.timed_out = true;
+            ::kill(-pid, SIGKILL);
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ::kill(-pid, SIGKILL);  // what the child started and left behind
+    DeferredSignals::remove_child_group(pid);
+    DeferredSignals::check();
     if (WIFSIGNALED(status)) {
         out.signal = WTERMSIG(status);
     } else {
@@ -226,7 +232,7 @@ WorkerExit spawn_in(std::vector<std::string> args, const MemoryCgroup * cgroup, 
 
 // Runs `spec` in `measure-worker`, a child process of this program.
 WorkerExit spawn_worker(const fs::path & exe, const WorkerSpec & spec, const MemoryCgroup * cgroup,
-                        const ScratchDir & scratch, const std::string & name) {
+                        const MeasureScratch & scratch, const std::string & name) {
     const fs::path spec_path = scratch.path() / (name + ".spec.json");
     const fs::path out_path = scratch.path() / (name + ".result.json");
     write_file_atomic(spec_path, to_json(spec).dump());
@@ -342,7 +348,11 @@ public:
             probe_storage();
         }
         limited_runs();
-        predict();
+        rep_.busy = machine_was_busy(rep_);
+        if (rep_.busy.empty()) {
+            predict();
+        }
+        DeferredSignals::check();
         return finish();
     }
 
@@ -369,8 +379,11 @@ private:
     InspectReport info_;
     std::vector<int32_t> tokens_;
     int threads_ = 1, ctx_ = 0;
+    std::vector<RamLimit> ram_limits_;
+    double longest_worker_s_ = 0;
     CgroupSupport cgroups_;
-    ScratchDir scratch_;
+    DeferredSignals signals_;
+    MeasureScratch scratch_;
     std::optional<AtomicOutput> trace_out_;
     fs::path all_tokens_trace_;   // warm-up and timed tokens, for the prediction
     json storage_;
@@ -379,13 +392,32 @@ private:
 };
 
 void Measurement::check_options() {
-    if (opt_.tokens < 1 || opt_.warmup < 0 || opt_.ctx < 0 || opt_.threads < 0) {
-        throw Error("--tokens must be at least 1, --warmup, -c and -t at least 0");
+    constexpr int kMostTokens = 1 << 20;  // a context llama.cpp can hold; their sum must fit an int
+    if (opt_.tokens < 1 || opt_.tokens > kMostTokens || opt_.warmup < 0 || opt_.warmup > kMostTokens || opt_.ctx < 0 ||
+        opt_.ctx > 2 * kMostTokens) {
+        throw Error(fmt::format("--tokens {} and --warmup {}: tokens 1 to {}, warm-up 0 to {}; -c {}: 0 to {}",
+                                opt_.tokens, opt_.warmup, kMostTokens, kMostTokens, opt_.ctx, 2 * kMostTokens));
+    }
+    if (opt_.probe_mib < 0 || opt_.probe_mib > (int64_t(1) << 24)) {
+        throw Error(fmt::format("--probe-mib {}: the storage probe reads 0 (none) to {} MiB (16 TiB)", opt_.probe_mib,
+                                int64_t(1) << 24));
     }
     if (opt_.ram.empty()) {
         throw Error("--ram needs at least one limit");
     }
-    threads_ = opt_.threads > 0 ? opt_.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+    for (const std::string & ram : opt_.ram) {
+        ram_limits_.push_back(parse_ram_limit(ram, "--ram"));
+    }
+    if (!opt_.llama_bench.empty() && ::access(opt_.llama_bench.c_str(), X_OK) != 0) {
+        fail_file(opt_.llama_bench.string(), fmt::format("--llama-bench: is not a program this user can run ({})",
+                                                         std::strerror(errno)));
+    }
+    if (!(std::isfinite(opt_.llama_bench_timeout) && opt_.llama_bench_timeout >= 0)) {
+        throw Error(fmt::format("--llama-bench-timeout {}: seconds >= 0 (0: chosen from the model)", opt_.llama_bench_timeout));
+    }
+    refuse_unwritable_output(opt_.json_out, "--json");
+    refuse_unwritable_output(opt_.trace_out, "--trace");
+    threads_ = check_threads(opt_.threads, "-t");
     ctx_ = opt_.ctx > 0 ? opt_.ctx : opt_.warmup + opt_.tokens;
     if (ctx_ < opt_.warmup + opt_.tokens) {
         throw Error(fmt::format("-c {} cannot hold --warmup {} + --tokens {} tokens", ctx_, opt_.warmup, opt_.tokens));
@@ -400,6 +432,9 @@ void Measurement::read_model() {
     }
     std::vector<fs::path> inputs = gguf_->shard_paths();
     inputs.push_back(opt_.text);
+    if (!opt_.llama_bench.empty()) {
+        inputs.push_back(opt_.llama_bench);
+    }
     refuse_output_clashes({opt_.json_out, opt_.trace_out}, inputs);
     for (const fs::path & shard : gguf_->shard_paths()) {
         refuse_ram_filesystem(shard);
@@ -459,8 +494,12 @@ void Measurement::find_cgroups() {
     if (cgroups_.version == 0) {
         throw Error(cgroups_.problem);
     }
-    for (const std::string & stale : remove_stale_cgroups(cgroups_)) {
+    const StaleSweep swept = remove_stale_measures(cgroups_, scratch_);
+    for (const std::string & stale : swept.removed) {
         std::fprintf(stderr, "moeprune: removed %s, left by a measure that was killed\n", stale.c_str());
+    }
+    for (const std::string & left : swept.left) {
+        std::fprintf(stderr, "moeprune: %s\n", left.c_str());
     }
 }
 
@@ -480,6 +519,7 @@ WorkerSpec Measurement::decode_spec(const std::string & label) const {
 WorkerExit Measurement::run_worker_in(const WorkerSpec & spec, const MemoryCgroup & cgroup, const std::string & name,
                                       const std::string & what) {
     WorkerExit w = spawn_worker(opt_.worker_exe, spec, &cgroup, scratch_, name);
+    longest_worker_s_ = std::max(longest_worker_s_, w.seconds);
     if (w.signal == SIGKILL && cgroup.oom_kills() > 0) {
         throw Error(fmt::format("{}: the memory cgroup's limit of {} was too small; the kernel killed the run for "
                                 "memory. The model needs {} resident (weights outside the experts and the process's "
@@ -514,7 +554,7 @@ void Measurement::resident_run() {
     r.cache_bytes = rep_.routed_expert_bytes;
     bracketed(r, 0, "resident", [&] {
         drop_model_pages(gguf_->shard_paths());
-        MemoryCgroup cgroup(cgroups_, 0);
+        MemoryCgroup cgroup(cgroups_, 0, scratch_);
         const WorkerExit w = run_worker_in(spec, cgroup, "resident", "the resident run");
         r.peak_bytes = cgroup.peak_bytes();
         r.detail = w.result;
@@ -535,28 +575,57 @@ void Measurement::resident_run() {
 // run shifts both sides alike.
 json Measurement::llama_bench_once(uint64_t limit, const std::string & ram, const std::string & name) {
     drop_model_pages(gguf_->shard_paths());
-    MemoryCgroup cgroup(cgroups_, limit);
+    MemoryCgroup cgroup(cgroups_, limit, scratch_);
     const fs::path out = scratch_.path() / (name + ".llama-bench.json"), log = scratch_.path() / (name + ".llama-bench.log");
     const std::vector<std::string> args = {opt_.llama_bench.string(), "-m", opt_.model.string(), "-p", "0", "-n",
                                            std::to_string(opt_.tokens), "-r", "3", "-t", std::to_string(threads_),
                                            "-o", "json"};
-    const WorkerExit w = spawn_in(args, &cgroup, out, log);
-    if (w.signal != 0 || w.status != 0) {
-        std::string tail = read_text_file(log);
-        tail = tail.substr(tail.size() > 2000 ? tail.size() - 2000 : 0);
-        throw Error(fmt::format("{} under --ram {}: {}; its last messages:\n{}", opt_.llama_bench.string(), ram,
-                                w.signal ? fmt::format("killed by signal {}", w.signal) : fmt::format("status {}", w.status),
-                                tail));
-    }
-    return with_json_errors(out.string(), [&] {
-        const json tests = parse_json(read_text_file(out), out.string());
-        const auto samples = tests.at(0).at("samples_ts").get<std::vector<double>>();
-        if (samples.size() < 2) {
-            fail_file(out.string(), "holds fewer than the 2 repetitions asked for");
+    // Bounded: cold reads of the whole model at a slow disk's 50 MB/s for its load and 3
+    // repetitions, and far more than measure's own slowest run so far.
+    const double timeout = opt_.llama_bench_timeout > 0
+                               ? opt_.llama_bench_timeout
+                               : 300 + 4 * double(info_.file_bytes) / 50e6 + 20 * longest_worker_s_;
+    const WorkerExit w = spawn_in(args, &cgroup, out, log, timeout);
+    const std::string program = opt_.llama_bench.string();
+    const auto messages = [&] {
+        std::string tail;
+        try {
+            tail = read_text_file(log);
+        } catch (const std::exception &) {
         }
-        const double steady = std::accumulate(samples.begin() + 1, samples.end(), 0.0) / double(samples.size() - 1);
-        return json{{"command", fmt::format("{}", fmt::join(args, " "))}, {"samples_ts", samples}, {"tokens_per_second", steady}};
-    });
+        tail = tail.substr(tail.size() > 2000 ? tail.size() - 2000 : 0);
+        return tail.empty() ? std::string("; it printed no messages") : "; its last messages:\n" + tail;
+    };
+    if (w.timed_out) {
+        throw Error(fmt::format("{} under --ram {}: did not finish in {:.0f} s, so it and every process it started were "
+                                "killed (--llama-bench-timeout sets the bound){}",
+                                program, ram, timeout, messages()));
+    }
+    if (w.signal != 0 || w.status != 0) {
+        throw Error(fmt::format("{} under --ram {}: {}{}", program, ram,
+                                w.signal ? fmt::format("killed by signal {}", w.signal) : fmt::format("exited with status {}", w.status),
+                                messages()));
+    }
+    std::vector<double> samples;
+    try {
+        const json tests = json::parse(read_text_file(out));
+        samples = tests.at(0).at("samples_ts").get<std::vector<double>>();
+    } catch (const std::exception & e) {
+        throw Error(fmt::format("{} under --ram {}: its standard output is not llama-bench's JSON (-o json) with "
+                                "\"samples_ts\" ({}){}", program, ram, e.what(), messages()));
+    }
+    if (samples.size() < 2) {
+        throw Error(fmt::format("{} under --ram {}: printed {} repetitions, fewer than the 3 asked for", program, ram,
+                                samples.size()));
+    }
+    for (const double t : samples) {
+        if (!(std::isfinite(t) && t > 0 && t < 1e9)) {
+            throw Error(fmt::format("{} under --ram {}: printed samples_ts [{}]: tokens/s must be finite and > 0", program,
+                                    ram, fmt::join(samples, ", ")));
+        }
+    }
+    const double steady = std::accumulate(samples.begin() + 1, samples.end(), 0.0) / double(samples.size() - 1);
+    return json{{"command", fmt::format("{}", fmt::join(args, " "))}, {"samples_ts", samples}, {"tokens_per_second", steady}};
 }
 
 // measure's run `decode` between two llama-bench runs under the same limit (each when asked for).
@@ -581,24 +650,12 @@ void Measurement::bracketed(MeasuredRun & r, uint64_t limit, const std::string &
 
 // Every --ram as bytes of the whole child process, refused below what must stay resident.
 void Measurement::resolve_limits() {
-    for (const std::string & ram : opt_.ram) {
-        uint64_t limit = 0;
-        if (!ram.empty() && ram.back() == '%') {
-            double share = -1;
-            try {
-                size_t used = 0;
-                share = std::stod(ram.substr(0, ram.size() - 1), &used);
-                share = used == ram.size() - 1 ? share : -1;
-            } catch (const std::exception &) {
-                share = -1;
-            }
-            if (!(share >= 0 && share <= 1000)) {
-                throw Error(fmt::format("--ram: \"{}\" is not a share of the expert bytes (e.g. 50%)", ram));
-            }
-            limit = rep_.resident_need_bytes + uint64_t(share / 100.0 * double(rep_.routed_expert_bytes));
-        } else {
-            limit = uint64_t(parse_size(ram, "--ram"));
-        }
+    for (size_t i = 0; i < opt_.ram.size(); ++i) {
+        const std::string & ram = opt_.ram[i];
+        const RamLimit & given = ram_limits_[i];
+        const uint64_t limit = given.share ? rep_.resident_need_bytes +
+                                                 uint64_t(given.value / 100.0 * double(rep_.routed_expert_bytes))
+                                           : uint64_t(given.value);
         if (limit < rep_.resident_need_bytes) {
             throw Error(fmt::format(
                 "--ram {}: {} is below what {} needs resident, {} ({} of weights outside the routed experts and {} of "
@@ -617,7 +674,7 @@ void Measurement::probe_storage() {
     spec.label = "measure probe";
     spec.model = opt_.model;
     spec.threads = threads_;
-    spec.probe_bytes = std::min<uint64_t>(opt_.probe_mib << 20, rep_.routed_expert_bytes);
+    spec.probe_bytes = std::min<uint64_t>(uint64_t(opt_.probe_mib) << 20, rep_.routed_expert_bytes);
     spec.seed = opt_.seed;
     // Under a limit of a quarter of what it reads, plus room for the worker's own memory
     // (at most the decoding process's), so that most of its faults wait for reclaim as a
@@ -625,7 +682,7 @@ void Measurement::probe_storage() {
     const uint64_t own = std::max<uint64_t>(rep_.process_bytes, uint64_t(64) << 20);
     const uint64_t limit = std::min(*std::min_element(limits_.begin(), limits_.end()), own + spec.probe_bytes / 4);
     drop_model_pages(gguf_->shard_paths());
-    MemoryCgroup cgroup(cgroups_, limit);
+    MemoryCgroup cgroup(cgroups_, limit, scratch_);
     const WorkerExit w = run_worker_in(spec, cgroup, "probe", "the storage probe");
     rep_.probe = with_json_errors("the storage probe's result", [&] { return probe_figures(w.result, limit); });
     rep_.probed = true;
@@ -640,7 +697,7 @@ void Measurement::limited_runs() {
         r.cache_bytes = limits_[i] - rep_.resident_need_bytes;
         bracketed(r, limits_[i], fmt::format("run{}", i), [&] {
             drop_model_pages(gguf_->shard_paths());
-            MemoryCgroup cgroup(cgroups_, limits_[i]);
+            MemoryCgroup cgroup(cgroups_, limits_[i], scratch_);
             WorkerSpec spec = decode_spec(fmt::format("measure {} ({})", ram, mib(limits_[i])));
             spec.residency_every = std::max(1, opt_.tokens / 16);
             spec.residency_experts = routed_expert_slabs(*gguf_, info_);
@@ -796,6 +853,7 @@ json to_json(const MeasureReport & r) {
                  return most;
              }()},
             {"max_error", r.max_error < 0 ? json() : json(r.max_error)},
+            {"busy", r.busy.empty() ? json() : json(r.busy)},
             {"trace", r.trace.empty() ? json() : json(r.trace)}};
 }
 
@@ -837,11 +895,62 @@ std::string to_text(const MeasureReport & r) {
                                100 * m->llama_bench.at("difference").get<double>());
         }
     }
+    if (!r.busy.empty()) {
+        out += fmt::format("the machine was busy: {}: measure again on a quiet machine (nothing is calibrated on these "
+                           "figures, and plan --measured refuses them)\n", r.busy);
+    }
     if (r.median_error >= 0) {
         out += fmt::format("predicted from the resident run, the probe and the trace: median error {:.1f}%, max {:.1f}%\n",
                            100 * r.median_error, 100 * r.max_error);
     }
     return out;
+}
+
+RamLimit parse_ram_limit(const std::string & ram, const std::string & flag) {
+    RamLimit out;
+    if (!ram.empty() && ram.back() == '%') {
+        double share = -1;
+        try {
+            size_t used = 0;
+            share = std::stod(ram.substr(0, ram.size() - 1), &used);
+            share = used == ram.size() - 1 && ram.find_first_not_of("0123456789.%") == std::string::npos ? share : -1;
+        } catch (const std::exception &) {
+            share = -1;
+        }
+        if (!(share >= 0 && share <= 1000)) {
+            throw Error(fmt::format("{} \"{}\": not a share of the expert bytes (0% to 1000%, e.g. 50%)", flag, ram));
+        }
+        out.share = true;
+        out.value = share;
+        return out;
+    }
+    if (ram.empty()) {
+        throw Error(fmt::format("{}: an empty limit; give sizes (768M, 2G) or shares (50%), separated by commas", flag));
+    }
+    out.value = parse_size(ram, flag);
+    return out;
+}
+
+std::string machine_was_busy(const MeasureReport & r) {
+    // A limited run reads from storage what the resident one holds in memory: its median
+    // token cannot be much faster. Medians, so that a few preempted tokens are not a busy machine.
+    const double resident_ms = r.resident.decode.ms_median;
+    for (const MeasuredRun & m : r.runs) {
+        if (resident_ms > 2 * m.decode.ms_median) {
+            return fmt::format("the resident run took {:.2f} ms per token (median), more than twice the {:.2f} ms of "
+                               "the run under --ram {}, which reads what it holds from storage; another job was using "
+                               "the CPUs", resident_ms, m.decode.ms_median, m.ram);
+        }
+    }
+    if (!r.resident.llama_bench.is_null()) {
+        const double peer = r.resident.llama_bench.value("tokens_per_second", 0.0);
+        const double own = r.resident.decode.tokens_per_second;
+        if (peer > 0 && own > 0 && std::max(peer, own) > 3 * std::min(peer, own)) {
+            return fmt::format("the resident run's {:.2f} tokens/s are more than 3 times away from llama-bench's {:.2f} "
+                               "under the same conditions", own, peer);
+        }
+    }
+    return "";
 }
 
 MeasureReport run_measure(const MeasureOptions & opt) {

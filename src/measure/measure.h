@@ -25,7 +25,7 @@ struct MeasureOptions {
     int warmup = 32;            // untimed tokens decoded first in every run
     int ctx = 0;                // 0: warmup + tokens
     int threads = 0;            // 0: one per core
-    uint64_t probe_mib = 256;   // storage probe: MiB of random experts read; 0: no probe
+    int64_t probe_mib = 256;    // storage probe: MiB of random experts read; 0: no probe
     uint64_t seed = 1;          // the probe's order of experts
     bool repack = true;         // false: llama.cpp's --no-repack (weights stay mapped, as streaming needs)
     bool text_only = false;     // leave out a corpus' documents with media instead of refusing them (run)
@@ -34,7 +34,16 @@ struct MeasureOptions {
     // llama.cpp's llama-bench, run under every limit too (its text generation): the check that
     // measure's tokens/s are llama.cpp's. Empty: not run.
     std::filesystem::path llama_bench;
+    double llama_bench_timeout = 0;   // seconds one llama-bench run may take; 0: from the model's size and measure's runs
 };
+
+// One --ram limit as written: bytes, or a share of the routed expert bytes above what
+// stays resident. Refuses anything else, naming `flag`.
+struct RamLimit {
+    bool share = false;
+    double value = 0;   // bytes, or percent
+};
+RamLimit parse_ram_limit(const std::string & text, const std::string & flag);
 
 // Per-token figures of one decode run (the timed tokens).
 struct DecodeFigures {
@@ -84,11 +93,16 @@ struct MeasureReport {
     std::vector<MeasuredRun> runs;
     StreamCalibration calibration;       // what the predictions are computed from
     double median_error = -1, max_error = -1;   // over the predicted runs; -1 when none
+    std::string busy;                    // why the figures cannot be a quiet machine's; empty when they can
     std::string trace;                   // --trace, or empty
 };
 
 nlohmann::json to_json(const MeasureReport & r);
 std::string to_text(const MeasureReport & r);
+
+// Why `r` cannot come from a quiet machine (a resident decode slower than a limited one,
+// or far from llama-bench's), or empty: such a run calibrates nothing.
+std::string machine_was_busy(const MeasureReport & r);
 
 // Runs everything; writes --json and --trace when given (each complete, or not at all).
 MeasureReport run_measure(const MeasureOptions & opt);

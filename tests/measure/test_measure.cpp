@@ -2,6 +2,7 @@
 // a delegated cgroup); skipped with the reason where it cannot.
 #include "formats/trace.h"
 #include "measure/cgroup.h"
+#include "measure/measure.h"
 #include "support/test_support.h"
 
 #include <gtest/gtest.h>
@@ -9,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <csignal>
 #include <unistd.h>
 
@@ -33,18 +35,26 @@ std::string measure_args(const test::TempDir & dir, const std::string & extra, i
                        (dir / "text.txt").string(), warmup, tokens, extra);
 }
 
-// A cgroup name moeprune would make for a process that is gone.
-fs::path planted_stale_cgroup(const CgroupSupport & s) {
-    pid_t dead = 0;
-    for (pid_t p = 4000000; p > 1000; p -= 7919) {
-        if (::kill(p, 0) != 0 && errno == ESRCH) {
-            dead = p;
-            break;
-        }
-    }
-    const fs::path stale = s.parent / fmt::format("{}{}-0", kCgroupPrefix, dead);
+// What a killed measure leaves: its scratch folder with the marker no one holds, and a
+// cgroup named by its token. Returns the cgroup.
+fs::path planted_killed_measure(const CgroupSupport & s, const std::string & token) {
+    const fs::path scratch = fs::temp_directory_path() / (kCgroupPrefix + token);
+    fs::create_directories(scratch);
+    test::write_text(scratch / "owner.lock", "");
+    const fs::path stale = s.parent / fmt::format("{}{}-0", kCgroupPrefix, token);
     fs::create_directory(stale);
     return stale;
+}
+
+// pgrep for a command line, less the shell that runs it (whose own line holds the pattern).
+std::string pgrep(const std::string & marker) { return fmt::format("pgrep -f '[{}]{}'", marker[0], marker.substr(1)); }
+
+size_t count_named(const fs::path & dir, const std::string & prefix) {
+    size_t n = 0;
+    for (const fs::directory_entry & e : fs::directory_iterator(dir)) {
+        n += e.path().filename().string().rfind(prefix, 0) == 0;
+    }
+    return n;
 }
 
 } // namespace
@@ -167,33 +177,182 @@ TEST(Measure, RefusesWhatCannotBeMeasuredAndLeavesNoCgroup) {
         EXPECT_NE(r.output.find("RAM file system"), std::string::npos) << r.output;
     }
     // A limit below what stays resident, after the resident run measured it; that run
-    // also removes the cgroup a killed measure left.
-    const fs::path stale = planted_stale_cgroup(support);
+    // also removes what a killed measure left.
+    const std::string token = fmt::format("t{}", ::getpid());
+    const fs::path stale = planted_killed_measure(support, token);
     r = test::run_command(moeprune_cmd(measure_args(dir, "--ram 1M")));
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.output.find("--ram 1M: 1.0 MiB is below what"), std::string::npos) << r.output;
     EXPECT_FALSE(fs::exists(stale)) << r.output;
+    EXPECT_FALSE(fs::exists(fs::temp_directory_path() / (kCgroupPrefix + token))) << r.output;
     EXPECT_NE(r.output.find("removed " + stale.string()), std::string::npos) << r.output;
+}
 
-    // kill -9 of measure while its worker decodes: the worker dies with it, and the next
-    // measure removes the cgroup it left.
-    const std::string script = fmt::format(
-        "{} >/dev/null 2>&1 & m=$!; for i in $(seq 200); do ls {} | grep -q \"^{}$m-\" && break; sleep 0.05; done; "
-        "kill -9 $m; wait $m 2>/dev/null; sleep 0.3; echo; ls {} | grep -c \"^{}$m-\"",
-        moeprune_cmd(measure_args(dir, "", 600, 0)), support.parent.string(), kCgroupPrefix,
-        support.parent.string(), kCgroupPrefix);
-    test::write_text(dir / "kill.sh", script);
-    r = test::run_command("bash " + (dir / "kill.sh").string());
-    EXPECT_TRUE(r.output.ends_with("\n1\n")) << "the killed measure's cgroup should remain until the next run: " << r.output;
-    r = test::run_command(moeprune_cmd(measure_args(dir, "--ram 1M")));
-    EXPECT_NE(r.output.find("left by a measure that was killed"), std::string::npos) << r.output;
-    for (const fs::directory_entry & e : fs::directory_iterator(support.parent)) {
-        const std::string name = e.path().filename().string();
-        if (name.rfind(kCgroupPrefix, 0) == 0) {
-            const long pid = std::stol(name.substr(std::string(kCgroupPrefix).size()));
-            EXPECT_EQ(::kill(pid_t(pid), 0), 0) << name << " was left by a process that is gone";
-        }
+// Every signal a person sends: INT, TERM and HUP unwind (no cgroup, scratch folder, child
+// or output left, and the process dies of the signal); KILL leaves what the next measure
+// removes. Only what a marker proves a measure's own is ever removed.
+TEST(Measure, SignalsLeaveNothingAndOnlyMarkedLeftoversAreRemoved) {
+    const CgroupSupport support = find_memory_cgroup();
+    if (support.version == 0) {
+        GTEST_SKIP() << support.problem;
     }
+    test::TempDir dir;
+    make_inputs(dir);
+    const fs::path tmp = dir / "tmp";
+    fs::create_directory(tmp);
+    // A measure started through a link (its process is not named moeprune), and a cgroup
+    // with moeprune's prefix that no measure made, with a process inside: both must live on.
+    // Every measure here waits in a llama-bench that never ends (a script and its child).
+    fs::create_symlink(test::bin("moeprune"), dir / "renamed");
+    const fs::path foreign = support.parent / fmt::format("{}99999999999999999999-0", kCgroupPrefix);
+    fs::create_directory(foreign);
+    const std::string long_marker = fmt::format("moeprune-test-long-{}", ::getpid());
+    const std::string marker = fmt::format("moeprune-test-bench-{}", ::getpid());
+    for (const auto & [file, name] : {std::pair{"long.sh", long_marker}, {"bench.sh", marker}}) {
+        test::write_text(dir / file, fmt::format("#!/bin/bash\nbash -c 'exec -a {} sleep 1000' & wait\n", name));
+        fs::permissions(dir / file, fs::perms::owner_all);
+    }
+    const std::string args = measure_args(dir, "--llama-bench-timeout 300 --llama-bench ", 16, 0);
+    const std::string kill_script = fmt::format(
+        "export TMPDIR={tmp}; {renamed} {args}{dir}/long.sh >/dev/null 2>&1 & long=$!; "
+        "sleep 1000 & sleeper=$!; echo $sleeper > {foreign}/cgroup.procs; "
+        "for sig in INT TERM HUP KILL; do "
+        "  {moeprune} {args}{dir}/bench.sh --json {dir}/$sig.json > {dir}/$sig.log 2>&1 & m=$!; "
+        "  for i in $(seq 400); do [ $(pgrep -fc {marker}) -ge 1 ] && [ $(pgrep -fc {long_marker}) -ge 1 ] && break; sleep 0.05; done; "
+        "  kill -$sig $m; wait $m; echo \"$sig $?\"; sleep 0.3; "
+        "  echo \"$sig left $(ls {parent} | grep -c '^{prefix}') $(ls {tmp} | grep -c '^{prefix}') "
+        "$(ls {dir} | grep -c partial) $(pgrep -fc {marker})\"; "
+        "done; "
+        "kill -0 $long && echo long-alive; kill -0 $sleeper && echo sleeper-alive; kill $long $sleeper; wait",
+        fmt::arg("tmp", tmp.string()), fmt::arg("renamed", (dir / "renamed").string()), fmt::arg("args", args),
+        fmt::arg("dir", dir.path().string()), fmt::arg("foreign", foreign.string()),
+        fmt::arg("moeprune", test::bin("moeprune").string()), fmt::arg("marker", marker),
+        fmt::arg("long_marker", long_marker), fmt::arg("parent", support.parent.string()),
+        fmt::arg("prefix", kCgroupPrefix));
+    test::write_text(dir / "kill.sh", kill_script);
+    auto r = test::run_command("bash " + (dir / "kill.sh").string());
+    // The long measure's cgroup and scratch folder, the foreign cgroup: 2 and 1; INT, TERM
+    // and HUP add nothing, and kill llama-bench's child; KILL leaves its cgroup, folder and
+    // the child (PR_SET_PDEATHSIG reaches the script only).
+    for (const char * line : {"INT 130", "TERM 143", "HUP 129", "KILL 137", "INT left 2 1 0 0", "TERM left 2 1 0 0",
+                              "HUP left 2 1 0 0", "KILL left 3 2 0 1", "long-alive", "sleeper-alive"}) {
+        EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
+    }
+    for (const char * sig : {"INT", "TERM", "HUP"}) {
+        const std::string log = test::read_bytes(dir / (std::string(sig) + ".log"));
+        EXPECT_NE(log.find(std::string("interrupted by SIG") + sig), std::string::npos) << log;
+        EXPECT_FALSE(fs::exists(dir / (std::string(sig) + ".json")));
+    }
+    // The next measure removes the killed one's cgroup and scratch folder, names the
+    // foreign cgroup and leaves it (its process alive), and kills nothing else.
+    fs::create_directory(dir / "leftover");
+    r = test::run_command(fmt::format("TMPDIR={} ", tmp.string()) + moeprune_cmd(measure_args(dir, "--ram 1M")));
+    EXPECT_NE(r.output.find("left by a measure that was killed"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(foreign.string() + ": left alone"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("stol"), std::string::npos) << r.output;
+    EXPECT_EQ(count_named(tmp, kCgroupPrefix), 0u) << r.output;
+    EXPECT_TRUE(fs::exists(foreign));
+    EXPECT_NE(test::run_command(pgrep(marker)).exit_code, 0) << "the killed measure's llama-bench child lives on";
+    fs::remove(foreign);
+    size_t ours = 0;
+    for (const fs::directory_entry & e : fs::directory_iterator(support.parent)) {
+        ours += e.path().filename().string().rfind(kCgroupPrefix, 0) == 0;
+    }
+    EXPECT_EQ(ours, 0u) << "every measure of this test is gone";
+}
+
+// A cgroup below a killed measure's (made by hand) is removed with it, at once.
+TEST(Measure, StaleCgroupWithChildrenIsRemovedWhole) {
+    const CgroupSupport support = find_memory_cgroup();
+    if (support.version == 0) {
+        GTEST_SKIP() << support.problem;
+    }
+    test::TempDir dir;
+    make_inputs(dir);
+    const std::string token = fmt::format("c{}", ::getpid());
+    const fs::path stale = planted_killed_measure(support, token);
+    fs::create_directory(stale / "child");
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto r = test::run_command(moeprune_cmd(measure_args(dir, "--ram 1M")));
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_FALSE(fs::exists(stale)) << r.output;
+    EXPECT_NE(r.output.find("removed " + stale.string()), std::string::npos) << r.output;
+    EXPECT_LT(seconds, 60) << r.output;
+}
+
+// Hostile numbers and programs: refused by name before the resident run, inputs intact.
+TEST(Measure, HostileSettingsAndLlamaBenchProgramsAreRefusedByName) {
+    const CgroupSupport support = find_memory_cgroup();
+    if (support.version == 0) {
+        GTEST_SKIP() << support.problem;
+    }
+    test::TempDir dir;
+    make_inputs(dir);
+    const auto refused = [&](const std::string & extra, const std::string & message, const std::string & env = "") {
+        const auto r = test::run_command(env + moeprune_cmd(measure_args(dir, extra)));
+        EXPECT_NE(r.exit_code, 0) << extra << "\n" << r.output;
+        EXPECT_NE(r.output.find(message), std::string::npos) << extra << "\n" << r.output;
+        EXPECT_EQ(r.output.find("resident run"), std::string::npos) << "checked only after the resident run: " << r.output;
+        return r.output;
+    };
+    refused("-t 10000", "threads are 0 (one per CPU) to");
+    refused("--ram , -t 1", "--ram ,: an empty list");
+    refused("--ram 5x", "--ram \"5x\" is not a size");
+    refused("--ram 50%%%", "--ram \"50%%%\": not a share");
+    refused("--json " + dir.path().string(), ": --json: is a folder");
+    refused("--json " + (dir / "no" / "m.json").string(), "--json: cannot be written");
+    refused("", "TMPDIR=/nonexistent: is not a folder", "TMPDIR=/nonexistent ");
+    for (const auto & [flags, message] :
+         {std::pair<std::string, std::string>{"--probe-mib -1", "--probe-mib -1: the storage probe reads 0 (none) to"},
+          {"--probe-mib 17592186044416", "--probe-mib 17592186044416: the storage probe reads 0 (none) to"},
+          {"--tokens 2147483647", "--tokens 2147483647 and --warmup 32: tokens 1 to"}}) {
+        const auto r = test::run_command(moeprune_cmd(
+            fmt::format("measure -m {} -f {} {}", (dir / "m.gguf").string(), (dir / "text.txt").string(), flags)));
+        EXPECT_NE(r.exit_code, 0);
+        EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
+    }
+    // llama-bench programs: one that never ends (nor does its child), one printing
+    // impossible samples, one that cannot run, and one given as --json.
+    const std::string marker = fmt::format("moeprune-test-hang-{}", ::getpid());
+    test::write_text(dir / "hang.sh", fmt::format("#!/bin/bash\nbash -c 'exec -a {} sleep 1000' & wait\n", marker));
+    test::write_text(dir / "bad.sh", "#!/bin/sh\necho '[{\"samples_ts\": [0, -5, 12]}]'\n");
+    test::write_text(dir / "noexec.sh", "#!/bin/sh\n");
+    for (const char * f : {"hang.sh", "bad.sh"}) {  // noexec.sh stays without the right to run
+        fs::permissions(dir / f, fs::perms::owner_all);
+    }
+    const std::string bad_before = test::read_bytes(dir / "bad.sh");
+    std::string out = refused("--llama-bench " + (dir / "hang.sh").string() + " --llama-bench-timeout 2",
+                              "did not finish in 2 s");
+    EXPECT_NE(out.find((dir / "hang.sh").string()), std::string::npos) << out;
+    EXPECT_NE(test::run_command(pgrep(marker)).exit_code, 0) << "llama-bench's child outlived measure";
+    refused("--llama-bench " + (dir / "bad.sh").string(), "printed samples_ts [0, -5, 12]: tokens/s must be finite and > 0");
+    refused("--llama-bench " + (dir / "noexec.sh").string(), "--llama-bench: is not a program this user can run");
+    refused("--llama-bench " + (dir / "bad.sh").string() + " --json " + (dir / "bad.sh").string(), "refusing to overwrite");
+    refused("--llama-bench " + (dir / "bad.sh").string() + " --trace " + (dir / "bad.sh").string(), "refusing to overwrite");
+    EXPECT_EQ(test::read_bytes(dir / "bad.sh"), bad_before);
+    EXPECT_EQ(count_named(support.parent, kCgroupPrefix), 0u);
+}
+
+// A resident run slower than a limited one cannot come from a quiet machine: flagged,
+// and nothing is calibrated on it.
+TEST(MeasureBusy, AResidentRunSlowerThanALimitedOneIsAMachineBusy) {
+    MeasureReport r;
+    r.model = json::object();
+    r.resident.decode.ms_median = 344;
+    r.resident.decode.tokens_per_second = 1000.0 / 344;
+    MeasuredRun limited;
+    limited.ram = "50%";
+    limited.decode.ms_median = 13;
+    r.runs.push_back(limited);
+    const std::string busy = machine_was_busy(r);
+    EXPECT_NE(busy.find("--ram 50%"), std::string::npos) << busy;
+    r.resident.decode.ms_median = 12;   // noise: a limited run a little faster
+    EXPECT_EQ(machine_was_busy(r), "");
+    r.resident.decode.tokens_per_second = 80;
+    r.resident.llama_bench = {{"tokens_per_second", 400.0}, {"difference", 4.0}};
+    EXPECT_NE(machine_was_busy(r).find("llama-bench"), std::string::npos);
+    EXPECT_NE(to_text(r).find("the machine was busy"), std::string::npos);
+    EXPECT_FALSE(to_json(r).at("busy").is_null());
 }
 
 // Without the right to make a cgroup: the error says what is missing and how to get it.
