@@ -164,7 +164,7 @@ void gguf(const fs::path & p) {
 // the seeds' model, given by hand), its measured limits made options.
 void measure_report(const fs::path & p) {
     PlanOptions o;
-    o.expert_mb = 0.01;
+    o.expert_mb = 0.012288;
     o.layers = 2;
     o.experts = 4;
     o.used = 2;

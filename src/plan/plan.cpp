@@ -170,6 +170,37 @@ struct Measured {
     std::vector<std::string> taken;    // the plan's parameters that came from it
 };
 
+// Each figure of a measure report is checked against the others it was computed from,
+// so a report edited by hand (or forged) with figures each in range but impossible
+// together is refused by name instead of priced.
+void check_speed(const JsonFields & run, double tok_per_s) {
+    const JsonFields decode = run.object("decode");
+    const nlohmann::json * wall_us = nullptr;
+    if (run.has("detail") && run.any("detail").is_object()) {
+        const nlohmann::json & d = run.any("detail");
+        if (d.contains("per_token") && d.at("per_token").is_object() && d.at("per_token").contains("wall_us")) {
+            wall_us = &d.at("per_token").at("wall_us");
+        }
+    }
+    const double ms_mean = decode.object("ms_per_token").number("mean", 0, 1e9);
+    if (std::abs(tok_per_s * ms_mean / 1000 - 1) > 1e-3) {
+        decode.fail("tokens_per_second", fmt::format("is {}, but the mean of {} ms per token makes {:.6g}: the report "
+                                                     "was edited", tok_per_s, ms_mean, 1000 / ms_mean));
+    }
+    if (wall_us && wall_us->is_array() && !wall_us->empty()) {
+        double total = 0;
+        for (const nlohmann::json & t : *wall_us) {
+            total += t.is_number() ? t.get<double>() : 0;
+        }
+        const double from_wall = double(wall_us->size()) * 1e6 / total;
+        if (!(total > 0) || std::abs(tok_per_s / from_wall - 1) > 1e-3) {
+            decode.fail("tokens_per_second", fmt::format("is {}, but its {} tokens took {} us in all ({:.6g} tokens/s): "
+                                                         "the report was edited", tok_per_s, wall_us->size(), total,
+                                                         from_wall));
+        }
+    }
+}
+
 Measured read_measured(const std::filesystem::path & path) {
     Measured m;
     m.file = path.string();
@@ -178,43 +209,76 @@ Measured read_measured(const std::filesystem::path & path) {
     if (!m.report.is_object() || m.report.value("format", json()) != "moeprune-measure") {
         fail_file(m.file, "is not a moeprune-measure report (\"format\")");
     }
+    if (r.integer("version", 0, std::numeric_limits<int64_t>::max()) != 1) {
+        r.fail("version", "is not 1, the version of moeprune-measure this moeprune reads");
+    }
+    if (r.has("busy") && !r.any("busy").is_null()) {
+        r.fail("busy", "says the machine was busy while it measured (" + r.string("busy") +
+                           "): nothing can be calibrated on it; measure again on a quiet machine");
+    }
     m.digest = file_digest(path);
-    const double big = std::numeric_limits<double>::max();
-    m.compute_ms = r.object("resident").object("decode").object("ms_per_token").number("mean", 0, big);
-    m.process_bytes = r.number("process_bytes", 0, big);
+    // Physical bounds, far outside any machine: a token in at most 1000 s, at most 10^6
+    // tokens/s, 2^50 bytes of memory, storage between 1 kB/s and 10 TB/s.
+    constexpr double most_bytes = 0x1p50, most_tok_per_s = 1e6;
+    const JsonFields resident = r.object("resident").object("decode");
+    m.compute_ms = resident.object("ms_per_token").number("mean", 1e-6, 1e6);
+    check_speed(r.object("resident"), resident.number("tokens_per_second", 1e-3, most_tok_per_s));
+    m.process_bytes = r.number("process_bytes", 0, most_bytes);
+    const double weights = r.number("resident_weight_bytes", 0, most_bytes);
+    const double need = r.number("resident_need_bytes", 0, most_bytes);
+    if (need != weights + m.process_bytes) {
+        r.fail("resident_need_bytes", fmt::format("is {}, not resident_weight_bytes {} + process_bytes {}: the report "
+                                                  "was edited", need, weights, m.process_bytes));
+    }
     if (!r.has("probe") || r.any("probe").is_null()) {
         r.fail("probe", "is null: the storage was not probed (measure --probe-mib 0), so nothing calibrates the reads; "
                         "measure again with a probe");
     }
     const JsonFields probe = r.object("probe");
-    m.effective_gbps = probe.number("effective_gbps", 0, big);
-    if (!(m.effective_gbps > 0)) {
-        probe.fail("effective_gbps", "is 0: the probe read nothing");
+    m.effective_gbps = probe.number("effective_gbps", 0, 1e4);
+    if (!(m.effective_gbps >= 1e-6)) {
+        probe.fail("effective_gbps", fmt::format("is {}: the probe read nothing, or under 1 kB/s", m.effective_gbps));
+    }
+    if (probe.has("seconds") && probe.has("bytes_needed")) {
+        const double seconds = probe.number("seconds", 0, 1e9), needed = probe.number("bytes_needed", 0, most_bytes);
+        if (!(seconds > 0) || std::abs(needed / seconds / 1e9 / m.effective_gbps - 1) > 1e-3) {
+            probe.fail("effective_gbps", fmt::format("is {}, but {} bytes in {} s make {:.6g} GB/s: the report was edited",
+                                                     m.effective_gbps, needed, seconds, needed / seconds / 1e9));
+        }
     }
     if (probe.has("read_gbps") && !probe.any("read_gbps").is_null()) {
-        m.read_gbps = probe.number("read_gbps", 0, big);
-        m.amplification = probe.number("readahead_amplification", 0, big);
+        m.read_gbps = probe.number("read_gbps", 0, 1e4);
+        m.amplification = probe.number("readahead_amplification", 0, 1e6);
     }
-    m.fault_latency_us = probe.number("fault_latency_us", 0, big);
+    m.fault_latency_us = probe.number("fault_latency_us", 0, 1e9);
     for (const JsonFields & run : r.objects("runs")) {
         Measured::Run x;
         x.ram = run.string("ram");
-        x.limit_bytes = run.number("limit_bytes", 1, big);
+        // Printed in the plan: a limit as measure reads one, never terminal codes.
+        if (x.ram.empty() || x.ram.find_first_not_of("0123456789.%KMGTkmgtiBb") != std::string::npos) {
+            run.fail("ram", "is not a limit as measure --ram reads one (2G, 768M, 50%)");
+        }
+        x.limit_bytes = run.number("limit_bytes", 1, most_bytes);
+        if (x.limit_bytes < need) {
+            run.fail("limit_bytes", fmt::format("is {}, below the {} bytes the report says must stay resident: no run "
+                                                "could have decoded under it", x.limit_bytes, need));
+        }
         const JsonFields decode = run.object("decode");
-        x.tok_per_s = decode.number("tokens_per_second", 0, big);
-        x.faults_per_token = decode.number("major_faults_per_token", 0, big);
+        x.tok_per_s = decode.number("tokens_per_second", 1e-3, most_tok_per_s);
+        check_speed(run, x.tok_per_s);
+        x.faults_per_token = decode.number("major_faults_per_token", 0, 1e12);
         if (decode.has("read_bytes_per_token") && !decode.any("read_bytes_per_token").is_null()) {
-            x.read_bytes_per_token = decode.number("read_bytes_per_token", 0, big);
+            x.read_bytes_per_token = decode.number("read_bytes_per_token", 0, most_bytes);
         }
         if (run.has("predicted") && !run.any("predicted").is_null()) {
-            x.predicted_tok_per_s = run.object("predicted").number("tokens_per_second", 0, big);
-            x.error = run.number("error", 0, big);
+            x.predicted_tok_per_s = run.object("predicted").number("tokens_per_second", 0, most_tok_per_s);
+            x.error = run.number("error", 0, 1e12);
         }
         m.runs.push_back(std::move(x));
     }
     if (r.has("median_error") && !r.any("median_error").is_null()) {
-        m.median_error = r.number("median_error", 0, big);
-        m.max_error = r.number("max_error", 0, big);
+        m.median_error = r.number("median_error", 0, 1e12);
+        m.max_error = r.number("max_error", 0, 1e12);
     }
     return m;
 }
@@ -614,6 +678,9 @@ public:
         }
         const JsonFields report(measured->report, measured->file);
         check_model(report.object("model"), "this measurement");
+        if (opt.model.empty()) {
+            check_geometry(report);
+        }
         for (const Measured::Run & r : measured->runs) {
             json o = {{"k", g.n_expert},
                       {"criterion", "none"},
@@ -796,6 +863,32 @@ private:
                 {"median_error", m.median_error ? json(*m.median_error) : json(nullptr)},
                 {"max_error", m.max_error ? json(*m.max_error) : json(nullptr)},
                 {"from_measurement", m.taken}};
+    }
+
+    // Planned by hand, a measurement must be of a model of the same geometry: its routed
+    // layers, their expert bytes (within 5%, for sizes given rounded) and, when given, the
+    // bytes outside the experts.
+    void check_geometry(const JsonFields & report) const {
+        const JsonFields model = report.object("model");
+        const std::vector<double> bytes = model.any("routed_layer_expert_bytes").is_array()
+                                              ? model.any("routed_layer_expert_bytes").get<std::vector<double>>()
+                                              : std::vector<double>{};
+        const auto near = [](double a, double b) { return std::abs(a - b) <= 0.05 * std::max(a, b); };
+        bool same = bytes.size() == g.bytes.size();
+        for (size_t i = 0; same && i < bytes.size(); ++i) {
+            same = near(bytes[i], g.bytes[i]);
+        }
+        if (!same) {
+            model.fail("routed_layer_expert_bytes",
+                       fmt::format("is {} routed layers of {:.3f} MB experts (first layer): this measurement is of "
+                                   "another model than {} ({} layers of {:.3f} MB)", bytes.size(),
+                                   bytes.empty() ? 0.0 : bytes[0] / 1e6, g.source, g.bytes.size(), g.bytes[0] / 1e6));
+        }
+        const double other = report.number("resident_weight_bytes", 0, 0x1p50);
+        if (g.other_known && !near(other, g.other)) {
+            report.fail("resident_weight_bytes", fmt::format("is {:.3f} GB outside the experts: this measurement is of "
+                                                             "another model than --other-gb {:.3f}", other / 1e9, g.other / 1e9));
+        }
     }
 
     // Which model every input was measured on: the plan's model by content, or, planned

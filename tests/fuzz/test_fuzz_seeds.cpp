@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 
 using namespace moeprune;
 namespace fs = std::filesystem;
@@ -101,6 +102,25 @@ TEST(FuzzSeeds, DISABLED_Write) {
         nlohmann::json m = nlohmann::json::parse(test::read_bytes(dir / "measure.json"));
         m["probe"] = nullptr;
         put_text("measure_report", "invalid-no-probe.json", m.dump(1));
+    }
+    // Forged reports: each figure in range, but impossible with the others or unsafe to print.
+    using Forgery = std::function<void(nlohmann::json &)>;
+    for (const auto & [name, forge] : std::vector<std::pair<std::string, Forgery>>{
+             {"invalid-huge-speed.json", [](auto & m) { m["runs"][0]["decode"]["tokens_per_second"] = 1e308; }},
+             {"invalid-speed-not-its-time.json",
+              [](auto & m) { m["runs"][0]["decode"]["tokens_per_second"] = 3 * m["runs"][0]["decode"]["tokens_per_second"].template get<double>(); }},
+             {"invalid-limit-below-resident.json", [](auto & m) { m["runs"][0]["limit_bytes"] = 1; }},
+             {"invalid-compute.json", [](auto & m) { m["resident"]["decode"]["ms_per_token"]["mean"] = 1e308; }},
+             {"invalid-storage.json", [](auto & m) { m["probe"]["effective_gbps"] = 1e-300; }},
+             {"invalid-version.json", [](auto & m) { m["version"] = 2; }},
+             {"invalid-busy.json", [](auto & m) { m["busy"] = "the resident run took 344 ms per token"; }},
+             {"invalid-ram-escape.json", [](auto & m) { m["runs"][0]["ram"] = "\x1b[2J50%"; }},
+             {"invalid-process-bytes.json", [](auto & m) { m["process_bytes"] = 1e308; }},
+             {"invalid-other-geometry.json", [](auto & m) { m["model"]["routed_layer_expert_bytes"] = {8e9, 8e9}; }},
+         }) {
+        nlohmann::json m = nlohmann::json::parse(test::read_bytes(dir / "measure.json"));
+        forge(m);
+        put_text("measure_report", name, m.dump(1));
     }
     // The reports run, plan and report read back: select's, eval's (a keep map and a
     // closed loop), replay's and plan's, and one with an impossible figure.

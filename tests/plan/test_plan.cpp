@@ -2,10 +2,13 @@
 // budget, KLD measured or interpolated (and marked), the Pareto front and the
 // recommendation; refusals name what is wrong.
 #include "core/sizes.h"
+#include "core/errors.h"
 #include "plan/plan.h"
 #include "support/test_support.h"
 
 #include <gtest/gtest.h>
+
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include <fmt/format.h>
@@ -206,15 +209,18 @@ namespace {
 json measure_report(const std::string & digest) {
     return {{"format", "moeprune-measure"},
             {"version", 1},
-            {"model", {{"digest", digest}, {"n_expert", 512}}},
+            {"model", {{"digest", digest}, {"n_expert", 512}, {"routed_layer_expert_bytes", std::vector<double>(48, 1.3824e6)}}},
             {"process_bytes", 1e9},
+            {"resident_weight_bytes", 5e9},
+            {"resident_need_bytes", 6e9},
             {"resident", {{"decode", {{"tokens_per_second", 50.0}, {"ms_per_token", {{"mean", 20.0}}}}}}},
             {"probe",
              {{"effective_gbps", 0.5}, {"read_gbps", 2.0}, {"readahead_amplification", 4.0}, {"fault_latency_us", 300.0}}},
             {"runs",
              {{{"ram", "25%"},
                {"limit_bytes", 20e9},
-               {"decode", {{"tokens_per_second", 3.0}, {"major_faults_per_token", 50.0}, {"read_bytes_per_token", 1e8}}},
+               {"decode", {{"tokens_per_second", 3.0}, {"ms_per_token", {{"mean", 1000.0 / 3}}}, {"major_faults_per_token", 50.0},
+                           {"read_bytes_per_token", 1e8}}},
                {"predicted", {{"tokens_per_second", 3.3}}},
                {"error", 0.1}}}},
             {"median_error", 0.1},
@@ -283,6 +289,32 @@ TEST(Plan, CalibratedByAMeasurement) {
             }
         },
         std::exception);
+    // Figures each in range but impossible together, an unknown version, a busy machine,
+    // and a model of another geometry when the plan's is given by hand: refused by name.
+    using Forgery = std::function<void(json &)>;
+    for (const auto & [forge, message] : std::vector<std::pair<Forgery, std::string>>{
+             {[](json & m) { m["runs"][0]["decode"]["tokens_per_second"] = 1e308; }, "runs[0].decode.tokens_per_second"},
+             {[](json & m) { m["runs"][0]["decode"]["tokens_per_second"] = 9.0; }, "the mean of 333.33"},
+             {[](json & m) { m["runs"][0]["limit_bytes"] = 1; }, "below the 6000000000 bytes"},
+             {[](json & m) { m["resident"]["decode"]["ms_per_token"]["mean"] = 1e308; }, "resident.decode.ms_per_token.mean"},
+             {[](json & m) { m["probe"]["effective_gbps"] = 1e-300; }, "under 1 kB/s"},
+             {[](json & m) { m["version"] = 7; }, "version: is not 1"},
+             {[](json & m) { m["busy"] = "the resident run took 344 ms"; }, "measure again on a quiet machine"},
+             {[](json & m) { m["runs"][0]["ram"] = "\x1b[2J25%"; }, "is not a limit as measure --ram reads one"},
+             {[](json & m) { m["process_bytes"] = 1e308; }, "process_bytes"},
+             {[](json & m) { m["model"]["routed_layer_expert_bytes"] = std::vector<double>(2, 8e9); }, "another model than --expert-mb"},
+         }) {
+        json forged = measure_report(kModelDigest);
+        forge(forged);
+        test::write_text(measured, forged.dump());
+        try {
+            make_plan(o);
+            ADD_FAILURE() << "accepted: " << message;
+        } catch (const Error & e) {
+            EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+            EXPECT_NE(std::string(e.what()).find(measured.string()), std::string::npos) << e.what();
+        }
+    }
     json unprobed = measure_report(kModelDigest);
     unprobed["probe"] = nullptr;
     test::write_text(measured, unprobed.dump());
