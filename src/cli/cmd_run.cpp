@@ -55,9 +55,16 @@ void add_run(CLI::App & app, Action & action) {
             RunConfig merged = config->empty() ? RunConfig{} : read_run_config(*config);
             const RunConfig defaults;
             const auto given = [&](const char * flag) { return sub->count(flag) > 0; };
-            if (given("--model")) merged.model = c->model;
-            if (given("--corpus")) merged.corpus = c->corpus;
-            if (given("--mmproj")) merged.mmproj = c->mmproj;
+            // Paths from the command line are the working directory's; run.toml is read from its own folder.
+            const std::filesystem::path cwd = std::filesystem::current_path();
+            if (given("--model")) merged.model = std::filesystem::absolute(c->model).lexically_normal();
+            if (given("--corpus")) {
+                merged.corpus.clear();
+                for (const std::string & entry : c->corpus) {
+                    merged.corpus.push_back(corpus_entry_from(entry, cwd));
+                }
+            }
+            if (given("--mmproj")) merged.mmproj = std::filesystem::absolute(c->mmproj).lexically_normal();
             if (given("-k")) merged.ks = c->ks;
             if (given("--criteria")) merged.criteria = c->criteria;
             if (given("--ram")) merged.ram = c->ram;

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <cstring>
 #include <sys/wait.h>
@@ -88,13 +89,15 @@ std::string tail_lines(const std::string & text, size_t n) {
     return trimmed.substr(at);
 }
 
-// libmtmd's loader aborts the whole process (GGML_ASSERT, or gguf's type checks) on many
+// libmtmd aborts the whole process (GGML_ASSERT, or gguf's type checks) on many
 // malformed projectors instead of failing: a key of the wrong type, hyperparameters out
-// of range for the projector type. So a child process loads the projector first, on the
-// CPU and without warm-up, and a projector that kills it is refused by name with what
-// libmtmd printed. Shapes of tensors are only met when an image is encoded; those are
-// not checked here.
-void probe_projector(const fs::path & mmproj) {
+// of range for the projector type, and sizes or shapes only an encode meets (an image
+// size of 0 or 1, a patch larger than the image). So a child process loads the projector
+// for `model` (on the CPU, without warm-up) and encodes a small grey image and a second
+// of silence, whichever it takes, on one thread (ggml's CPU backend then leaves OpenMP,
+// which a forked child may not use, alone); a projector that kills it, fails, or yields
+// a non-finite embedding is refused by name with what libmtmd printed.
+void probe_projector(const fs::path & mmproj, const llama_model * model) {
     int err[2];
     if (pipe(err) != 0) {
         fail_file(mmproj.string(), std::string("could not start the projector check: ") + std::strerror(errno));
@@ -109,14 +112,51 @@ void probe_projector(const fs::path & mmproj) {
         dup2(err[1], STDERR_FILENO);
         dup2(err[1], STDOUT_FILENO);
         setenv("GGML_NO_BACKTRACE", "1", 1);  // ggml would attach gdb to print one
-        clip_context_params p{};
+        mtmd_context_params p = mtmd_context_params_default();
         p.use_gpu = false;
-        p.flash_attn_type = CLIP_FLASH_ATTN_TYPE_DISABLED;
-        p.image_min_tokens = -1;
-        p.image_max_tokens = -1;
+        p.n_threads = 1;
+        p.print_timings = false;
         p.warmup = false;
-        const clip_init_result r = clip_init(mmproj.c_str(), p);
-        _exit(r.ctx_v || r.ctx_a ? 0 : 3);
+        p.media_marker = kMediaMarker;
+        mtmd_context * ctx = mtmd_init_from_file(mmproj.c_str(), model, p);
+        if (!ctx) {
+            _exit(3);
+        }
+        std::vector<BitmapPtr> probes;
+        if (mtmd_support_vision(ctx)) {
+            const std::vector<unsigned char> grey(64 * 64 * 3, 128);
+            probes.emplace_back(mtmd_bitmap_init(64, 64, grey.data()));
+        }
+        if (mtmd_support_audio(ctx)) {
+            const std::vector<float> silence(size_t(std::max(1, mtmd_get_audio_sample_rate(ctx))), 0.0f);
+            probes.emplace_back(mtmd_bitmap_init_from_audio(silence.size(), silence.data()));
+        }
+        const int n_embd = llama_model_n_embd_inp(model);
+        for (const BitmapPtr & probe : probes) {
+            std::unique_ptr<mtmd_input_chunks, MediaChunksDeleter> chunks(mtmd_input_chunks_init());
+            const mtmd_input_text input{kMediaMarker, std::strlen(kMediaMarker), false, true};
+            const mtmd_bitmap * raw = probe.get();
+            if (mtmd_tokenize(ctx, chunks.get(), &input, &raw, 1) != 0) {
+                _exit(4);
+            }
+            for (size_t i = 0; i < mtmd_input_chunks_size(chunks.get()); ++i) {
+                const mtmd_input_chunk * chunk = mtmd_input_chunks_get(chunks.get(), i);
+                if (mtmd_input_chunk_get_type(chunk) == MTMD_INPUT_CHUNK_TYPE_TEXT) {
+                    continue;
+                }
+                if (mtmd_encode_chunk(ctx, chunk) != 0) {
+                    _exit(5);
+                }
+                const float * embd = mtmd_get_output_embd(ctx);
+                const size_t n = mtmd_input_chunk_get_n_tokens(chunk) * size_t(n_embd);
+                for (size_t j = 0; j < n; ++j) {
+                    if (!std::isfinite(embd[j])) {
+                        _exit(6);
+                    }
+                }
+            }
+        }
+        _exit(0);
     }
     close(err[1]);
     std::string said;
@@ -136,15 +176,49 @@ void probe_projector(const fs::path & mmproj) {
     }
     const std::string printed = said.empty() ? "" : ": " + tail_lines(said, 3);
     if (WIFSIGNALED(status)) {
-        fail_file(mmproj.string(), fmt::format("llama.cpp's libmtmd aborts loading it as a projector ({}){}",
-                                               strsignal(WTERMSIG(status)), printed));
+        fail_file(mmproj.string(), fmt::format("llama.cpp's libmtmd aborts loading it as a projector, or encoding a "
+                                               "small probe with it ({}){}", strsignal(WTERMSIG(status)), printed));
     }
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        fail_file(mmproj.string(), "llama.cpp's libmtmd could not load it as a projector" + printed);
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    if (code == 5 || code == 4) {
+        fail_file(mmproj.string(), "llama.cpp's libmtmd could not encode a small probe " +
+                                       std::string(code == 4 ? "input for it" : "image or second of audio with it") + printed);
+    }
+    if (code == 6) {
+        fail_file(mmproj.string(), "encodes a small probe image or second of silence into embeddings that are not "
+                                   "finite (NaN or infinite weights?)");
+    }
+    if (code != 0) {
+        fail_file(mmproj.string(), "llama.cpp's libmtmd could not load it as a projector for this model (a projector "
+                                   "GGUF whose output width is the model's input width)" + printed);
     }
 }
 
 } // namespace
+
+void check_projector_file(const fs::path & mmproj) {
+    // moeprune's own header walk first: ggml's reader has undefined behaviour on some
+    // malformed headers (docs/reliability.md), and libmtmd calls it unguarded.
+    const GgufPtr meta = open_gguf_metadata(mmproj);
+    const int64_t arch = gguf_find_key(meta.get(), "general.architecture");
+    const std::string name = arch >= 0 && gguf_get_kv_type(meta.get(), arch) == GGUF_TYPE_STRING
+                                 ? gguf_get_val_str(meta.get(), arch)
+                                 : "";
+    if (name != "clip") {
+        fail_file(mmproj.string(), fmt::format("is not a projector: its general.architecture is '{}', a projector "
+                                               "GGUF's (what --mmproj names) is 'clip'", name));
+    }
+    // Every tensor's data inside the file, as for models: libmtmd reads a cut file's
+    // missing bytes as zeros, and its images then change without an error.
+    const GgufModel file = GgufModel::open(mmproj);
+    for (const TensorEntry & t : file.tensors()) {
+        if (t.file_offset > file.shard_bytes(0) || t.nbytes > file.shard_bytes(0) - t.file_offset) {
+            fail_file(mmproj.string(), fmt::format("is truncated (or {} has a wrong dimension): the tensor's data ends "
+                                                   "at byte {}, the file at {}", t.name, t.file_offset + t.nbytes,
+                                                   file.shard_bytes(0)));
+        }
+    }
+}
 
 MediaEncoder::MediaEncoder(const fs::path & mmproj, const llama_model * model, int threads, bool use_gpu) : path_(mmproj) {
     // libmtmd's loader reads whatever it is given; a FIFO or a folder is refused by name first.
@@ -157,20 +231,8 @@ MediaEncoder::MediaEncoder(const fs::path & mmproj, const llama_model * model, i
             std::fputs(text, stderr);
         }
     }, nullptr);
-    {
-        // moeprune's own header walk first: ggml's reader has undefined behaviour on some
-        // malformed headers (docs/reliability.md), and libmtmd calls it unguarded.
-        const GgufPtr meta = open_gguf_metadata(mmproj);
-        const int64_t arch = gguf_find_key(meta.get(), "general.architecture");
-        const std::string name = arch >= 0 && gguf_get_kv_type(meta.get(), arch) == GGUF_TYPE_STRING
-                                     ? gguf_get_val_str(meta.get(), arch)
-                                     : "";
-        if (name != "clip") {
-            fail_file(mmproj.string(), fmt::format("is not a projector: its general.architecture is '{}', a projector "
-                                                   "GGUF's (what --mmproj names) is 'clip'", name));
-        }
-    }
-    probe_projector(mmproj);
+    check_projector_file(mmproj);
+    probe_projector(mmproj, model);
     mtmd_context_params p = mtmd_context_params_default();
     p.use_gpu = use_gpu;
     p.n_threads = threads;

@@ -47,6 +47,10 @@ int32_t walk_rows(const std::vector<MediaSpan> & spans, size_t n_rows, size_t ba
                   const std::function<void(size_t, size_t, int32_t)> & text,
                   const std::function<int32_t(const MediaSpan &, int32_t)> & media);
 
+// A projector's file as moeprune reads it before libmtmd does: a GGUF header walk, the
+// architecture `clip`, and every tensor's data inside the file. Fails naming `mmproj`.
+void check_projector_file(const std::filesystem::path & mmproj);
+
 class MediaEncoder {
 public:
     // Fails naming `mmproj` when libmtmd cannot load it or it does not fit `model`.

@@ -6,6 +6,7 @@
 #include "core/file_io.h"
 #include "core/json.h"
 #include "core/sizes.h"
+#include "core/threads.h"
 #include "corpus/build.h"
 #include "corpus/sources.h"
 #include "eval/eval.h"
@@ -154,6 +155,23 @@ public:
                 return;
             }
         }
+        // What the stage wrote before goes first: a run killed in it must leave no earlier
+        // output under its final name for a later command to take as this run's.
+        if (fs::exists(manifest, ec)) {
+            try {
+                const json old = parse_json(read_text_file(manifest), manifest.string());
+                if (old.contains("outputs") && old.at("outputs").is_object()) {
+                    for (const auto & [rel, digest] : old.at("outputs").items()) {
+                        const fs::path p = fs::path(rel).lexically_normal();
+                        if (!p.is_absolute() && !p.empty() && *p.begin() != "..") {  // a hand-edited manifest stays in the run
+                            fs::remove(dir_ / p, ec);
+                        }
+                    }
+                }
+            } catch (const std::exception &) {
+                // A damaged manifest is replaced below; the stage rewrites its outputs.
+            }
+        }
         fs::remove(manifest, ec);
         create_output_dir(sdir);
         std::printf("[%zu/%zu] %-8s running\n", index_, n_, name.c_str());
@@ -210,6 +228,12 @@ const std::vector<std::string> & run_stages() {
     return s;
 }
 
+std::string corpus_entry_from(const std::string & entry, const fs::path & base) {
+    const auto from_base = [&](const std::string & p) { return (fs::path(p).is_absolute() ? fs::path(p) : base / p).lexically_normal().string(); };
+    const auto eq = entry.find('=');
+    return eq == std::string::npos ? from_base(entry) : entry.substr(0, eq + 1) + from_base(entry.substr(eq + 1));
+}
+
 RunConfig read_run_config(const fs::path & path) {
     const std::string file = path.string();
     toml::table t;
@@ -219,8 +243,9 @@ RunConfig read_run_config(const fs::path & path) {
         fail_file(at(file, e.source()), std::string("not valid TOML: ") + std::string(e.description()));
     }
     RunConfig c;
-    const fs::path base = path.parent_path();
-    const auto rel = [&](const std::string & p) { return fs::path(p).is_absolute() ? fs::path(p) : base / p; };
+    // Absolute, so that a config read through a relative path and written again names the same files.
+    const fs::path base = fs::absolute(path).parent_path();
+    const auto rel = [&](const std::string & p) { return (fs::path(p).is_absolute() ? fs::path(p) : base / p).lexically_normal(); };
     for (const auto & [k, n] : t) {
         const std::string key(k.str());
         const std::string where = at(file, k.source());
@@ -231,9 +256,7 @@ RunConfig read_run_config(const fs::path & path) {
         } else if (key == "corpus") {
             c.corpus.clear();
             for (const std::string & s : array_of<std::string>(n, where, key)) {
-                c.corpus.push_back(s.find('=') == std::string::npos
-                                       ? rel(s).string()
-                                       : s.substr(0, s.find('=') + 1) + rel(s.substr(s.find('=') + 1)).string());
+                c.corpus.push_back(corpus_entry_from(s, base));
             }
         } else if (key == "k") {
             c.ks = array_of<int64_t>(n, where, key);
@@ -336,45 +359,6 @@ namespace {
 
 std::string reserve_of(const RunConfig & c) { return c.reserve.empty() ? "2G" : c.reserve; }
 
-// The settings checked before anything is written; returns the model's geometry.
-InspectReport check_run_options(const RunOptions & opt) {
-    const RunConfig & c = opt.config;
-    if (c.model.empty() || c.corpus.empty() || c.ks.empty()) {
-        throw Error("moeprune run needs a model (-m), a corpus (--corpus) and expert counts (-k)");
-    }
-    if (!opt.from.empty() && std::find(run_stages().begin(), run_stages().end(), opt.from) == run_stages().end()) {
-        throw Error(fmt::format("--from {}: the stages are {}", opt.from, fmt::join(run_stages(), ", ")));
-    }
-    if (c.slice != "" && c.slice != "best" && c.slice != "all") {
-        throw Error(fmt::format("--slice is best or all, not \"{}\"", c.slice));
-    }
-    for (const double s : c.cache_shares) {
-        if (!(s > 0 && s <= 1)) {
-            throw Error(fmt::format("cache share {} is not in (0, 1]", s));
-        }
-    }
-    InspectReport model = inspect_model(GgufModel::open(c.model), {});
-    if (!model.problems.empty()) {
-        fail_file(c.model.string(), "inspect finds problems: " + model.problems.front());
-    }
-    if (c.verify && c.ram.empty()) {
-        throw Error("--verify measures the recommendation at --ram: give --ram");
-    }
-    if (c.measure_tokens < 1) {
-        throw Error(fmt::format("measure_tokens {} must be at least 1", c.measure_tokens));
-    }
-    // Without a reserve given, a measured run learns it; the plan checks the budget then.
-    if (!c.ram.empty() && (!c.reserve.empty() || c.measure.empty())) {
-        const double budget = parse_size(c.ram, "--ram") - parse_size(reserve_of(c), "--reserve");
-        if (budget < double(model.other_bytes)) {
-            throw Error(fmt::format("--ram {} minus the reserve of {} leaves {:.3f} GB, less than the {:.3f} GB of weights "
-                                    "in {} that are not routed experts", c.ram, c.reserve, budget / 1e9,
-                                    double(model.other_bytes) / 1e9, c.model.string()));
-        }
-    }
-    return model;
-}
-
 // The corpus spec, from a manifest or from sources, with run.toml's overrides; and every
 // file it reads.
 CorpusSpec corpus_spec(const RunConfig & c, std::vector<fs::path> & inputs) {
@@ -407,6 +391,68 @@ CorpusSpec corpus_spec(const RunConfig & c, std::vector<fs::path> & inputs) {
         }
     }
     return spec;
+}
+
+// The settings checked before anything is written; returns the model's geometry.
+InspectReport check_run_options(const RunOptions & opt) {
+    const RunConfig & c = opt.config;
+    if (c.model.empty() || c.corpus.empty() || c.ks.empty()) {
+        throw Error("moeprune run needs a model (-m), a corpus (--corpus) and expert counts (-k)");
+    }
+    if (!opt.from.empty() && std::find(run_stages().begin(), run_stages().end(), opt.from) == run_stages().end()) {
+        throw Error(fmt::format("--from {}: the stages are {}", opt.from, fmt::join(run_stages(), ", ")));
+    }
+    if (c.slice != "" && c.slice != "best" && c.slice != "all") {
+        throw Error(fmt::format("--slice is best or all, not \"{}\"", c.slice));
+    }
+    for (const double s : c.cache_shares) {
+        if (!(s > 0 && s <= 1)) {
+            throw Error(fmt::format("cache share {} is not in (0, 1]", s));
+        }
+    }
+    InspectReport model = inspect_model(GgufModel::open(c.model), {});
+    if (!model.problems.empty()) {
+        fail_file(c.model.string(), "inspect finds problems: " + model.problems.front());
+    }
+    for (const int64_t k : c.ks) {
+        if (k < model.n_expert_used || k > model.n_expert) {
+            throw Error(fmt::format("-k {}: the experts kept per layer are between the {} each token uses and the {} of {}",
+                                    k, model.n_expert_used, model.n_expert, c.model.string()));
+        }
+    }
+    for (const std::string & p : c.policies) {
+        if (std::find(policy_names().begin(), policy_names().end(), p) == policy_names().end()) {
+            throw Error(fmt::format("--policies {}: not a cache policy ({})", p, fmt::join(policy_names(), ", ")));
+        }
+    }
+    check_threads(c.threads, "threads");
+    for (const std::string & ram : c.measure) {
+        parse_ram_limit(ram, "--measure");
+    }
+    if (!c.ram.empty()) {
+        parse_size(c.ram, "--ram");
+    }
+    parse_size(reserve_of(c), "--reserve");
+    // The corpus' manifest and sources are read now, so that a bad one is refused before
+    // run.toml records the run.
+    std::vector<fs::path> corpus_inputs;
+    corpus_spec(c, corpus_inputs);
+    if (c.verify && c.ram.empty()) {
+        throw Error("--verify measures the recommendation at --ram: give --ram");
+    }
+    if (c.measure_tokens < 1) {
+        throw Error(fmt::format("measure_tokens {} must be at least 1", c.measure_tokens));
+    }
+    // Without a reserve given, a measured run learns it; the plan checks the budget then.
+    if (!c.ram.empty() && (!c.reserve.empty() || c.measure.empty())) {
+        const double budget = parse_size(c.ram, "--ram") - parse_size(reserve_of(c), "--reserve");
+        if (budget < double(model.other_bytes)) {
+            throw Error(fmt::format("--ram {} minus the reserve of {} leaves {:.3f} GB, less than the {:.3f} GB of weights "
+                                    "in {} that are not routed experts", c.ram, reserve_of(c), budget / 1e9,
+                                    double(model.other_bytes) / 1e9, c.model.string()));
+        }
+    }
+    return model;
 }
 
 // Where every stage writes, so later stages name their inputs before earlier ones run.

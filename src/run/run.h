@@ -52,6 +52,10 @@ struct RunConfig {
 
 // Reads a run.toml (every key of RunConfig; unknown keys are errors naming file, line, key).
 RunConfig read_run_config(const std::filesystem::path & path);
+
+// A corpus entry (a manifest, or DOMAIN=PATH_OR_GLOB) with its path made absolute from
+// `base`, so that run.toml, read from its own folder, names what the user meant.
+std::string corpus_entry_from(const std::string & entry, const std::filesystem::path & base);
 // The config as run.toml writes it: every setting, human-readable.
 std::string run_config_toml(const RunConfig & c);
 

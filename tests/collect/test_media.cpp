@@ -16,6 +16,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <functional>
+#include <tuple>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -404,6 +408,69 @@ TEST(Media, BadMediaAreRefusedByNameAndNothingIsWritten) {
     test::write_text(bad, test::read_bytes(bad) + test::read_bytes(vm.mmproj).substr(data_offset));
     refused(with_image("ok.jpeg"), "--mmproj " + bad.string(),
             bad.string() + ": llama.cpp's libmtmd aborts loading it as a projector (Aborted): ");
+}
+
+// A copy of `src` with its metadata edited by `edit` and its tensor data as it was.
+void rewrite_projector(const fs::path & src, const fs::path & dst, const std::function<void(gguf_context *)> & edit) {
+    gguf_context * g = gguf_init_from_file(src.c_str(), {/*no_alloc=*/true, nullptr});
+    ASSERT_NE(g, nullptr);
+    const size_t data_offset = gguf_get_data_offset(g);
+    edit(g);
+    ASSERT_TRUE(gguf_write_to_file(g, dst.c_str(), /*only_meta=*/true));
+    gguf_free(g);
+    test::write_text(dst, test::read_bytes(dst) + test::read_bytes(src).substr(data_offset));
+}
+
+// Projectors libmtmd loads but would abort on at the first image (sizes an encode meets),
+// or whose images would silently change (a cut file, NaN weights): refused by name before
+// any image, by collect, eval and corpus alike (issue 47).
+TEST(Media, ProjectorsThatCannotEncodeAreRefusedByName) {
+    const VisionModel & vm = vision_model();
+    test::TempDir dir;
+    fs::copy_file(test_image, dir / "ok.jpeg");
+    test::write_text(dir / "c.jsonl",
+                     json{{"messages", {{{"role", "user"}, {"content", {{{"type", "text"}, {"text", "see"}},
+                                                                         {{"type", "image"}, {"path", "ok.jpeg"}}}}}}}}.dump() + "\n");
+    std::vector<std::pair<fs::path, std::string>> broken;
+    for (const auto & [name, key, value] : {std::tuple{"size0.gguf", "clip.vision.image_size", 0u},
+                                            {"size1.gguf", "clip.vision.image_size", 1u},
+                                            {"patch1000.gguf", "clip.vision.patch_size", 1000u}}) {
+        rewrite_projector(vm.mmproj, dir / name, [k = key, v = value](gguf_context * g) { gguf_set_val_u32(g, k, v); });
+        broken.emplace_back(dir / name, "aborts loading it as a projector, or encoding a small probe with it");
+    }
+    const std::string bytes = test::read_bytes(vm.mmproj);
+    test::write_text(dir / "cut.gguf", bytes.substr(0, bytes.size() - 100));
+    broken.emplace_back(dir / "cut.gguf", "is truncated");
+    {
+        // Every f32 weight of the projector NaN.
+        std::string nan = bytes;
+        gguf_context * g = gguf_init_from_file(vm.mmproj.c_str(), {/*no_alloc=*/true, nullptr});
+        ASSERT_NE(g, nullptr);
+        for (int64_t t = 0; t < gguf_get_n_tensors(g); ++t) {
+            if (gguf_get_tensor_type(g, t) == GGML_TYPE_F32) {
+                const size_t at = gguf_get_data_offset(g) + gguf_get_tensor_offset(g, t);
+                for (size_t b = 0; b + 4 <= gguf_get_tensor_size(g, t); b += 4) {
+                    const uint32_t q = 0x7fc00000;
+                    std::memcpy(nan.data() + at + b, &q, 4);
+                }
+            }
+        }
+        gguf_free(g);
+        test::write_text(dir / "nan.gguf", nan);
+        broken.emplace_back(dir / "nan.gguf", "into embeddings that are not finite");
+    }
+    for (const auto & [mmproj, expected] : broken) {
+        for (const std::string & command :
+             {fmt::format("collect -m {} -f {} -o {} -t 2", vm.model.string(), (dir / "c.jsonl").string(), (dir / "s.json").string()),
+              fmt::format("eval -m {} -f {} -c 64 -t 2 --base-out {}", vm.model.string(), (dir / "c.jsonl").string(), (dir / "e.mpkl").string())}) {
+            const auto r = test::run_command(moeprune_cmd(command + " --mmproj " + mmproj.string()));
+            EXPECT_NE(r.exit_code, 0) << command << "\n" << r.output;
+            EXPECT_NE(r.output.find(mmproj.string() + ": "), std::string::npos) << r.output;
+            EXPECT_NE(r.output.find(expected), std::string::npos) << r.output;
+        }
+        EXPECT_FALSE(fs::exists(dir / "s.json"));
+        EXPECT_FALSE(fs::exists(dir / "e.mpkl"));
+    }
 }
 
 // A corpus manifest's media source: every image of a folder is one conversation (the

@@ -4,6 +4,7 @@
 // run; a hand-edited output is named; the HTML report renders every chart in headless
 // Chromium with no error.
 #include "measure/cgroup.h"
+#include "run/run.h"
 #include "support/test_support.h"
 
 #include <gtest/gtest.h>
@@ -296,6 +297,52 @@ TEST_F(RunTest, BadConfigIsNamedByFileAndKey) {
     EXPECT_FALSE(fs::exists(tmp_ / "media-run" / "corpus" / "calib.jsonl"));
 }
 
+// A refused run changes nothing: the finished run's run.toml stays as it was, and every
+// setting is checked before any stage runs (issue 47).
+TEST_F(RunTest, RefusedRunKeepsTheRecordAndRelativePathsReadBack) {
+    const fs::path run = tmp_ / "run";
+    fs::create_directories(run);
+    const std::string record = "# a finished run's record\nk = [6]\n";
+    test::write_text(run / "run.toml", record);
+    test::write_text(tmp_ / "edited.toml", fmt::format("model = \"{}\"\ncorpus = [\"{}\"]\nk = [0]\n",
+                                                       (d() / "m.gguf").string(), (d() / "corpus.toml").string()));
+    const std::string model = (d() / "m.gguf").string(), corpus = (d() / "corpus.toml").string();
+    for (const auto & [args, message] : std::vector<std::pair<std::string, std::string>>{
+             {fmt::format("-m {} --corpus {}/missing.toml -k 6", model, tmp_.path().string()), "missing.toml"},
+             {fmt::format("-m {} --corpus {} -k 0", model, corpus), "-k 0: the experts kept per layer are between the 2"},
+             {fmt::format("-m {} --corpus {} -k 6 --measure abc", model, corpus), "--measure \"abc\" is not a size"},
+             {fmt::format("-m {} --corpus {} -k 6 --policies lru,nope", model, corpus), "--policies nope: not a cache policy"},
+             {fmt::format("--config {}", (tmp_ / "edited.toml").string()), "-k 0: the experts kept"},
+             {fmt::format("-m {} --corpus {} -k 6 --ram 1MB", model, corpus), "minus the reserve of 2G leaves"},
+         }) {
+        const auto r = test::run_command(moeprune_cmd(fmt::format("run {} -o {}", args, run.string())));
+        EXPECT_NE(r.exit_code, 0) << args;
+        EXPECT_NE(r.output.find(message), std::string::npos) << args << "\n" << r.output;
+        EXPECT_EQ(r.output.find("running"), std::string::npos) << "a stage ran before the refusal: " << r.output;
+        EXPECT_EQ(test::read_bytes(run / "run.toml"), record) << args;
+    }
+
+    // Relative paths on the command line are the working directory's: run.toml names
+    // them absolutely, and reading it back (through a relative path) and writing it again
+    // changes nothing. The run is stopped as soon as it has recorded its settings.
+    const std::string script = fmt::format(
+        "cd {d} && {moeprune} run -m m.gguf --corpus corpus.toml -k 6 --ram 4GB -c 128 -t 2 -o r2 >/dev/null 2>&1 & m=$!; "
+        "for i in $(seq 400); do [ -f {d}/r2/run.toml ] && break; sleep 0.05; done; kill -9 $m; wait $m; "
+        "cd {d} && {moeprune} run --config r2/run.toml -k 7 -o r3 >/dev/null 2>&1 & m=$!; "
+        "for i in $(seq 400); do [ -f {d}/r3/run.toml ] && break; sleep 0.05; done; kill -9 $m; wait $m; true",
+        fmt::arg("d", d().string()), fmt::arg("moeprune", test::bin("moeprune").string()));
+    test::write_text(tmp_ / "rel.sh", script);
+    test::run_command("bash " + (tmp_ / "rel.sh").string());
+    for (const char * dir : {"r2", "r3"}) {
+        const RunConfig c = read_run_config(d() / dir / "run.toml");
+        EXPECT_EQ(c.model, d() / "m.gguf") << dir;
+        ASSERT_EQ(c.corpus.size(), 1u);
+        EXPECT_EQ(c.corpus[0], (d() / "corpus.toml").string()) << dir;
+        EXPECT_EQ(run_config_toml(c), test::read_bytes(d() / dir / "run.toml")) << dir;
+        fs::remove_all(d() / dir);
+    }
+}
+
 // --measure: llama.cpp's decode under memory limits calibrates replay and plan, and the
 // report sets predicted beside measured; --verify measures the recommendation for real.
 TEST_F(RunTest, MeasuredRunCalibratesThePlanAndVerifiesTheRecommendation) {
@@ -342,4 +389,15 @@ TEST_F(RunTest, MeasuredRunCalibratesThePlanAndVerifiesTheRecommendation) {
     r = test::run_command(moeprune_cmd(args));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_EQ(count(r.output, "unchanged, skipped"), 11) << r.output;
+
+    // Killed while measuring again: the earlier measurement is not left under its final
+    // name without the stage's manifest, where plan --measured would take it.
+    test::write_text(tmp_ / "kill.sh", fmt::format(
+        "{} --from measure > {} 2>&1 & m=$!; for i in $(seq 600); do grep -q 'measure  running' {} && break; sleep 0.02; done; "
+        "kill -9 $m; wait $m; true", moeprune_cmd(args), (tmp_ / "log").string(), (tmp_ / "log").string()));
+    test::run_command("bash " + (tmp_ / "kill.sh").string());
+    EXPECT_NE(test::read_bytes(tmp_ / "log").find("measure  running"), std::string::npos) << test::read_bytes(tmp_ / "log");
+    for (const char * out : {"measure.json", "measure.txt"}) {
+        EXPECT_FALSE(fs::exists(run / "measure" / out) && !fs::exists(run / "measure" / "stage.json")) << out;
+    }
 }
