@@ -4,6 +4,7 @@
 #include "core/errors.h"
 #include "corpus/manifest.h"
 #include "corpus/sources.h"
+#include "engine/media.h"
 #include "formats/base_logits.h"
 #include "formats/keep_map.h"
 #include "formats/stage_reports.h"
@@ -36,6 +37,9 @@ void keep_map(const fs::path & p) {
 }
 
 void stats(const fs::path & p) { (void)read_stats(p); }
+
+// collect's, eval's and corpus' walk of a --mmproj file before libmtmd reads it.
+void projector(const fs::path & p) { check_projector_file(p); }
 
 void trace(const fs::path & p) {
     const TraceReader r = TraceReader::open(p);
@@ -208,6 +212,7 @@ const std::vector<Reader> & readers() {
         {"run_config", ".toml", run_config},
         {"gguf", ".gguf", gguf},
         {"measure_report", ".json", measure_report},
+        {"projector", ".gguf", projector},
         {"stage_report", ".json", stage_report},
     };
     return all;

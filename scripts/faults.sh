@@ -10,8 +10,12 @@
 #     must fail, naming the file, leave nothing under the final name, and its inputs
 #     must be unchanged.
 #  3. races: two processes write the same output at once: the result is one whole output.
+#  4. signals (where this machine lets moeprune make memory cgroups): measure, and a run
+#     while it measures and while it verifies, are sent INT, TERM and HUP at a moment
+#     their worker decodes; each must die of the signal and leave no cgroup, no worker
+#     or llama-bench child, no scratch folder and no half-written output (docs/measure.md).
 # The last line is
-#   faults: kills=K reruns=R disk_full=D races=N losses=L
+#   faults: kills=K reruns=R disk_full=D races=N signals=S losses=L
 # and the script fails unless L = 0.
 #
 #   scripts/faults.sh [WORK_DIR]   (default build/faults; KILLS=20)
@@ -236,5 +240,74 @@ for i in 1 2 3; do
 done
 echo "races: $n_races"
 
-echo "faults: kills=$n_kills reruns=$n_reruns disk_full=$n_full races=$n_races losses=$losses"
+# --- 4. signals to measure, and to a run that measures or verifies --------------------------
+n_signals=0
+if "$M" measure --check >/dev/null 2>&1; then
+  parent=$("$M" measure --check | sed 's/.* under //')
+  sigdir=$work/signals
+  mkdir -p "$sigdir/tmp"
+  # A llama-bench that never ends, and whose child (named by exec -a) must die with it.
+  printf '#!/bin/bash\nbash -c "exec -a moeprune-faults-bench sleep 1000" & wait\n' > "$sigdir/bench.sh"
+  chmod +x "$sigdir/bench.sh"
+  cgroups() { ls "$parent" | grep '^moeprune-measure-' | sort; }
+  # What a signalled process left: new cgroups, scratch folders, workers, llama-bench
+  # children, partial outputs.
+  left_after() {  # left_after CGROUPS_BEFORE DIR
+    echo "cgroups=$(comm -13 <(echo "$1") <(cgroups) | grep -c .)" \
+         "scratch=$(ls "$sigdir/tmp" | grep -c '^moeprune-measure-')" \
+         "workers=$(pgrep -fc "measure-worker $sigdir/tmp/")" "bench=$(pgrep -fc '[m]oeprune-faults-bench')" \
+         "partial=$(find "$2" -name '*.partial.*' | grep -c .)"
+  }
+  clean="cgroups=0 scratch=0 workers=0 bench=0 partial=0"
+  worker_runs() { pgrep -f "measure-worker $sigdir/tmp/" >/dev/null; }
+  bench_runs() { pgrep -f '[m]oeprune-faults-bench' >/dev/null; }
+  signal_one() {  # signal_one NAME SIGNAL READY LOG DIR -- COMMAND...: signal COMMAND once the command READY succeeds
+    local name=$1 sig=$2 ready=$3 log=$4 dir=$5
+    shift 6
+    local before
+    before=$(cgroups)
+    TMPDIR=$sigdir/tmp "$@" >"$log" 2>&1 &
+    local pid=$!
+    for _ in $(seq 600); do
+      eval "$ready" && break
+      sleep 0.05
+    done
+    kill "-$sig" "$pid"
+    local rc=0
+    wait "$pid" || rc=$?
+    sleep 0.5
+    local expect=$((128 + $(kill -l "$sig")))
+    [ "$rc" -eq "$expect" ] || loss "$name: exit $rc after SIG$sig, not $expect"
+    local left
+    left=$(left_after "$before" "$dir")
+    [ "$left" = "$clean" ] || loss "$name: SIG$sig left $left"
+    n_signals=$((n_signals + 1))
+  }
+  for sig in INT TERM HUP; do
+    signal_one "measure" "$sig" worker_runs "$sigdir/measure.log" "$sigdir" -- "$M" measure -m m.gguf -f data/eval.jsonl \
+      --warmup 0 --tokens 300 --probe-mib 1 --json "$sigdir/m.json" --trace "$sigdir/m.mptrace"
+    [ ! -e "$sigdir/m.json" ] || loss "measure: SIG$sig left m.json under its final name"
+    signal_one "measure in llama-bench" "$sig" bench_runs "$sigdir/bench.log" "$sigdir" -- "$M" measure -m m.gguf \
+      -f data/eval.jsonl --warmup 0 --tokens 16 --probe-mib 1 --llama-bench "$sigdir/bench.sh" --json "$sigdir/b.json"
+  done
+  # A finished measured run, then each of its measuring stages again, signalled.
+  run_args=(run -m m.gguf --corpus corpus.toml -k 8 --criteria reap --ram 0.3GB -c 128 -t 2 --measure 75% \
+            --measure-tokens 200 --verify -o "$sigdir/run")
+  TMPDIR=$sigdir/tmp "$M" "${run_args[@]}" >/dev/null 2>&1 || loss "signals: the measured run failed"
+  for stage in measure verify; do
+    for sig in INT TERM HUP; do
+      signal_one "run --from $stage" "$sig" "grep -q '$stage  running' $sigdir/run.log 2>/dev/null && worker_runs" \
+        "$sigdir/run.log" "$sigdir/run" -- \
+        "$M" "${run_args[@]}" --from "$stage"
+      for out in "$sigdir/run/$stage"/*.json; do
+        [ ! -e "$out" ] || [ -e "$sigdir/run/$stage/stage.json" ] || loss "run --from $stage: SIG$sig left $out without stage.json"
+      done
+    done
+  done
+  echo "signals: $n_signals signalled runs"
+else
+  echo "signals: skipped ($("$M" measure --check 2>&1 | head -c 200))"
+fi
+
+echo "faults: kills=$n_kills reruns=$n_reruns disk_full=$n_full races=$n_races signals=$n_signals losses=$losses"
 [ "$losses" -eq 0 ]

@@ -38,7 +38,7 @@ inline CLI::Validator thread_count() {
                 return std::string();  // not a number: the option's own conversion says so
             }
             try {
-                check_threads(n, "threads");
+                check_threads(n, "");  // CLI11 names the flag
             } catch (const std::exception & e) {
                 return std::string(e.what());
             }

@@ -665,6 +665,26 @@ ResumePoint resume_from_checkpoint(const CollectOptions & opt, const Corpus & co
         fail_file(origin, "is not a collect checkpoint (settings.progress with \"complete\": false)");
     }
     if (saved.model != stats.model) {
+        // The same model, with or without its MTP head's layers.
+        const auto trunk_of = [](json m) {
+            const json mtp = m.value("mtp_layers", json::array());
+            if (m.contains("moe_layers") && m["moe_layers"].is_array()) {
+                json trunk = json::array();
+                for (const json & l : m["moe_layers"]) {
+                    if (std::find(mtp.begin(), mtp.end(), l) == mtp.end()) {
+                        trunk.push_back(l);
+                    }
+                }
+                m["moe_layers"] = trunk;
+            }
+            m.erase("mtp_layers");
+            return m;
+        };
+        if (trunk_of(saved.model) == trunk_of(stats.model)) {
+            const bool had_mtp = saved.model.contains("mtp_layers");
+            fail_file(origin, fmt::format("was collected {} the MTP head's layers: resume {} --no-mtp, as it was started",
+                                          had_mtp ? "with" : "without", had_mtp ? "without" : "with"));
+        }
         fail_file(origin, "was collected on another model: " + saved.model.dump());
     }
     if (saved.settings.value("corpus_digest", "") != corpus.digest) {
@@ -1019,8 +1039,11 @@ CollectResult collect(const CollectOptions & opt) {
     std::vector<std::filesystem::path> inputs = gguf.shard_paths();
     inputs.push_back(opt.corpus);
     inputs.push_back(opt.mmproj);
-    refuse_output_clashes({opt.output, opt.trace, opt.imatrix, collect_checkpoint_path(opt.output)}, inputs);
     Corpus corpus = read_corpus(opt.corpus);
+    for (const fs::path & m : media_paths(corpus)) {
+        inputs.push_back(m);
+    }
+    refuse_output_clashes({opt.output, opt.trace, opt.imatrix, collect_checkpoint_path(opt.output)}, inputs);
     add_modality_domains(corpus);
     if (!opt.trace.empty() && corpus.domains.size() + 1 > kMaxTraceDomains) {
         fail_file(opt.corpus.string(), fmt::format("has {} domains; a trace stores domain ids in 16 bits and holds at most "

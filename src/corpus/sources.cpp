@@ -10,6 +10,7 @@
 #include <glob.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <regex>
 #include <set>
@@ -311,8 +312,13 @@ std::vector<std::filesystem::path> expand_source_path(const SourceSpec & s, cons
                 }
                 continue;
             }
-            if (it->is_regular_file()) {
+            std::error_code type_ec;
+            if (it->is_regular_file(type_ec)) {
                 out.push_back(it->path());
+            } else if (!it->is_directory(type_ec)) {
+                // A FIFO would block the read, a device never end: left out, but by name.
+                std::fprintf(stderr, "moeprune: source \"%s\": skipped %s: not a regular file (a FIFO, device, socket "
+                                     "or broken link, or a link to one)\n", s.name.c_str(), it->path().c_str());
             }
         }
         if (ec) {

@@ -24,6 +24,9 @@ void MediaChunksDeleter::operator()(mtmd_input_chunks * c) const { mtmd_input_ch
 
 namespace {
 
+// Where libmtmd's helper logs go while one medium is read (null: errors to stderr).
+thread_local std::string * g_helper_log = nullptr;
+
 struct BitmapDeleter {
     void operator()(mtmd_bitmap * b) const { mtmd_bitmap_free(b); }
 };
@@ -194,7 +197,139 @@ void probe_projector(const fs::path & mmproj, const llama_model * model) {
     }
 }
 
+uint32_t be32(const std::string & b, size_t at) {
+    return uint32_t(uint8_t(b[at])) << 24 | uint32_t(uint8_t(b[at + 1])) << 16 | uint32_t(uint8_t(b[at + 2])) << 8 |
+           uint32_t(uint8_t(b[at + 3]));
+}
+uint32_t le32(const std::string & b, size_t at) {
+    return uint32_t(uint8_t(b[at])) | uint32_t(uint8_t(b[at + 1])) << 8 | uint32_t(uint8_t(b[at + 2])) << 16 |
+           uint32_t(uint8_t(b[at + 3])) << 24;
+}
+
+// JPEG: segments up to a scan, then the entropy-coded data (where 0xFF is followed by 0
+// or a restart marker) up to the next marker, until the end-of-image marker.
+bool jpeg_complete(const std::string & b) {
+    size_t at = 2;
+    while (at + 2 <= b.size()) {
+        if (uint8_t(b[at]) != 0xFF) {
+            return false;
+        }
+        const uint8_t marker = uint8_t(b[at + 1]);
+        if (marker == 0xD9) {
+            return true;
+        }
+        if (marker == 0xFF || (marker >= 0xD0 && marker <= 0xD7) || marker == 0x01) {
+            at += marker == 0xFF ? 1 : 2;
+            continue;
+        }
+        if (at + 4 > b.size()) {
+            return false;
+        }
+        const size_t length = size_t(uint8_t(b[at + 2])) << 8 | uint8_t(b[at + 3]);
+        at += 2 + length;
+        if (marker == 0xDA) {  // a scan: its data runs to the next marker
+            while (at + 1 < b.size() && !(uint8_t(b[at]) == 0xFF && uint8_t(b[at + 1]) != 0 &&
+                                          !(uint8_t(b[at + 1]) >= 0xD0 && uint8_t(b[at + 1]) <= 0xD7))) {
+                ++at;
+            }
+        }
+    }
+    return false;
+}
+
+// PNG: chunks (length, type, data, CRC) up to IEND.
+bool png_complete(const std::string & b) {
+    for (size_t at = 8; at + 12 <= b.size();) {
+        const uint64_t length = be32(b, at);
+        if (b.compare(at + 4, 4, "IEND") == 0) {
+            return true;
+        }
+        at += 12 + length;
+    }
+    return false;
+}
+
+// RIFF WAVE: every chunk, the samples' included, inside the file.
+bool wav_complete(const std::string & b) {
+    for (size_t at = 12; at + 8 <= b.size();) {
+        const uint64_t length = le32(b, at + 4);
+        if (at + 8 + length > b.size()) {
+            return false;
+        }
+        if (b.compare(at, 4, "data") == 0) {
+            return true;
+        }
+        at += 8 + length + (length & 1);
+    }
+    return false;
+}
+
+// MPEG audio: frames from the first one, each length from its header; false when a
+// frame runs past the end, or no whole frame is there. Bytes that are no frame (a tag
+// after the last one) end the walk.
+bool mp3_complete(const std::string & b) {
+    size_t at = 0;
+    if (b.size() >= 10 && b.compare(0, 3, "ID3") == 0) {
+        const size_t tag = size_t(b[6] & 0x7F) << 21 | size_t(b[7] & 0x7F) << 14 | size_t(b[8] & 0x7F) << 7 | size_t(b[9] & 0x7F);
+        at = 10 + tag;
+        if (at > b.size()) {
+            return false;
+        }
+    }
+    static const int kbps[2][3][15] = {
+        {{0, 32, 64, 96, 128, 160, 192, 224, 256, 288, 320, 352, 384, 416, 448},
+         {0, 32, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384},
+         {0, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320}},
+        {{0, 32, 48, 56, 64, 80, 96, 112, 128, 144, 160, 176, 192, 224, 256},
+         {0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160},
+         {0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160}}};
+    static const int rates[3] = {44100, 48000, 32000};
+    size_t frames = 0;
+    while (at + 4 <= b.size()) {
+        const uint32_t h = be32(b, at);
+        const int version = (h >> 19) & 3, layer = (h >> 17) & 3, bitrate = (h >> 12) & 15, rate = (h >> 10) & 3;
+        if ((h & 0xFFE00000u) != 0xFFE00000u || version == 1 || layer == 0 || bitrate == 0 || bitrate == 15 || rate == 3) {
+            break;
+        }
+        const bool v1 = version == 3;
+        const int sample_rate = rates[rate] >> (version == 3 ? 0 : version == 2 ? 1 : 2);
+        const int kb = kbps[v1 ? 0 : 1][3 - layer][bitrate] * 1000;
+        const int padding = (h >> 9) & 1;
+        const size_t length = layer == 3 ? size_t((12 * kb / sample_rate + padding) * 4)
+                                         : size_t((layer == 1 && !v1 ? 72 : 144) * kb / sample_rate + padding);
+        if (at + length > b.size()) {
+            return false;
+        }
+        at += length;
+        ++frames;
+    }
+    return frames > 0;
+}
+
 } // namespace
+
+void check_media_complete(const std::string & bytes, const fs::path & path) {
+    const auto starts = [&](const char * magic, size_t n) { return bytes.size() >= n && bytes.compare(0, n, magic, n) == 0; };
+    const char * kind = nullptr;
+    bool whole = true;
+    if (starts("\xFF\xD8\xFF", 3)) {
+        kind = "a JPEG image";
+        whole = jpeg_complete(bytes);
+    } else if (starts("\x89PNG\r\n\x1A\n", 8)) {
+        kind = "a PNG image";
+        whole = png_complete(bytes);
+    } else if (starts("RIFF", 4) && bytes.size() >= 12 && bytes.compare(8, 4, "WAVE") == 0) {
+        kind = "a WAV file";
+        whole = wav_complete(bytes);
+    } else if (starts("ID3", 3) || (bytes.size() >= 2 && uint8_t(bytes[0]) == 0xFF && (uint8_t(bytes[1]) & 0xE0) == 0xE0)) {
+        kind = "an MP3 file";
+        whole = mp3_complete(bytes);
+    }
+    if (!whole) {
+        fail_file(path.string(), fmt::format("is {} that ends early ({} bytes): cut or damaged; decoders would read "
+                                             "what is there as the whole", kind, bytes.size()));
+    }
+}
 
 void check_projector_file(const fs::path & mmproj) {
     // moeprune's own header walk first: ggml's reader has undefined behaviour on some
@@ -227,7 +362,9 @@ MediaEncoder::MediaEncoder(const fs::path & mmproj, const llama_model * model, i
         fail_file(mmproj.string(), "is not a regular file (--mmproj names a projector GGUF)");
     }
     mtmd_helper_log_set([](ggml_log_level level, const char * text, void *) {
-        if (level >= GGML_LOG_LEVEL_ERROR) {
+        if (g_helper_log) {
+            *g_helper_log += text;  // reading one medium: its own error says what matters
+        } else if (level >= GGML_LOG_LEVEL_ERROR) {
             std::fputs(text, stderr);
         }
     }, nullptr);
@@ -256,13 +393,19 @@ MediaPrompt MediaEncoder::tokenize(const std::string & text, const std::vector<C
                                    const std::string & where) const {
     std::vector<BitmapPtr> bitmaps;
     for (const CorpusMedia & m : media) {
+        const std::string bytes = read_text_file(m.path);
+        check_media_complete(bytes, m.path);
         if (!supports(m.modality)) {
             fail_file(where, fmt::format("has an {} ({}), but the projector {} encodes no {}", modality_name(m.modality),
                                          m.path.string(), path_.string(), modality_name(m.modality)));
         }
-        const std::string bytes = read_text_file(m.path);
+        // libmtmd's helper tries every decoder (ffprobe for video among them) and logs each
+        // failure; those lines are kept out of the way of the one error below.
+        std::string helper_log;
+        g_helper_log = &helper_log;
         mtmd_helper_bitmap_wrapper w = mtmd_helper_bitmap_init_from_buf(
             ctx_, reinterpret_cast<const unsigned char *>(bytes.data()), bytes.size(), false, mtmd_helper_init_opt_default());
+        g_helper_log = nullptr;
         BitmapPtr bitmap(w.bitmap);
         if (w.video_ctx) {
             fail_file(m.path.string(), "is a video; collect and eval read images and audio");

@@ -51,6 +51,10 @@ int32_t walk_rows(const std::vector<MediaSpan> & spans, size_t n_rows, size_t ba
 // architecture `clip`, and every tensor's data inside the file. Fails naming `mmproj`.
 void check_projector_file(const std::filesystem::path & mmproj);
 
+// Refuses, naming `path`, a JPEG, PNG, WAV or MP3 whose container ends before its data
+// does (a file cut short): decoders read such a file without an error. Other formats pass.
+void check_media_complete(const std::string & bytes, const std::filesystem::path & path);
+
 class MediaEncoder {
 public:
     // Fails naming `mmproj` when libmtmd cannot load it or it does not fit `model`.

@@ -803,6 +803,7 @@ void EvalRun::load_base() {
     }
 
     corpus = read_corpus(opt.corpus);
+    refuse_output_clashes({opt.base_out, opt.json_out, opt.per_token_out, opt.trace_out}, media_paths(corpus));
     if (opt.text_only) {
         media_documents_left_out = drop_media_documents(corpus);
     }

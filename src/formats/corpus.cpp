@@ -178,6 +178,38 @@ std::vector<CorpusMessage> parse_messages(const json & messages, const std::stri
     return out;
 }
 
+std::vector<std::filesystem::path> media_paths(const Corpus & corpus) {
+    std::vector<std::filesystem::path> out;
+    for (const CorpusDocument & d : corpus.documents) {
+        for (const CorpusMedia & m : media_of(d.messages)) {
+            out.push_back(m.path);
+        }
+    }
+    return out;
+}
+
+namespace {
+
+// A plain text must be text: llama.cpp's tokenizer fails on invalid UTF-8 without naming
+// the file (or passes it on), and a NUL byte ends its string early.
+void check_utf8(const std::string & bytes, const std::filesystem::path & path) {
+    for (size_t i = 0; i < bytes.size();) {
+        const auto c = static_cast<unsigned char>(bytes[i]);
+        const size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+        bool ok = len > 0 && i + len <= bytes.size() && c != 0 && c != 0xC0 && c != 0xC1 && c <= 0xF4;
+        for (size_t k = 1; ok && k < len; ++k) {
+            ok = (static_cast<unsigned char>(bytes[i + k]) & 0xC0) == 0x80;
+        }
+        if (!ok) {
+            fail_file(path.string(), fmt::format("is not UTF-8 text: {} at byte {} (binary data?)",
+                                                 c == 0 ? "a NUL byte" : fmt::format("an invalid sequence starting 0x{:02x}", c), i));
+        }
+        i += len;
+    }
+}
+
+} // namespace
+
 Corpus read_corpus(const std::filesystem::path & path) {
     Corpus c;
     c.path = path;
@@ -191,6 +223,7 @@ Corpus read_corpus(const std::filesystem::path & path) {
         if (bytes.empty()) {
             fail_file(path.string(), "is empty: nothing to collect statistics on");
         }
+        check_utf8(bytes, path);
         c.documents.push_back({bytes, {}, "", std::nullopt, std::nullopt, 0});
         return c;
     }

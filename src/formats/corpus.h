@@ -69,6 +69,9 @@ void add_modality_domains(Corpus & corpus);
 // corpus has images); returns how many.
 size_t drop_media_documents(Corpus & corpus);
 
+// Every media file the corpus names: inputs, which no output may overwrite.
+std::vector<std::filesystem::path> media_paths(const Corpus & corpus);
+
 // For a reader that takes text only: the first document with media is an error naming
 // its line and saying `why`, so its markers are never read as text.
 void refuse_media(const Corpus & corpus, const std::string & why);

@@ -466,6 +466,7 @@ void Measurement::read_text() {
     }
     // A corpus (JSONL) is decoded as one text: its documents in order, a conversation's turns as plain lines.
     Corpus corpus = read_corpus(opt_.text);
+    refuse_output_clashes({opt_.json_out, opt_.trace_out}, media_paths(corpus));
     if (opt_.text_only) {
         drop_media_documents(corpus);
     }

@@ -185,6 +185,33 @@ TEST_F(Hostile, CollectRefusesToWriteOverItsInputs) {
     expect_refused(base + "-o " + s(local("soft.jsonl")), {"refusing to overwrite the input"}, {m, c});
 }
 
+// Binary data or invalid UTF-8 given as a text: refused naming the file, not passed to
+// llama.cpp's tokenizer (which fails without a name, or reads on); thread counts far above
+// the machine's CPUs refused by every command that takes -t (issue 47).
+TEST_F(Hostile, BinaryTextAndHugeThreadCountsAreRefusedByName) {
+    test::write_text(local("binary.txt"), std::string("GGUF\0\x03\0\0\xff\xfe binary", 18));
+    test::write_text(local("latin1.txt"), "caf\xe9 au lait, na\xefve\n");
+    for (const char * text : {"binary.txt", "latin1.txt"}) {
+        expect_refused(fmt::format("collect -m {} -f {} -o {}", s(path("m.gguf")), s(local(text)), s(local("x.json"))),
+                       {s(local(text)) + ": is not UTF-8 text"}, {local(text)}, {local("x.json")});
+        expect_refused(fmt::format("eval -m {} -f {} --base-out {}", s(path("m.gguf")), s(local(text)), s(local("b.mpkl"))),
+                       {s(local(text)) + ": is not UTF-8 text"}, {local(text)}, {local("b.mpkl")});
+    }
+    for (const std::string & command :
+         {fmt::format("collect -m {} -f {} -o {} -t 10000", s(path("m.gguf")), s(path("c.jsonl")), s(local("x.json"))),
+          fmt::format("eval -m {} -f {} --base-out {} -t 10000", s(path("m.gguf")), s(path("c.jsonl")), s(local("b.mpkl"))),
+          fmt::format("replay --trace {} --policy lru --cache 4 -t 10000", s(path("t.trace"))),
+          fmt::format("corpus -m {} --source a={} -o {} -t 10000", s(path("m.gguf")), s(path("c.jsonl")), s(local("out"))),
+          fmt::format("run -m {} --corpus a={} -k 4 -o {} -t 10000", s(path("m.gguf")), s(path("c.jsonl")), s(local("run")))}) {
+        const auto r = test::run_command(moeprune_cmd(command));
+        EXPECT_NE(r.exit_code, 0) << command;  // CLI11's code for a refused flag
+        EXPECT_NE(r.output.find("--threads: 10000: threads are 0 (one per CPU) to"), std::string::npos) << r.output;
+        for (const char * out : {"x.json", "b.mpkl", "out", "run"}) {
+            EXPECT_FALSE(fs::exists(local(out))) << command;
+        }
+    }
+}
+
 TEST_F(Hostile, ReplaySelectAndKeepRefuseToWriteOverTheirInputs) {
     const fs::path t = copy("t.trace", "t.trace"), k = copy("k.json", "k.json"), st = copy("s.json", "s.json");
     expect_refused(fmt::format("replay --trace {} --policy lru --cache 4 --json {}", s(t), s(t)),

@@ -16,6 +16,8 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <cstring>
 #include <functional>
 #include <tuple>
@@ -407,7 +409,7 @@ TEST(Media, BadMediaAreRefusedByNameAndNothingIsWritten) {
     gguf_free(g);
     test::write_text(bad, test::read_bytes(bad) + test::read_bytes(vm.mmproj).substr(data_offset));
     refused(with_image("ok.jpeg"), "--mmproj " + bad.string(),
-            bad.string() + ": llama.cpp's libmtmd aborts loading it as a projector (Aborted): ");
+            bad.string() + ": llama.cpp's libmtmd aborts loading it as a projector, or encoding a small probe with it (Aborted): ");
 }
 
 // A copy of `src` with its metadata edited by `edit` and its tensor data as it was.
@@ -470,6 +472,79 @@ TEST(Media, ProjectorsThatCannotEncodeAreRefusedByName) {
         }
         EXPECT_FALSE(fs::exists(dir / "s.json"));
         EXPECT_FALSE(fs::exists(dir / "e.mpkl"));
+    }
+}
+
+// Media cut short are refused by file (decoders read what is there as the whole), media a
+// corpus names are inputs no output may overwrite, and what a media folder holds besides
+// files is named, not dropped silently (issue 47).
+TEST(Media, CutMediaAndMediaAsOutputsAreRefusedByName) {
+    const VisionModel & vm = vision_model();
+    test::TempDir dir;
+    const std::string jpeg = test::read_bytes(test_image);
+    const std::string mp3 = test::read_bytes(fs::path(MOEPRUNE_LLAMA_DIR) / "tools" / "mtmd" / "test-2.mp3");
+    test::write_text(dir / "cut.jpeg", jpeg.substr(0, 2000));
+    test::write_text(dir / "cut.mp3", mp3.substr(0, 500));
+    std::string wav = "RIFF" + std::string("\x24\x00\x00\x00", 4) + "WAVEfmt " + std::string("\x10\0\0\0\x01\0\x01\0\x80\x3e\0\0\0\x7d\0\0\x02\0\x10\0", 20) +
+                      "data" + std::string("\xf0\xff\xff\xff", 4);
+    wav += std::string(100 - wav.size(), '\0');
+    test::write_text(dir / "huge.wav", wav);
+    fs::copy_file(test_image, dir / "ok.jpeg");
+    test::CommandResult r0;
+    const auto doc = [](const std::string & path, const std::string & type) {
+        return json{{"messages", {{{"role", "user"}, {"content", {{{"type", "text"}, {"text", "see"}}, {{"type", type}, {"path", path}}}}}}}}
+                   .dump() + "\n";
+    };
+    for (const auto & [file, type, kind] : {std::tuple{"cut.jpeg", "image", "a JPEG image that ends early (2000 bytes)"},
+                                            {"cut.mp3", "audio", "an MP3 file that ends early (500 bytes)"},
+                                            {"huge.wav", "audio", "a WAV file that ends early (100 bytes)"}}) {
+        test::write_text(dir / "c.jsonl", doc(file, type));
+        const auto r = test::run_command(moeprune_cmd(fmt::format("collect -m {} --mmproj {} -f {} -o {} -t 2", vm.model.string(),
+                                                                  vm.mmproj.string(), (dir / "c.jsonl").string(), (dir / "s.json").string())));
+        EXPECT_NE(r.exit_code, 0) << r.output;
+        EXPECT_NE(r.output.find((dir / file).string() + ": is " + kind), std::string::npos) << r.output;
+        EXPECT_FALSE(fs::exists(dir / "s.json"));
+    }
+    // Not media at all: the one error names the file, without libmtmd's decoder chatter.
+    test::write_text(dir / "notes.jpeg", "not an image at all");
+    test::write_text(dir / "c.jsonl", doc("notes.jpeg", "image"));
+    r0 = test::run_command(moeprune_cmd(fmt::format("collect -m {} --mmproj {} -f {} -o {} -t 2", vm.model.string(),
+                                                    vm.mmproj.string(), (dir / "c.jsonl").string(), (dir / "s.json").string())));
+    EXPECT_NE(r0.exit_code, 0);
+    EXPECT_EQ(r0.output.find("ffprobe"), std::string::npos) << r0.output;
+    EXPECT_EQ(r0.output.rfind("moeprune: error: " + (dir / "notes.jpeg").string() + ": is not an image libmtmd can read", 0), 0u)
+        << "the error is not the first line: " << r0.output;
+    // The whole image, with bytes after its end as other files carry, is read.
+    test::write_text(dir / "tail.jpeg", jpeg + "trailing");
+    test::write_text(dir / "c.jsonl", doc("tail.jpeg", "image"));
+    auto r = test::run_command(moeprune_cmd(fmt::format("collect -m {} --mmproj {} -f {} -o {} -t 2", vm.model.string(),
+                                                        vm.mmproj.string(), (dir / "c.jsonl").string(), (dir / "s.json").string())));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+
+    // Outputs onto an image the corpus names: refused, the image as it was.
+    test::write_text(dir / "c.jsonl", doc("ok.jpeg", "image"));
+    const std::string image = (dir / "ok.jpeg").string();
+    for (const std::string & outputs :
+         {fmt::format("collect -m {} -f {} -o {}", vm.model.string(), (dir / "c.jsonl").string(), image),
+          fmt::format("collect -m {} -f {} -o {} --trace {}", vm.model.string(), (dir / "c.jsonl").string(), (dir / "s2.json").string(), image),
+          fmt::format("eval -m {} -f {} --base-out {}", vm.model.string(), (dir / "c.jsonl").string(), image),
+          fmt::format("eval -m {} -f {} --base-out {} --json {}", vm.model.string(), (dir / "c.jsonl").string(), (dir / "b.mpkl").string(), image)}) {
+        r = test::run_command(moeprune_cmd(outputs + " --mmproj " + vm.mmproj.string() + " -t 2"));
+        EXPECT_NE(r.exit_code, 0) << outputs << "\n" << r.output;
+        EXPECT_NE(r.output.find("refusing to overwrite the input"), std::string::npos) << r.output;
+        EXPECT_EQ(test::read_bytes(dir / "ok.jpeg"), jpeg) << outputs;
+    }
+
+    // A media folder holding a link to /dev/zero and a FIFO: named, and left out.
+    fs::create_directories(dir / "photos");
+    fs::copy_file(test_image, dir / "photos" / "a.jpeg");
+    fs::create_symlink("/dev/zero", dir / "photos" / "zero.jpg");
+    ASSERT_EQ(::mkfifo((dir / "photos" / "pipe.jpg").c_str(), 0600), 0);
+    test::write_text(dir / "corpus.toml", "[corpus]\nseed = 3\neval_share = 0.5\n[[source]]\npath = \"photos\"\ndomain = \"photos\"\nmedia = \"image\"\n");
+    r = test::run_command(moeprune_cmd(fmt::format("corpus -m {} --mmproj {} --manifest {} -o {} --allow-shortfall", vm.model.string(),
+                                                   vm.mmproj.string(), (dir / "corpus.toml").string(), (dir / "out").string())));
+    for (const char * name : {"zero.jpg", "pipe.jpg"}) {
+        EXPECT_NE(r.output.find("skipped " + (dir / "photos" / name).string() + ": not a regular file"), std::string::npos) << r.output;
     }
 }
 

@@ -125,6 +125,15 @@ TEST_F(MtpPipeline, CollectSelectAndEvalCoverTheNextnLayer) {
                                                    (dir / "trunk.json").string())));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_EQ(read_json(dir / "trunk.json")["model"]["moe_layers"], json({0, 1, 2}));
+    // A checkpoint of the trunk alone, resumed with the head: the message names the setting.
+    json checkpoint = read_json(dir / "trunk.json");
+    checkpoint["settings"]["progress"] = {{"complete", false}};
+    test::write_text(dir / "resumed.json.checkpoint", checkpoint.dump());
+    r = test::run_command(moeprune_cmd(fmt::format("collect -m {} -f {} -o {} -c 256 -t 1 --save-every 1 --resume", m, c,
+                                                   (dir / "resumed.json").string())));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find("was collected without the MTP head's layers: resume with --no-mtp"), std::string::npos)
+        << r.output;
 
     r = test::run_command(moeprune_cmd(fmt::format("select --stats {} -k 8 --metric reap -o {}", (dir / "s.json").string(),
                                                    (dir / "maps").string())));

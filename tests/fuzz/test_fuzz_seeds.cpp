@@ -103,6 +103,12 @@ TEST(FuzzSeeds, DISABLED_Write) {
         m["probe"] = nullptr;
         put_text("measure_report", "invalid-no-probe.json", m.dump(1));
     }
+    // A projector, and the same cut short (a model where a projector belongs: below).
+    run_ok(fmt::format("synth --arch qwen3vlmoe --layers 2 --experts 4 --used 2 --embd 32 --ff 32 --image-experts 2 "
+                       "--mmproj {} -o {}", (dir / "p.gguf").string(), (dir / "vl.gguf").string()));
+    put("projector", "valid.gguf", dir / "p.gguf");
+    const std::string projector = test::read_bytes(dir / "p.gguf");
+    put_text("projector", "invalid-cut.gguf", projector.substr(0, projector.size() - 100));
     // Forged reports: each figure in range, but impossible with the others or unsafe to print.
     using Forgery = std::function<void(nlohmann::json &)>;
     for (const auto & [name, forge] : std::vector<std::pair<std::string, Forgery>>{
@@ -209,6 +215,7 @@ TEST(FuzzSeeds, DISABLED_Write) {
     plain.n_ff = 8;
     test::write_fake_moe(dir / "plain.gguf", plain);
     put("gguf", "valid-moe.gguf", dir / "plain.gguf");
+    put("projector", "invalid-a-model.gguf", dir / "plain.gguf");
     test::FakeMoe groups = plain;
     groups.arch = "deepseek2";
     groups.n_expert = 8;
