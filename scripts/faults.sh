@@ -249,7 +249,7 @@ if "$M" measure --check >/dev/null 2>&1; then
   # A llama-bench that never ends, and whose child (named by exec -a) must die with it.
   printf '#!/bin/bash\nbash -c "exec -a moeprune-faults-bench sleep 1000" & wait\n' > "$sigdir/bench.sh"
   chmod +x "$sigdir/bench.sh"
-  cgroups() { ls "$parent" | grep '^moeprune-measure-' | sort; }
+  cgroups() { ls "$parent" | { grep '^moeprune-measure-' || true; } | sort; }
   # What a signalled process left: new cgroups, scratch folders, workers, llama-bench
   # children, partial outputs.
   left_after() {  # left_after CGROUPS_BEFORE DIR
@@ -272,7 +272,7 @@ if "$M" measure --check >/dev/null 2>&1; then
       eval "$ready" && break
       sleep 0.05
     done
-    kill "-$sig" "$pid"
+    kill "-$sig" "$pid" 2>/dev/null || loss "$name: it ended before the signal (was it ever ready?)"
     local rc=0
     wait "$pid" || rc=$?
     sleep 0.5
@@ -296,7 +296,7 @@ if "$M" measure --check >/dev/null 2>&1; then
   TMPDIR=$sigdir/tmp "$M" "${run_args[@]}" >/dev/null 2>&1 || loss "signals: the measured run failed"
   for stage in measure verify; do
     for sig in INT TERM HUP; do
-      signal_one "run --from $stage" "$sig" "grep -q '$stage  running' $sigdir/run.log 2>/dev/null && worker_runs" \
+      signal_one "run --from $stage" "$sig" "grep -qE '$stage +running' $sigdir/run.log 2>/dev/null && worker_runs" \
         "$sigdir/run.log" "$sigdir/run" -- \
         "$M" "${run_args[@]}" --from "$stage"
       for out in "$sigdir/run/$stage"/*.json; do

@@ -332,6 +332,15 @@ ProbeFigures probe_figures(const json & r, uint64_t limit) {
     return p;
 }
 
+// The first bytes of a program's output, safe to print: control bytes as '?'.
+std::string printable_prefix(const std::string & text) {
+    std::string out = text.substr(0, 40);
+    for (char & c : out) {
+        c = (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) ? '?' : c;
+    }
+    return out;
+}
+
 // One measured run, start to end: the phases of run_measure.
 class Measurement {
 public:
@@ -608,13 +617,21 @@ json Measurement::llama_bench_once(uint64_t limit, const std::string & ram, cons
                                 messages()));
     }
     std::vector<double> samples;
-    try {
-        const json tests = json::parse(read_text_file(out));
-        samples = tests.at(0).at("samples_ts").get<std::vector<double>>();
-    } catch (const std::exception & e) {
-        throw Error(fmt::format("{} under --ram {}: its standard output is not llama-bench's JSON (-o json) with "
-                                "\"samples_ts\" ({}){}", program, ram, e.what(), messages()));
+    const std::string printed = read_text_file(out);
+    const json tests = json::parse(printed, nullptr, /*allow_exceptions=*/false);
+    if (tests.is_discarded()) {
+        throw Error(fmt::format("{} under --ram {}: its standard output is not JSON, as llama-bench -o json prints "
+                                "({} bytes, starting \"{}\"){}", program, ram, printed.size(),
+                                printable_prefix(printed), messages()));
     }
+    const json * ts = tests.is_array() && !tests.empty() && tests[0].is_object() && tests[0].contains("samples_ts")
+                          ? &tests[0]["samples_ts"]
+                          : nullptr;
+    if (!ts || !ts->is_array() || !std::all_of(ts->begin(), ts->end(), [](const json & v) { return v.is_number(); })) {
+        throw Error(fmt::format("{} under --ram {}: its JSON has no list of numbers \"samples_ts\" in its first test, "
+                                "as llama-bench -o json prints{}", program, ram, messages()));
+    }
+    samples = ts->get<std::vector<double>>();
     if (samples.size() < 2) {
         throw Error(fmt::format("{} under --ram {}: printed {} repetitions, fewer than the 3 asked for", program, ram,
                                 samples.size()));

@@ -173,7 +173,9 @@ void validate_stats_for_selection(const SaliencyStats & s, const std::string & o
     const int64_t groups = s.model.value("expert_group_count", int64_t(1));
     for (int64_t k : ks) {
         if (k < s.n_expert_used || k > s.n_expert) {
-            refuse("K", fmt::format("K = {} must be between n_expert_used {} and n_expert {}", k, s.n_expert_used, s.n_expert));
+            // The flag is wrong, not the file: say so first.
+            throw Error(fmt::format("-k {}: the experts kept per layer are between the {} each token uses and the {} "
+                                    "of the model {} was collected on", k, s.n_expert_used, s.n_expert, origin));
         }
         if (groups > 1 && k % groups != 0) {
             refuse("expert groups", fmt::format("K = {} does not split evenly over {} expert groups", k, groups));

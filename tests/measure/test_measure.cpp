@@ -317,7 +317,8 @@ TEST(Measure, HostileSettingsAndLlamaBenchProgramsAreRefusedByName) {
     test::write_text(dir / "hang.sh", fmt::format("#!/bin/bash\nbash -c 'exec -a {} sleep 1000' & wait\n", marker));
     test::write_text(dir / "bad.sh", "#!/bin/sh\necho '[{\"samples_ts\": [0, -5, 12]}]'\n");
     test::write_text(dir / "noexec.sh", "#!/bin/sh\n");
-    for (const char * f : {"hang.sh", "bad.sh"}) {  // noexec.sh stays without the right to run
+    test::write_text(dir / "text.sh", "#!/bin/sh\nprintf 'hello \\033[2J'\n");
+    for (const char * f : {"hang.sh", "bad.sh", "text.sh"}) {  // noexec.sh stays without the right to run
         fs::permissions(dir / f, fs::perms::owner_all);
     }
     const std::string bad_before = test::read_bytes(dir / "bad.sh");
@@ -327,6 +328,10 @@ TEST(Measure, HostileSettingsAndLlamaBenchProgramsAreRefusedByName) {
     EXPECT_NE(test::run_command(pgrep(marker)).exit_code, 0) << "llama-bench's child outlived measure";
     refused("--llama-bench " + (dir / "bad.sh").string(), "printed samples_ts [0, -5, 12]: tokens/s must be finite and > 0");
     refused("--llama-bench " + (dir / "noexec.sh").string(), "--llama-bench: is not a program this user can run");
+    out = refused("--llama-bench " + (dir / "text.sh").string(), "its standard output is not JSON, as llama-bench -o json "
+                                                                  "prints (10 bytes, starting \"hello ?[2J\")");
+    EXPECT_EQ(out.find("json.exception"), std::string::npos) << out;
+    EXPECT_EQ(out.find("\033"), std::string::npos) << out;
     refused("--llama-bench " + (dir / "bad.sh").string() + " --json " + (dir / "bad.sh").string(), "refusing to overwrite");
     refused("--llama-bench " + (dir / "bad.sh").string() + " --trace " + (dir / "bad.sh").string(), "refusing to overwrite");
     EXPECT_EQ(test::read_bytes(dir / "bad.sh"), bad_before);

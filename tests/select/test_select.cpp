@@ -211,8 +211,8 @@ TEST(Select, InvalidStatisticsAreRefusedNamingTheCheck) {
     s.layers[0].prob_sum[0] -= 3;
     s.settings["gating"] = "softmax";
     write_stats(dir / "ok.json", s);
-    EXPECT_NE(refusal(options(dir / "ok.json", {1}, {"freq"})).find("K check: K = 1 must be between n_expert_used 2"), std::string::npos);
-    EXPECT_NE(refusal(options(dir / "ok.json", {7}, {"freq"})).find("K check"), std::string::npos);
+    EXPECT_NE(refusal(options(dir / "ok.json", {1}, {"freq"})).find("-k 1: the experts kept per layer are between the 2 each token uses"), std::string::npos);
+    EXPECT_NE(refusal(options(dir / "ok.json", {7}, {"freq"})).find("-k 7: the experts kept per layer"), std::string::npos);
     EXPECT_NE(refusal(options(dir / "ok.json", {3}, {"domain-max"})).find("per-domain statistics"), std::string::npos);
     EXPECT_NE(refusal(options(dir / "ok.json", {3}, {"best"})).find("unknown metric"), std::string::npos);
     s.settings["progress"] = {{"complete", false}};
