@@ -360,10 +360,14 @@ TEST_F(MtpPipeline, PlanPricesTheDraftFromMeasuredAcceptanceAndReplayedTraffic) 
         {"version", 1},
         {"model", {{"digest", g["model_digest"]}, {"n_expert", 16}}},
         {"process_bytes", 1e7},
+        {"resident_weight_bytes", 2e7},
+        {"resident_need_bytes", 3e7},
         {"resident", {{"decode", {{"tokens_per_second", 100.0}, {"ms_per_token", {{"mean", 10.0}}}}}}},
         {"probe", {{"effective_gbps", 1.0}, {"fault_latency_us", 100.0}}},
         {"runs",
-         {{{"ram", "150M"}, {"limit_bytes", 150e6}, {"decode", {{"tokens_per_second", 90.0}, {"major_faults_per_token", 1.0}}}}}}};
+         {{{"ram", "150M"},
+           {"limit_bytes", 150e6},
+           {"decode", {{"tokens_per_second", 90.0}, {"ms_per_token", {{"mean", 1000.0 / 90}}}, {"major_faults_per_token", 1.0}}}}}}};
     test::write_text(dir / "measure.json", measured.dump());
     r = test::run_command(moeprune_cmd(fmt::format("plan --model {} --measured {} --eval {} --json {}", m,
                                                    (dir / "measure.json").string(), (dir / "e.json").string(),

@@ -73,6 +73,7 @@ TEST(Measure, DecodesUnderLimitsPredictsAndTracesTheTimedTokens) {
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const json m = json::parse(test::read_bytes(out));
     EXPECT_EQ(m.at("format"), "moeprune-measure");
+    ASSERT_TRUE(m.at("busy").is_null()) << m.at("busy");
     EXPECT_EQ(m.at("system").at("cgroup_version"), support.version);
     ASSERT_EQ(m.at("runs").size(), 2u);
     const uint64_t need = m.at("resident_need_bytes").get<uint64_t>();
@@ -351,10 +352,10 @@ TEST(MeasureBusy, AResidentRunSlowerThanALimitedOneIsAMachineBusy) {
     r.runs.push_back(limited);
     const std::string busy = machine_was_busy(r);
     EXPECT_NE(busy.find("--ram 50%"), std::string::npos) << busy;
-    r.resident.decode.ms_median = 12;   // noise: a limited run a little faster
+    r.resident.decode.ms_median = 50;   // noise, or a loaded machine: a limited run up to 5 times faster
     EXPECT_EQ(machine_was_busy(r), "");
-    r.resident.decode.tokens_per_second = 80;
-    r.resident.llama_bench = {{"tokens_per_second", 400.0}, {"difference", 4.0}};
+    r.resident.decode.tokens_per_second = 70;
+    r.resident.llama_bench = {{"tokens_per_second", 400.0}, {"difference", 4.7}};
     r.busy = machine_was_busy(r);
     EXPECT_NE(r.busy.find("llama-bench"), std::string::npos);
     EXPECT_NE(to_text(r).find("the machine was busy"), std::string::npos);

@@ -326,9 +326,9 @@ TEST_F(RunTest, RefusedRunKeepsTheRecordAndRelativePathsReadBack) {
     // them absolutely, and reading it back (through a relative path) and writing it again
     // changes nothing. The run is stopped as soon as it has recorded its settings.
     const std::string script = fmt::format(
-        "cd {d} && {moeprune} run -m m.gguf --corpus corpus.toml -k 6 --ram 4GB -c 128 -t 2 -o r2 >/dev/null 2>&1 & m=$!; "
+        "(cd {d} && exec {moeprune} run -m m.gguf --corpus corpus.toml -k 6 --ram 4GB -c 128 -t 2 -o r2 >/dev/null 2>&1) & m=$!; "
         "for i in $(seq 400); do [ -f {d}/r2/run.toml ] && break; sleep 0.05; done; kill -9 $m; wait $m; "
-        "cd {d} && {moeprune} run --config r2/run.toml -k 7 -o r3 >/dev/null 2>&1 & m=$!; "
+        "(cd {d} && exec {moeprune} run --config r2/run.toml -k 7 -o r3 >/dev/null 2>&1) & m=$!; "
         "for i in $(seq 400); do [ -f {d}/r3/run.toml ] && break; sleep 0.05; done; kill -9 $m; wait $m; true",
         fmt::arg("d", d().string()), fmt::arg("moeprune", test::bin("moeprune").string()));
     test::write_text(tmp_ / "rel.sh", script);
