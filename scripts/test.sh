@@ -30,7 +30,7 @@ summary() {
     echo "== the 20 slowest tests"
     # ctest's lines: "  1/142 Test  #12: Suite.Name ....   Passed   12.34 sec"
     cat "$logs"/*.ctest | sed -n 's/^ *[0-9]*\/[0-9]* Test *#[0-9]*: \([^ ]*\) .* \([0-9.]*\) sec$/\2 \1/p' |
-      sort -rn | head -20 | awk '{ printf "%8.1fs  %s\n", $1, $2 }'
+      sort -rn | awk 'NR <= 20 { printf "%8.1fs  %s\n", $1, $2 }'  # awk reads it all: no SIGPIPE under pipefail
   fi
 }
 

@@ -249,7 +249,9 @@ MemoryCgroup::MemoryCgroup(const CgroupSupport & support, uint64_t limit_bytes, 
 
 MemoryCgroup::~MemoryCgroup() {
     if (!kill_and_remove(path_)) {
-        std::fprintf(stderr, "moeprune: warning: could not remove the cgroup %s; the next measure removes it\n",
+        // This measure's marker goes with its scratch folder, so no later measure will.
+        std::fprintf(stderr, "moeprune: warning: could not remove the cgroup %s (a process in it would not die): "
+                             "remove it with rmdir once it is empty\n",
                      path_.c_str());
     }
 }
