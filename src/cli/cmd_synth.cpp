@@ -39,6 +39,9 @@ void add_synth(CLI::App & app, Action & action) {
     sub->add_option("--audio-experts", opt->audio_experts, "Plant N experts per layer that only audio reaches; the projector then encodes audio too (needs --mmproj)")
         ->capture_default_str();
     sub->add_option("--vocab", opt->vocab, "GGUF whose tokenizer to copy (default: the pinned llama.cpp's Qwen2 vocabulary)");
+    sub->add_option("--vocab-first", opt->vocab_first,
+                    "Cut the vocabulary to its first N ordinary tokens, one token per character and the special tokens (0: all)")
+        ->capture_default_str();
     sub->add_option("-o,--output", opt->output, "Output .gguf (shards are NAME-0000i-of-0000N.gguf)")->required();
     sub->add_flag("--json", *json_out, "Print what was planted and written as JSON");
     sub->callback([=, &action] {

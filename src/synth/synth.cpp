@@ -19,6 +19,7 @@
 #include <random>
 #include <regex>
 #include <set>
+#include <unordered_set>
 
 namespace moeprune {
 
@@ -407,6 +408,148 @@ void add_type_override(gguf_context * ctx, const std::string & name, ggml_type t
 
 fs::path default_vocab() { return fs::path(MOEPRUNE_LLAMA_DIR) / "models" / "ggml-vocab-qwen2.gguf"; }
 
+// The pieces byte-level BPE passes through, merge by merge, to build `piece` from its bytes.
+std::vector<std::string> bpe_steps(const std::string & piece, const std::unordered_map<std::string, size_t> & rank) {
+    bool valid = false;
+    utf8_codepoints(piece, &valid);
+    if (!valid) {
+        return {};
+    }
+    std::vector<std::string> symbols;
+    for (size_t i = 0; i < piece.size();) {
+        const auto c = uint8_t(piece[i]);
+        const size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : 4;
+        symbols.push_back(piece.substr(i, len));
+        i += len;
+    }
+    std::vector<std::string> steps;
+    while (symbols.size() > 1) {
+        size_t best = symbols.size(), best_rank = SIZE_MAX;
+        for (size_t i = 0; i + 1 < symbols.size(); ++i) {
+            const auto it = rank.find(symbols[i] + " " + symbols[i + 1]);
+            if (it != rank.end() && it->second < best_rank) {
+                best = i;
+                best_rank = it->second;
+            }
+        }
+        if (best == symbols.size()) {
+            break;
+        }
+        symbols[best] += symbols[best + 1];
+        symbols.erase(symbols.begin() + std::ptrdiff_t(best) + 1);
+        steps.push_back(symbols[best]);
+    }
+    return steps;
+}
+
+// Keeps the first `n_first` ordinary tokens, every ordinary token of one character with the
+// pieces BPE builds it from (so text in any script keeps one token per character the
+// vocabulary knows), and every special token, renumbered in their old order. Merges survive
+// when both parts and their result are kept, so tokenizing never produces a dropped token;
+// token-id keys (bos, eos, ...) follow their tokens.
+GgufPtr cut_vocabulary(const gguf_context * src, int n_first, const fs::path & path) {
+    const int64_t tokens_id = gguf_find_key(src, "tokenizer.ggml.tokens");
+    const int64_t types_id = gguf_find_key(src, "tokenizer.ggml.token_type");
+    if (tokens_id < 0 || types_id < 0 || gguf_get_arr_type(src, types_id) != GGUF_TYPE_INT32) {
+        fail_file(path.string(), "has no tokenizer.ggml.tokens and token_type to cut with --vocab-first");
+    }
+    const size_t n = gguf_get_arr_n(src, tokens_id);
+    if (gguf_get_arr_n(src, types_id) != n) {
+        fail_file(path.string(), "has tokenizer.ggml.token_type of another length than its tokens");
+    }
+    const auto * types = static_cast<const int32_t *>(gguf_get_arr_data(src, types_id));
+    constexpr int32_t normal_token = 1;  // LLAMA_TOKEN_TYPE_NORMAL as GGUF stores it
+    const int64_t merges_id = gguf_find_key(src, "tokenizer.ggml.merges");
+    std::unordered_map<std::string, size_t> rank;
+    for (size_t m = 0; merges_id >= 0 && m < gguf_get_arr_n(src, merges_id); ++m) {
+        rank.emplace(gguf_get_arr_str(src, merges_id, m), m);
+    }
+    std::unordered_map<std::string, size_t> id_of;
+    for (size_t i = 0; i < n; ++i) {
+        id_of.emplace(gguf_get_arr_str(src, tokens_id, i), i);
+    }
+
+    std::vector<bool> keep(n, false);
+    size_t n_ordinary = 0;
+    for (size_t i = 0; i < n; ++i) {
+        if (types[i] != normal_token) {
+            keep[i] = true;
+            continue;
+        }
+        if (n_ordinary < size_t(n_first)) {
+            keep[i] = true;
+            ++n_ordinary;
+        }
+        bool valid = false;
+        const std::string piece = gguf_get_arr_str(src, tokens_id, i);
+        const std::string bytes = decode_byte_level(piece);
+        if (utf8_codepoints(bytes.empty() ? piece : bytes, &valid).size() == 1 && valid) {
+            keep[i] = true;
+            for (const std::string & step : bpe_steps(piece, rank)) {
+                if (const auto it = id_of.find(step); it != id_of.end()) {
+                    keep[it->second] = true;
+                }
+            }
+        }
+    }
+    if (n_ordinary < size_t(n_first)) {
+        fail_file(path.string(), fmt::format("has {} ordinary tokens, fewer than --vocab-first {}", n_ordinary, n_first));
+    }
+
+    std::vector<int64_t> new_id(n, -1);
+    std::vector<const char *> texts;
+    std::vector<int32_t> kept_types;
+    for (size_t i = 0; i < n; ++i) {
+        if (keep[i]) {
+            new_id[i] = int64_t(texts.size());
+            texts.push_back(gguf_get_arr_str(src, tokens_id, i));
+            kept_types.push_back(types[i]);
+        }
+    }
+    GgufPtr out(gguf_init_empty());
+    gguf_set_kv(out.get(), src);
+    gguf_set_arr_str(out.get(), "tokenizer.ggml.tokens", texts.data(), texts.size());
+    gguf_set_arr_data(out.get(), "tokenizer.ggml.token_type", GGUF_TYPE_INT32, kept_types.data(), kept_types.size());
+    if (const int64_t scores_id = gguf_find_key(src, "tokenizer.ggml.scores"); scores_id >= 0) {
+        const auto * scores = static_cast<const float *>(gguf_get_arr_data(src, scores_id));
+        std::vector<float> kept_scores;
+        for (size_t i = 0; i < n; ++i) {
+            if (keep[i]) {
+                kept_scores.push_back(scores[i]);
+            }
+        }
+        gguf_set_arr_data(out.get(), "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, kept_scores.data(), kept_scores.size());
+    }
+    if (merges_id >= 0) {
+        std::vector<const char *> merges;
+        for (size_t m = 0; m < gguf_get_arr_n(src, merges_id); ++m) {
+            const std::string merge = gguf_get_arr_str(src, merges_id, m);
+            const size_t space = merge.find(' ');
+            const auto kept = [&](const std::string & piece) {
+                const auto it = id_of.find(piece);
+                return it != id_of.end() && keep[it->second];
+            };
+            if (space != std::string::npos && kept(merge.substr(0, space)) && kept(merge.substr(space + 1)) &&
+                kept(merge.substr(0, space) + merge.substr(space + 1))) {
+                merges.push_back(gguf_get_arr_str(src, merges_id, m));
+            }
+        }
+        gguf_set_arr_str(out.get(), "tokenizer.ggml.merges", merges.data(), merges.size());
+    }
+    for (int64_t k = 0; k < gguf_get_n_kv(src); ++k) {
+        const std::string key = gguf_get_key(src, k);
+        if (key.starts_with("tokenizer.ggml.") && key.ends_with("_token_id") && gguf_get_kv_type(src, k) == GGUF_TYPE_UINT32) {
+            const uint32_t old = gguf_get_val_u32(src, k);
+            if (old < n && new_id[old] >= 0) {
+                gguf_set_val_u32(out.get(), key.c_str(), uint32_t(new_id[old]));
+            } else {
+                gguf_remove_key(out.get(), key.c_str());
+            }
+        }
+    }
+    return out;
+}
+
 const ArchTraits & check_options(const SynthOptions & o) {
     const ArchTraits * traits = find_arch(o.arch);
     if (!traits) {
@@ -482,6 +625,9 @@ const ArchTraits & check_options(const SynthOptions & o) {
     }
     if (o.dead < 0) {
         throw Error("synth: --dead must be >= 0");
+    }
+    if (o.vocab_first != 0 && o.vocab_first < 256) {
+        throw Error("synth: --vocab-first must be 0 (the whole vocabulary) or at least 256, the byte tokens every text falls back to");
     }
     if (o.image_experts < 0) {
         throw Error("synth: --image-experts must be >= 0");
@@ -813,6 +959,9 @@ SynthResult synthesize(const SynthOptions & requested) {
         refuse_output_clashes(planned, {vocab_path});
     }
     GgufPtr vocab = open_gguf_metadata(vocab_path);
+    if (o.vocab_first > 0) {
+        vocab = cut_vocabulary(vocab.get(), o.vocab_first, vocab_path);
+    }
     Plan plan = make_plan(o, traits, vocab.get(), vocab_path);
 
     GgufPtr meta(gguf_init_empty());
@@ -867,7 +1016,7 @@ SynthResult synthesize(const SynthOptions & requested) {
                            {"embd", o.n_embd}, {"ff", o.n_ff}, {"type", ggml_type_name(o.expert_type)},
                            {"gate_up", o.gate_up}, {"expert_scales", o.expert_scales}, {"groups", o.groups}, {"mtp", o.mtp},
                            {"dense_leading", *filling.router_layers.begin()}, {"split", o.split},
-                           {"seed", o.seed}, {"dead", o.dead}, {"specialists", o.specialists}};
+                           {"seed", o.seed}, {"dead", o.dead}, {"vocab_first", o.vocab_first}, {"specialists", o.specialists}};
     if (!o.mmproj.empty()) {
         settings["image_experts"] = o.image_experts;
         settings["audio_experts"] = o.audio_experts;

@@ -35,6 +35,10 @@ struct SynthOptions {
     int audio_experts = 0;               // experts per layer that only audio reaches; the projector then encodes audio too
     std::filesystem::path mmproj;        // also write a projector that libmtmd loads, for images
     std::filesystem::path vocab;         // defaults to the pinned llama.cpp's Qwen2 vocabulary
+    // Cut the vocabulary to its first N ordinary tokens (0: keep all), plus one token per
+    // character it has a token for and the special tokens: the same tokenizer with a smaller
+    // output layer, for tests that need speed more than long merges.
+    int vocab_first = 0;
     std::filesystem::path output;
 };
 

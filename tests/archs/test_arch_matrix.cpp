@@ -227,7 +227,7 @@ TEST_P(ArchMatrix, Verify) {
         return;
     }
 
-    SynthOptions o;
+    SynthOptions o = test::synth_options();
     o.arch = c.arch;
     o.mtp = traits.mtp;
     o.n_layer = std::max(traits.min_layers, 3) + int(o.mtp);

@@ -70,7 +70,7 @@ struct Model {
 };
 
 Model synth_model(const fs::path & dir, const std::string & arch, bool planted, ggml_type type = GGML_TYPE_F32) {
-    SynthOptions o;
+    SynthOptions o = test::synth_options();
     o.arch = arch;
     o.n_layer = 3;
     o.n_expert = 12;
@@ -265,7 +265,7 @@ TEST(Collect, EveryGraphVariantSynthBuildsKeepsTheInvariants) {
                               Variant{"qwen4exp", true, true, "ffn_moe_down_scaled"},
                               Variant{"qwen4exp", false, false, "ffn_moe_down"},
                               Variant{"dots1", false, false, "ffn_moe_down"}}) {
-        SynthOptions so;
+        SynthOptions so = test::synth_options();
         so.arch = v.arch;
         so.n_layer = v.arch == "dots1" ? 3 : 2;  // dots1's first layer is dense
         so.n_expert = 8;
@@ -324,7 +324,7 @@ TEST(Collect, RendersConversationsAndParsesSpecialTokens) {
     const TraceReader t = TraceReader::open(dir / "t.trace");
     const auto meta = t.token_meta();
     ASSERT_GT(meta.size(), 4u);
-    EXPECT_EQ(meta[0].token, 151644) << "<|im_start|> must be one special token";
+    EXPECT_EQ(meta[0].token, test::special_token_id(m.path, "<|im_start|>")) << "<|im_start|> must be one special token";
     EXPECT_EQ(meta[0].seq, 7) << "the session is the sequence";
     size_t decode = 0;
     for (const auto & tm : meta) {
@@ -337,7 +337,7 @@ TEST(Collect, RendersConversationsAndParsesSpecialTokens) {
     o.trace = dir / "p.trace";
     o.parse_special = false;
     collect(o);
-    EXPECT_NE(TraceReader::open(dir / "p.trace").token_meta()[0].token, 151644);
+    EXPECT_NE(TraceReader::open(dir / "p.trace").token_meta()[0].token, test::special_token_id(m.path, "<|im_start|>"));
 }
 
 // A NaN planted in one expert's weights: every row routed there is counted in

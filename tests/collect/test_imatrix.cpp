@@ -67,7 +67,7 @@ class CollectImatrix : public ::testing::TestWithParam<std::string> {};
 // leading layer and sigmoid routing (dots1).
 TEST_P(CollectImatrix, EqualsLlamaImatrixOnTheSameTokens) {
     test::TempDir dir;
-    SynthOptions so;
+    SynthOptions so = test::synth_options();
     so.arch = GetParam();
     so.n_layer = 3;
     so.n_expert = 8;
@@ -119,7 +119,7 @@ INSTANTIATE_TEST_SUITE_P(Archs, CollectImatrix, ::testing::Values("qwen3moe", "q
 // The imatrix slices with the model and llama-quantize takes it for the pruned model.
 TEST(CollectImatrixUse, SlicesWithTheModelAndQuantizes) {
     test::TempDir dir;
-    SynthOptions so;
+    SynthOptions so = test::synth_options();
     so.n_layer = 2;
     so.n_expert = 8;
     so.n_expert_used = 2;
@@ -149,7 +149,7 @@ TEST(CollectImatrixUse, RefusesCheckpointsAndClashes) {
     CollectOptions o = imatrix_options(dir / "m.gguf", dir / "text.txt", dir.path(), -1);
     o.save_every = 1;
     EXPECT_THROW(collect(o), Error);
-    SynthOptions so;
+    SynthOptions so = test::synth_options();
     so.n_layer = 1;
     so.n_expert = 4;
     so.n_expert_used = 2;

@@ -45,7 +45,7 @@ struct VisionModel {
     SynthResult synth;
     fs::path model, mmproj;
     explicit VisionModel(int audio_experts = 0) {
-        SynthOptions o;
+        SynthOptions o = test::synth_options();
         o.arch = "qwen3vlmoe";
         o.n_layer = 4;
         o.n_expert = 16;
@@ -353,7 +353,7 @@ TEST(Media, EvalScoresTextAfterImagesMaskedAsSliced) {
     ASSERT_EQ(r.exit_code, 0) << r.output;
     r = run(eval_args + keep + " --base " + (dir / "base.mpkl").string());
     EXPECT_EQ(r.exit_code, 0) << r.output;
-    SynthOptions other;
+    SynthOptions other = test::synth_options();
     other.arch = "qwen3vlmoe";
     other.seed = 7;
     other.output = dir / "other.gguf";

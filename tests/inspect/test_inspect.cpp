@@ -16,7 +16,7 @@ namespace fs = std::filesystem;
 namespace {
 
 fs::path make_model(const test::TempDir & dir, int split = 1) {
-    SynthOptions o;
+    SynthOptions o = test::synth_options();
     o.n_layer = 2;
     o.n_expert = 8;
     o.n_expert_used = 2;

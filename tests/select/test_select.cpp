@@ -338,7 +338,7 @@ TEST(Select, SubstitutionScreenMatchesAHandComputation) {
 // several K with every criterion, slice each map, and load the result in llama.cpp.
 TEST(Select, EndToEndCollectSelectSliceLoad) {
     test::TempDir dir;
-    SynthOptions so;
+    SynthOptions so = test::synth_options();
     so.n_layer = 3;
     so.n_expert = 16;
     so.n_expert_used = 3;
@@ -405,7 +405,7 @@ TEST(Select, EndToEndCollectSelectSliceLoad) {
 // loads.
 TEST(Select, KeepMapsNameBlockIndicesWhenTheFirstLayerIsDense) {
     test::TempDir dir;
-    SynthOptions so;
+    SynthOptions so = test::synth_options();
     so.arch = "dots1";
     so.n_layer = 3;
     so.n_expert = 12;

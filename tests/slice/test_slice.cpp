@@ -147,7 +147,7 @@ class SliceDeadExperts : public ::testing::TestWithParam<KldCase> {};
 TEST_P(SliceDeadExperts, KeepsLlamaCppDistributionsUnchanged) {
     const KldCase & c = GetParam();
     test::TempDir dir;
-    SynthOptions o;
+    SynthOptions o = test::synth_options();
     o.arch = c.arch;
     o.n_expert = 16;
     o.n_expert_used = 4;
@@ -199,7 +199,7 @@ INSTANTIATE_TEST_SUITE_P(
 // The KL check above must be able to fail: cutting experts that are used moves the distributions.
 TEST(Slice, CuttingLiveExpertsIsVisibleInKlDivergence) {
     test::TempDir dir;
-    SynthOptions o;
+    SynthOptions o = test::synth_options();
     o.n_expert = 16;
     o.n_expert_used = 4;
     o.dead = 4;
@@ -225,7 +225,7 @@ TEST(Slice, CuttingLiveExpertsIsVisibleInKlDivergence) {
 // plant dead experts there, so the identity map must be exact and a real subset must run.
 TEST(Slice, Qwen4expMergedGateUpAndScales) {
     test::TempDir dir;
-    SynthOptions o;
+    SynthOptions o = test::synth_options();
     o.arch = "qwen4exp";
     o.n_layer = 2;
     o.n_expert = 8;
@@ -274,7 +274,7 @@ TEST(Slice, Qwen4expMergedGateUpAndScales) {
 // original imatrix no longer fits the pruned model, the sliced one does.
 TEST(Slice, SlicedImatrixIsAcceptedByLlamaQuantize) {
     test::TempDir dir;
-    SynthOptions o;
+    SynthOptions o = test::synth_options();
     o.n_layer = 2;
     o.n_expert = 8;
     o.n_expert_used = 2;
@@ -485,7 +485,7 @@ class SliceRefuses : public ::testing::Test {
 protected:
     static void SetUpTestSuite() {
         dir_ = new test::TempDir;
-        SynthOptions o;
+        SynthOptions o = test::synth_options();
         o.n_layer = 2;
         o.n_expert = 8;
         o.n_expert_used = 2;
@@ -584,7 +584,9 @@ TEST_F(SliceRefuses, DiskFullDuringTheWrite) {
     const fs::path m = dir() / "m.gguf";
     const fs::path out = dir() / "o.gguf";
     const std::string before = contents_of({m});
-    const auto r = test::run_command(fmt::format("ulimit -f 8192; exec {} slice -m {}{} -o {}", test::bin("moeprune").string(),
+    // A quarter of the model: past the header and into the tensors, whatever the model's size.
+    const auto limit_kib = fs::file_size(m) / 4 / 1024;
+    const auto r = test::run_command(fmt::format("ulimit -f {}; exec {} slice -m {}{} -o {}", limit_kib, test::bin("moeprune").string(),
                                                  m.string(), keep_arg(kGoodKeep), out.string()));
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.output.find("File too large"), std::string::npos) << r.output;

@@ -1,5 +1,7 @@
 #include "support/test_support.h"
 
+#include <fmt/format.h>
+#include "llama.h"
 #include <gtest/gtest.h>
 
 #include <array>
@@ -45,7 +47,31 @@ CommandResult run_command(const std::string & command) {
 
 fs::path bin(const std::string & name) { return fs::path(MOEPRUNE_BIN_DIR) / name; }
 
-std::string moeprune_cmd(const std::string & args) { return bin("moeprune").string() + " " + args; }
+std::string moeprune_cmd(const std::string & args) {
+    const bool synth = args.starts_with("synth ") && args.find("--vocab-first") == std::string::npos;
+    return bin("moeprune").string() + " " + args + (synth ? fmt::format(" --vocab-first {}", kTestVocabFirst) : "");
+}
+
+SynthOptions synth_options() {
+    SynthOptions o;
+    o.vocab_first = kTestVocabFirst;
+    return o;
+}
+
+int special_token_id(const fs::path & model, const std::string & text) {
+    llama_backend_init();
+    llama_model_params mp = llama_model_default_params();
+    mp.vocab_only = true;
+    std::unique_ptr<llama_model, decltype(&llama_model_free)> m(llama_model_load_from_file(model.c_str(), mp), llama_model_free);
+    if (!m) {
+        throw std::runtime_error("llama.cpp cannot load " + model.string());
+    }
+    llama_token id[2];
+    if (llama_tokenize(llama_model_get_vocab(m.get()), text.data(), int32_t(text.size()), id, 2, false, true) != 1) {
+        throw std::runtime_error(text + " is not one token of " + model.string());
+    }
+    return id[0];
+}
 
 void synth(const std::string & args, const fs::path & out) {
     const auto r = run_command(moeprune_cmd("synth " + args + " -o " + out.string()));

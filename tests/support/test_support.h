@@ -9,7 +9,18 @@
 
 #include <nlohmann/json.hpp>
 
+#include "synth/synth.h"
+
 namespace moeprune::test {
+
+// Tests synthesize with the Qwen2 tokenizer cut to its first 4,096 ordinary tokens, one token
+// per character and the special tokens (synth --vocab-first, about 23,000 tokens): with all
+// 151,936 the output layer and the full-vocabulary KL were most of the suite's time (issue 46).
+inline constexpr int kTestVocabFirst = 4096;
+// SynthOptions with the test vocabulary.
+SynthOptions synth_options();
+// The id `model`'s vocabulary gives a special token's text, such as "<|im_start|>".
+int special_token_id(const std::filesystem::path & model, const std::string & text);
 
 // A fresh directory per test, removed afterwards.
 class TempDir {
@@ -31,7 +42,8 @@ CommandResult run_command(const std::string & command);
 
 std::filesystem::path bin(const std::string & name);  // build/bin/NAME
 
-// The command line that runs build/bin/moeprune with `args`.
+// The command line that runs build/bin/moeprune with `args`; a synth without --vocab-first
+// gets the test vocabulary.
 std::string moeprune_cmd(const std::string & args);
 
 // `moeprune synth ARGS -o OUT`; a failure fails the calling test (check HasFatalFailure).

@@ -6,8 +6,12 @@
 
 #include <gtest/gtest.h>
 
+#include "llama.h"
+
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <set>
 #include <tuple>
 
 using namespace moeprune;
@@ -16,7 +20,7 @@ namespace fs = std::filesystem;
 namespace {
 
 SynthOptions small(const std::string & arch, const fs::path & out) {
-    SynthOptions o;
+    SynthOptions o = test::synth_options();
     o.arch = arch;
     o.n_layer = 2;
     o.n_expert = 8;
@@ -178,6 +182,101 @@ TEST(Synth, RecordsItsSettingsAndTheRealTokenizer) {
     EXPECT_EQ(settings["experts"], 8);
     EXPECT_EQ(m.get_string("tokenizer.ggml.model").value_or(""), "gpt2");
     EXPECT_EQ(m.get_string("tokenizer.ggml.pre").value_or(""), "qwen2");
+}
+
+namespace {
+
+struct VocabOnly {
+    std::unique_ptr<llama_model, decltype(&llama_model_free)> model{nullptr, llama_model_free};
+    const llama_vocab * vocab = nullptr;
+
+    explicit VocabOnly(const fs::path & path) {
+        llama_backend_init();
+        llama_model_params mp = llama_model_default_params();
+        mp.vocab_only = true;
+        model.reset(llama_model_load_from_file(path.c_str(), mp));
+        vocab = model ? llama_model_get_vocab(model.get()) : nullptr;
+    }
+    std::vector<llama_token> tokens(const std::string & text) const {
+        std::vector<llama_token> out(text.size() + 8);
+        out.resize(size_t(llama_tokenize(vocab, text.data(), int32_t(text.size()), out.data(), int32_t(out.size()), false, true)));
+        return out;
+    }
+    std::string text(llama_token t) const {
+        char buf[256];
+        const int n = llama_token_to_piece(vocab, t, buf, sizeof buf, 0, true);
+        return std::string(buf, size_t(std::max(n, 0)));
+    }
+};
+
+} // namespace
+
+TEST(Synth, ACutVocabularyTokenizesEveryTextAndKeepsItsSpecialTokens) {
+    test::TempDir dir;
+    SynthOptions o = small("qwen3moe", dir / "cut.gguf");
+    o.vocab_first = 600;
+    synthesize(o);
+    o.output = dir / "full.gguf";
+    o.vocab_first = 0;
+    synthesize(o);
+    const VocabOnly cut(dir / "cut.gguf"), full(dir / "full.gguf");
+    ASSERT_TRUE(cut.vocab && full.vocab);
+    const int n_cut = llama_vocab_n_tokens(cut.vocab);
+    EXPECT_GT(n_cut, 600 + 290 + 3) << "the first 600, every character and the special tokens";
+    EXPECT_LT(n_cut, llama_vocab_n_tokens(full.vocab) / 4);
+    const std::string text = test::mixed_text();
+    const auto ids = cut.tokens(text);
+    std::string back;
+    for (const llama_token t : ids) {
+        ASSERT_GE(t, 0);
+        ASSERT_LT(t, n_cut);
+        back += cut.text(t);
+    }
+    EXPECT_EQ(back, text);
+    const auto full_ids = full.tokens(text);
+    EXPECT_GT(ids.size(), full_ids.size()) << "fewer merges, so more tokens for the same text";
+    const auto one_character = [](const std::string & piece) {
+        return piece.size() > 1 && std::count_if(piece.begin(), piece.end(), [](char c) { return (uint8_t(c) & 0xC0) != 0x80; }) == 1;
+    };
+    std::set<std::string> cut_pieces, characters;
+    for (const llama_token t : ids) {
+        cut_pieces.insert(cut.text(t));
+    }
+    for (const llama_token t : full_ids) {
+        if (one_character(full.text(t))) {
+            characters.insert(full.text(t));
+        }
+    }
+    ASSERT_GT(characters.size(), 10u) << "the text holds CJK characters the vocabulary has tokens for";
+    for (const auto & c : characters) {
+        EXPECT_TRUE(cut_pieces.count(c)) << c << " is still one token";
+    }
+    for (llama_token t = 0; t < 600; ++t) {
+        ASSERT_EQ(cut.text(t), full.text(t)) << "ordinary token " << t << " kept its id";
+    }
+
+    const auto chat = cut.tokens("<|im_start|>user\nhi<|im_end|>");
+    ASSERT_GE(chat.size(), 3u);
+    EXPECT_EQ(cut.text(chat.front()), "<|im_start|>");
+    EXPECT_EQ(cut.text(chat.back()), "<|im_end|>");
+    EXPECT_EQ(cut.text(llama_vocab_eos(cut.vocab)), full.text(llama_vocab_eos(full.vocab)));
+    EXPECT_GE(llama_vocab_eos(cut.vocab), 600);
+
+    o.vocab_first = 255;
+    try {
+        synthesize(o);
+        FAIL() << "a vocabulary without its byte tokens";
+    } catch (const Error & e) {
+        EXPECT_NE(std::string(e.what()).find("--vocab-first must be 0"), std::string::npos) << e.what();
+    }
+    o.vocab_first = 200000;
+    try {
+        synthesize(o);
+        FAIL() << "more tokens than the vocabulary has";
+    } catch (const Error & e) {
+        EXPECT_NE(std::string(e.what()).find("fewer than --vocab-first 200000"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("ggml-vocab-qwen2.gguf"), std::string::npos) << e.what();
+    }
 }
 
 TEST(Synth, RefusesWhatLlamaCppCannotLoad) {
