@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ggml.h"
+#include "synth/vocabulary.h"
 
 #include <cstdint>
 #include <filesystem>
@@ -52,11 +53,6 @@ struct SynthResult {
 };
 
 ggml_type parse_ggml_type(const std::string & name);  // "q4_K", "f16", ... as ggml names them
-
-// The text kinds specialists are planted for, and how a token is classified.
-const std::vector<std::string> & specialist_kinds();
-// Returns the index into specialist_kinds() of a token's decoded UTF-8 text, or -1.
-int classify_token_text(const std::string & utf8);
 
 SynthResult synthesize(const SynthOptions & opt);
 
