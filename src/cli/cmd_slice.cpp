@@ -1,5 +1,6 @@
 #include "cli/commands.h"
 #include "core/errors.h"
+#include "core/sizes.h"
 #include "slice/slice.h"
 
 #include <cstdio>
@@ -28,7 +29,11 @@ void add_slice(CLI::App & app, Action & action) {
             SliceOptions o = *opt;
             o.mtp = *mtp == "keep" ? MtpMode::Keep : *mtp == "drop" ? MtpMode::Drop : MtpMode::Unset;
             if (!split->empty()) {
-                o.split_max_bytes = parse_size(*split);
+                const double bytes = parse_size(*split, "--split-max-size", SizeUnits::decimal);
+                if (bytes < 1) {
+                    throw Error("--split-max-size \"" + *split + "\" must be at least one byte");
+                }
+                o.split_max_bytes = uint64_t(bytes);
             }
             const SliceResult r = slice_model(o);
             if (*json_out) {

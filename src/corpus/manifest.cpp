@@ -1,6 +1,7 @@
 #include "corpus/manifest.h"
 #include "core/atomic_file.h"
 #include "core/errors.h"
+#include "core/toml_fields.h"
 
 #include <fmt/format.h>
 #include <toml++/toml.h>
@@ -13,77 +14,19 @@ namespace moeprune {
 
 namespace {
 
-// "PATH:LINE:COLUMN" of a node, the way editors jump to it.
-std::string at(const std::string & file, const toml::node & n) {
-    const auto & b = n.source().begin;
-    return b.line ? fmt::format("{}:{}:{}", file, b.line, b.column) : file;
-}
+using toml_fields::check_keys;
 
-std::string get_string(const toml::node & n, const std::string & where, const std::string & key) {
-    if (!n.is_string()) {
-        fail_file(where, fmt::format("\"{}\" must be a string", key));
-    }
-    return n.as_string()->get();
-}
-
-uint64_t get_count(const toml::node & n, const std::string & where, const std::string & key, int64_t min) {
-    if (!n.is_integer() || n.as_integer()->get() < min) {
-        fail_file(where, fmt::format("\"{}\" must be an integer of at least {}", key, min));
-    }
-    return uint64_t(n.as_integer()->get());
-}
-
-double get_number(const toml::node & n, const std::string & where, const std::string & key) {
-    if (!n.is_number()) {
-        fail_file(where, fmt::format("\"{}\" must be a number", key));
-    }
-    return n.is_integer() ? double(n.as_integer()->get()) : n.as_floating_point()->get();
-}
-
-bool get_bool(const toml::node & n, const std::string & where, const std::string & key) {
-    if (!n.is_boolean()) {
-        fail_file(where, fmt::format("\"{}\" must be true or false", key));
-    }
-    return n.as_boolean()->get();
-}
-
-template <class E>
-E get_choice(const toml::node & n, const std::string & where, const std::string & key,
-             std::initializer_list<std::pair<const char *, E>> choices) {
-    const std::string v = get_string(n, where, key);
-    std::string names;
-    for (const auto & [name, value] : choices) {
-        if (v == name) {
-            return value;
-        }
-        names += (names.empty() ? "" : ", ") + std::string(name);
-    }
-    fail_file(where, fmt::format("\"{}\" is \"{}\", not one of {}", key, v, names));
-}
+std::string at(const std::string & file, const toml::node & n) { return toml_fields::where(file, n.source()); }
 
 SourceFormat get_format(const toml::node & n, const std::string & where) {
-    return get_choice<SourceFormat>(n, where, "format", {{"auto", SourceFormat::Auto}, {"text", SourceFormat::Text},
+    return toml_fields::choice<SourceFormat>(n, where, "format", {{"auto", SourceFormat::Auto}, {"text", SourceFormat::Text},
                                                          {"markdown", SourceFormat::Markdown}, {"jsonl", SourceFormat::Jsonl}});
 }
 SplitSide get_split(const toml::node & n, const std::string & where) {
-    return get_choice<SplitSide>(n, where, "split", {{"both", SplitSide::Both}, {"calib", SplitSide::Calib}, {"eval", SplitSide::Eval}});
+    return toml_fields::choice<SplitSide>(n, where, "split", {{"both", SplitSide::Both}, {"calib", SplitSide::Calib}, {"eval", SplitSide::Eval}});
 }
 Truncate get_truncate(const toml::node & n, const std::string & where) {
-    return get_choice<Truncate>(n, where, "truncate", {{"left", Truncate::Left}, {"pieces", Truncate::Pieces}});
-}
-
-void check_keys(const toml::table & t, const std::string & file, const std::set<std::string> & known, const std::string & table) {
-    for (const auto & [key, node] : t) {
-        (void)node;
-        if (!known.count(std::string(key.str()))) {
-            std::string names;
-            for (const std::string & k : known) {
-                names += (names.empty() ? "" : ", ") + k;
-            }
-            const auto & b = key.source().begin;
-            fail_file(fmt::format("{}:{}:{}", file, b.line, b.column), fmt::format("unknown key \"{}\" in {} (known: {})", key.str(), table, names));
-        }
-    }
+    return toml_fields::choice<Truncate>(n, where, "truncate", {{"left", Truncate::Left}, {"pieces", Truncate::Pieces}});
 }
 
 } // namespace
@@ -165,29 +108,29 @@ CorpusSpec read_manifest(const std::filesystem::path & path) {
             const std::string key(k.str());
             const std::string where = at(file, n);
             if (key == "seed") {
-                spec.seed = get_count(n, where, key, 0);
+                spec.seed = toml_fields::count(n, where, key, 0);
             } else if (key == "near_dup") {
-                spec.near_dup = get_number(n, where, key);
+                spec.near_dup = toml_fields::value<double>(n, where, key);
                 if (!(spec.near_dup > 0 && spec.near_dup <= 1)) {
                     fail_file(where, "\"near_dup\" must be a Jaccard similarity in (0, 1]");
                 }
             } else if (key == "eval_share") {
-                spec.eval_share = get_number(n, where, key);
+                spec.eval_share = toml_fields::value<double>(n, where, key);
                 if (!(spec.eval_share >= 0 && spec.eval_share < 1)) {
                     fail_file(where, "\"eval_share\" must be in [0, 1)");
                 }
             } else if (key == "tokens") {
-                spec.tokens = get_count(n, where, key, 1);
+                spec.tokens = toml_fields::count(n, where, key, 1);
             } else if (key == "doc_tokens") {
-                spec.doc_tokens = uint32_t(std::min<uint64_t>(get_count(n, where, key, 16), 1u << 24));
+                spec.doc_tokens = uint32_t(std::min<uint64_t>(toml_fields::count(n, where, key, 16), 1u << 24));
             } else if (key == "strip_boilerplate") {
-                spec.strip_boilerplate = get_bool(n, where, key);
+                spec.strip_boilerplate = toml_fields::value<bool>(n, where, key);
             } else if (key == "group") {
-                default_group = get_string(n, where, key);
+                default_group = toml_fields::value<std::string>(n, where, key);
             } else if (key == "group_on") {
-                default_group_on = get_string(n, where, key);
+                default_group_on = toml_fields::value<std::string>(n, where, key);
             } else if (key == "weight") {
-                default_weight = get_number(n, where, key);
+                default_weight = toml_fields::value<double>(n, where, key);
             } else if (key == "format") {
                 default_format = get_format(n, where);
             } else if (key == "split") {
@@ -220,21 +163,21 @@ CorpusSpec read_manifest(const std::filesystem::path & path) {
             const std::string key(k.str());
             const std::string w = at(file, n);
             if (key == "name") {
-                s.name = get_string(n, w, key);
+                s.name = toml_fields::value<std::string>(n, w, key);
             } else if (key == "path") {
-                s.path = get_string(n, w, key);
+                s.path = toml_fields::value<std::string>(n, w, key);
             } else if (key == "domain") {
-                s.domain = get_string(n, w, key);
+                s.domain = toml_fields::value<std::string>(n, w, key);
             } else if (key == "group") {
-                group = get_string(n, w, key);
+                group = toml_fields::value<std::string>(n, w, key);
             } else if (key == "group_on") {
-                group_on = get_string(n, w, key);
+                group_on = toml_fields::value<std::string>(n, w, key);
             } else if (key == "tokens") {
-                s.tokens = get_count(n, w, key, 1);
+                s.tokens = toml_fields::count(n, w, key, 1);
             } else if (key == "eval_tokens") {
-                s.eval_tokens = get_count(n, w, key, 0);
+                s.eval_tokens = toml_fields::count(n, w, key, 0);
             } else if (key == "weight") {
-                weight = get_number(n, w, key);
+                weight = toml_fields::value<double>(n, w, key);
             } else if (key == "format") {
                 s.format = get_format(n, w);
             } else if (key == "split") {
@@ -242,9 +185,9 @@ CorpusSpec read_manifest(const std::filesystem::path & path) {
             } else if (key == "truncate") {
                 s.truncate = get_truncate(n, w);
             } else if (key == "media") {
-                s.media = get_choice<Modality>(n, w, key, {{"image", Modality::Image}, {"audio", Modality::Audio}});
+                s.media = toml_fields::choice<Modality>(n, w, key, {{"image", Modality::Image}, {"audio", Modality::Audio}});
             } else if (key == "prompt") {
-                s.prompt = get_string(n, w, key);
+                s.prompt = toml_fields::value<std::string>(n, w, key);
             }
         }
         if (!s.prompt.empty() && s.media == Modality::Text) {

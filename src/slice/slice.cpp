@@ -281,28 +281,6 @@ ImatrixPlan plan_imatrix(const SliceOptions & opt, const GgufModel & model, cons
 
 } // namespace
 
-uint64_t parse_size(const std::string & text) {
-    size_t used = 0;
-    uint64_t n = 0;
-    try {
-        // stoull would read "-1" as 2^64 - 1.
-        if (text.empty() || !std::isdigit(static_cast<unsigned char>(text[0]))) {
-            throw std::invalid_argument(text);
-        }
-        n = std::stoull(text, &used);
-    } catch (const std::exception &) {
-        throw Error("size \"" + text + "\" is not a number with an optional M or G suffix");
-    }
-    const std::string suffix = text.substr(used);
-    // Decimal units, as llama-gguf-split --split-max-size reads them.
-    const uint64_t scale = suffix.empty() ? 1 : suffix == "M" ? 1000ull * 1000 : suffix == "G" ? 1000ull * 1000 * 1000 : 0;
-    uint64_t bytes = 0;
-    if (scale == 0 || n == 0 || __builtin_mul_overflow(n, scale, &bytes)) {
-        throw Error("size \"" + text + "\" must be a positive number of bytes, or of M / G (10^6 / 10^9 bytes)");
-    }
-    return bytes;
-}
-
 namespace {
 
 // A shard cut short keeps a readable header; catch it before writing anything.

@@ -52,9 +52,6 @@ struct SliceResult {
 
 SliceResult slice_model(const SliceOptions & opt);
 
-// Parses sizes like gguf-split's --split-max-size: 500M, 2G, 1048576 (bytes).
-uint64_t parse_size(const std::string & text);
-
 nlohmann::json to_json(const SliceResult & r, bool per_tensor);
 std::string to_text(const SliceResult & r, bool per_tensor);
 

@@ -597,7 +597,7 @@ TEST_F(Hostile, NumericFlagsOutsideTheirRangeAreRefusedAtParseTime) {
         {replay + "--warmup -1", "--warmup"},
         {fmt::format("select --stats {} -k 4 --metric reap-lcb --lcb-z nan", st), "--lcb-z must be a number from 0 to 10"},
         {fmt::format("slice -m {} --keep {} -o {} --split-max-size -1", s(path("m.gguf")), s(path("k.json")),
-                     s(local("o.gguf"))), "size \"-1\" is not a number"},
+                     s(local("o.gguf"))), "--split-max-size \"-1\" is not a size"},
         {fmt::format("collect -m {} -f {} -o {} --chunks 0", s(path("m.gguf")), s(path("c.jsonl")), s(local("x.json"))),
          "--chunks >= 1"},
         {fmt::format("collect -m {} -f {} -o {} -t -3", s(path("m.gguf")), s(path("c.jsonl")), s(local("x.json"))),

@@ -165,6 +165,11 @@ TEST(Plan, RefusesWhatCannotBePlanned) {
     EXPECT_DOUBLE_EQ(parse_size("24GB", "--ram"), 24e9);
     EXPECT_DOUBLE_EQ(parse_size("1.5T", "--ram"), 1.5 * double(1ull << 40));
     EXPECT_THROW(parse_size("24 bananas", "--ram"), std::exception);
+    // One parser for both conventions: a bare G is 10^9 only where llama-gguf-split's is.
+    EXPECT_DOUBLE_EQ(parse_size("2G", "--split-max-size", SizeUnits::decimal), 2e9);
+    EXPECT_DOUBLE_EQ(parse_size("500M", "--split-max-size", SizeUnits::decimal), 500e6);
+    EXPECT_DOUBLE_EQ(parse_size("2GiB", "--split-max-size", SizeUnits::decimal), 2.0 * (1ull << 30));
+    EXPECT_DOUBLE_EQ(parse_size("1048576", "--split-max-size", SizeUnits::decimal), 1048576.0);
 
     test::TempDir dir;
     test::write_text(dir / "bad.json", R"({"format": "moeprune-replay", "inputs": {"n_layer": "x"}, "records": []})");

@@ -3,6 +3,7 @@
 // but not collect; a kill -9 mid-collect resumes to the statistics of an uninterrupted
 // run; a hand-edited output is named; the HTML report renders every chart in headless
 // Chromium with no error.
+#include "core/errors.h"
 #include "measure/cgroup.h"
 #include "run/run.h"
 #include "support/test_support.h"
@@ -403,5 +404,61 @@ TEST_F(RunTest, MeasuredRunCalibratesThePlanAndVerifiesTheRecommendation) {
     EXPECT_NE(test::read_bytes(tmp_ / "log").find("measure  running"), std::string::npos) << test::read_bytes(tmp_ / "log");
     for (const char * out : {"measure.json", "measure.txt"}) {
         EXPECT_FALSE(fs::exists(run / "measure" / out) && !fs::exists(run / "measure" / "stage.json")) << out;
+    }
+}
+
+// run.toml's keys are one table: every key is documented, and a config with every key
+// set to something other than its default reads back as written.
+TEST(RunConfigKeys, EveryKeyIsDocumentedAndReadsBackAsWritten) {
+    const std::string docs = test::read_bytes(fs::path(MOEPRUNE_SOURCE_DIR) / "docs" / "run.md");
+    const std::vector<std::string> keys = run_config_keys();
+    ASSERT_EQ(keys.size(), 28u) << "one key per RunConfig member";
+    for (const std::string & k : keys) {
+        EXPECT_NE(docs.find("`" + k + "`"), std::string::npos) << k << " is not in docs/run.md";
+    }
+
+    RunConfig c;
+    c.model = "/m/model.gguf";
+    c.corpus = {"prose=/c/prose", "code=/c/code"};
+    c.mmproj = "/m/mmproj.gguf";
+    c.ks = {6, 8};
+    c.criteria = {"freq"};
+    c.ram = "3G";
+    c.reserve = "1G";
+    c.ssd = 3.9;
+    c.read_latency_us = 60;
+    c.queue_depth = 8;
+    c.compute_ms = 1.5;
+    c.sync_us = 2;
+    c.policies = {"lru"};
+    c.cache_shares = {0.5};
+    c.lambdas = {0, 0.5};
+    c.max_kld = 0.05;
+    c.ctx = 256;
+    c.threads = 2;
+    c.seed = 7;
+    c.eval_share = 0.2;
+    c.tokens = 1000;
+    c.doc_tokens = 64;
+    c.trace_top = 16;
+    c.save_every = 4;
+    c.slice = "best";
+    c.measure = {"25%", "50%"};
+    c.measure_tokens = 32;
+    c.verify = true;
+    const std::string text = run_config_toml(c);
+    for (const std::string & k : keys) {
+        EXPECT_NE(text.find("\n" + k + " = "), std::string::npos) << k << " is not written";
+    }
+    test::TempDir dir;
+    test::write_text(dir / "run.toml", text);
+    EXPECT_EQ(run_config_toml(read_run_config(dir / "run.toml")), text);
+
+    test::write_text(dir / "bad.toml", "model = \"m.gguf\"\nram = [\"3G\"]\n");
+    try {
+        read_run_config(dir / "bad.toml");
+        FAIL() << "an array where one value goes";
+    } catch (const Error & e) {
+        EXPECT_NE(std::string(e.what()).find("bad.toml:2:1: \"ram\" must be a single value"), std::string::npos) << e.what();
     }
 }

@@ -1,0 +1,60 @@
+#pragma once
+// run.toml: every setting of a `moeprune run`, read and written through one table of keys
+// (docs/run.md lists them; a test checks that it lists every one).
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace moeprune {
+
+struct RunConfig {
+    std::filesystem::path model;
+    std::vector<std::string> corpus;       // one manifest (.toml), or DOMAIN=PATH sources
+    std::filesystem::path mmproj;          // the model's projector: media sources flow through corpus, collect and eval
+    std::vector<int64_t> ks;
+    std::vector<std::string> criteria{"reap", "reap-lcb", "freq"};
+    std::string ram;                       // e.g. "24G"; empty: no limit
+    std::string reserve;                   // empty: the process memory measure found, else 2G
+    double ssd = 6.8;                      // GB/s
+    double read_latency_us = 80;
+    int queue_depth = 32;
+    double compute_ms = 0;
+    double sync_us = 0;
+    std::vector<std::string> policies{"lru", "lfu", "sieve", "s3fifo", "belady"};
+    std::vector<double> cache_shares{0.125, 0.25, 0.5};  // per-layer cache sizes as shares of K
+    std::vector<double> lambdas{0.0};
+    std::optional<double> max_kld;
+    int ctx = 512;
+    int threads = 0;
+    // Corpus settings: unset, a manifest's own values (or the corpus defaults) hold.
+    std::optional<uint64_t> seed;
+    std::optional<double> eval_share;
+    std::optional<uint64_t> tokens;        // calib tokens for weighted corpus sources
+    std::optional<uint32_t> doc_tokens;
+    int trace_top = 64;                    // at most the model's experts
+    int save_every = 16;                   // collect checkpoints, in windows
+    std::string slice;                     // "", "best" or "all"
+    // llama.cpp's decode measured under these RAM limits (as `measure --ram` reads them) on
+    // the held-out text; the plan then takes its timing from the measurement. Empty: none.
+    std::vector<std::string> measure;
+    int measure_tokens = 128;
+    // Measure the recommended option for real at --ram (its sliced model, slicing it if
+    // --slice is not given) and compare with the plan's tokens/s.
+    bool verify = false;
+};
+
+// Reads a run.toml (every key of RunConfig; unknown keys are errors naming file, line, key).
+RunConfig read_run_config(const std::filesystem::path & path);
+
+// A corpus entry (a manifest, or DOMAIN=PATH_OR_GLOB) with its path made absolute from
+// `base`, so that run.toml, read from its own folder, names what the user meant.
+std::string corpus_entry_from(const std::string & entry, const std::filesystem::path & base);
+// The config as run.toml writes it: every setting, human-readable.
+std::string run_config_toml(const RunConfig & c);
+
+// run.toml's keys, in the order run_config_toml writes them.
+std::vector<std::string> run_config_keys();
+
+} // namespace moeprune
