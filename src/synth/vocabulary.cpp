@@ -129,16 +129,27 @@ std::vector<std::string> bpe_steps(const std::string & piece, const std::unorder
 GgufPtr cut_vocabulary(const gguf_context * src, int n_first, const fs::path & path) {
     const int64_t tokens_id = gguf_find_key(src, "tokenizer.ggml.tokens");
     const int64_t types_id = gguf_find_key(src, "tokenizer.ggml.token_type");
-    if (tokens_id < 0 || types_id < 0 || gguf_get_arr_type(src, types_id) != GGUF_TYPE_INT32) {
-        fail_file(path.string(), "has no tokenizer.ggml.tokens and token_type to cut with --vocab-first");
+    const auto is_array_of = [&](int64_t id, gguf_type type) {
+        return id >= 0 && gguf_get_kv_type(src, id) == GGUF_TYPE_ARRAY && gguf_get_arr_type(src, id) == type;
+    };
+    if (!is_array_of(tokens_id, GGUF_TYPE_STRING) || !is_array_of(types_id, GGUF_TYPE_INT32)) {
+        fail_file(path.string(), "has no tokenizer.ggml.tokens (strings) and token_type (int32) to cut with --vocab-first");
     }
     const size_t n = gguf_get_arr_n(src, tokens_id);
     if (gguf_get_arr_n(src, types_id) != n) {
         fail_file(path.string(), "has tokenizer.ggml.token_type of another length than its tokens");
     }
+    // Every array read below by token id, or as strings, is checked first: a vocabulary is a user's file.
+    const int64_t scores_id = gguf_find_key(src, "tokenizer.ggml.scores");
+    if (scores_id >= 0 && (!is_array_of(scores_id, GGUF_TYPE_FLOAT32) || gguf_get_arr_n(src, scores_id) != n)) {
+        fail_file(path.string(), "has tokenizer.ggml.scores that is not one float32 per token");
+    }
     const auto * types = static_cast<const int32_t *>(gguf_get_arr_data(src, types_id));
     constexpr int32_t normal_token = 1;  // LLAMA_TOKEN_TYPE_NORMAL as GGUF stores it
     const int64_t merges_id = gguf_find_key(src, "tokenizer.ggml.merges");
+    if (merges_id >= 0 && !is_array_of(merges_id, GGUF_TYPE_STRING)) {
+        fail_file(path.string(), "has tokenizer.ggml.merges that are not strings");
+    }
     std::unordered_map<std::string, size_t> rank;
     for (size_t m = 0; merges_id >= 0 && m < gguf_get_arr_n(src, merges_id); ++m) {
         rank.emplace(gguf_get_arr_str(src, merges_id, m), m);
@@ -189,7 +200,7 @@ GgufPtr cut_vocabulary(const gguf_context * src, int n_first, const fs::path & p
     gguf_set_kv(out.get(), src);
     gguf_set_arr_str(out.get(), "tokenizer.ggml.tokens", texts.data(), texts.size());
     gguf_set_arr_data(out.get(), "tokenizer.ggml.token_type", GGUF_TYPE_INT32, kept_types.data(), kept_types.size());
-    if (const int64_t scores_id = gguf_find_key(src, "tokenizer.ggml.scores"); scores_id >= 0) {
+    if (scores_id >= 0) {
         const auto * scores = static_cast<const float *>(gguf_get_arr_data(src, scores_id));
         std::vector<float> kept_scores;
         for (size_t i = 0; i < n; ++i) {

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include "gguf.h"
 #include "llama.h"
 
 #include <fmt/format.h>
@@ -277,6 +278,39 @@ TEST(Synth, ACutVocabularyTokenizesEveryTextAndKeepsItsSpecialTokens) {
         EXPECT_NE(std::string(e.what()).find("fewer than --vocab-first 200000"), std::string::npos) << e.what();
         EXPECT_NE(std::string(e.what()).find("ggml-vocab-qwen2.gguf"), std::string::npos) << e.what();
     }
+}
+
+// A vocabulary is a user's file: arrays read by token id are checked before they are indexed.
+TEST(Synth, ACutRefusesAVocabularyWhoseArraysDoNotMatchItsTokens) {
+    test::TempDir dir;
+    std::vector<std::string> names;
+    for (int i = 0; i < 300; ++i) {
+        names.push_back("t" + std::to_string(i));
+    }
+    std::vector<const char *> texts;
+    for (const auto & t : names) {
+        texts.push_back(t.c_str());
+    }
+    const std::vector<int32_t> types(names.size(), 1);
+    const std::vector<float> short_scores(names.size() - 1, 0.0f);
+    GgufPtr v(gguf_init_empty());
+    gguf_set_val_str(v.get(), "tokenizer.ggml.model", "llama");
+    gguf_set_arr_str(v.get(), "tokenizer.ggml.tokens", texts.data(), texts.size());
+    gguf_set_arr_data(v.get(), "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types.data(), types.size());
+    gguf_set_arr_data(v.get(), "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, short_scores.data(), short_scores.size());
+    ASSERT_TRUE(gguf_write_to_file(v.get(), (dir / "v.gguf").c_str(), true));
+
+    SynthOptions o = small("qwen3moe", dir / "m.gguf");
+    o.vocab = dir / "v.gguf";
+    o.vocab_first = 256;
+    try {
+        synthesize(o);
+        FAIL() << "299 scores for 300 tokens";
+    } catch (const Error & e) {
+        EXPECT_NE(std::string(e.what()).find("v.gguf: has tokenizer.ggml.scores that is not one float32 per token"),
+                  std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(fs::exists(dir / "m.gguf"));
 }
 
 TEST(Synth, RefusesWhatLlamaCppCannotLoad) {
