@@ -70,7 +70,7 @@ TEST(Measure, DecodesUnderLimitsPredictsAndTracesTheTimedTokens) {
     make_inputs(dir);
     const fs::path out = dir / "m.json", trace = dir / "m.mptrace";
     const auto r = test::run_command(
-        moeprune_cmd(measure_args(dir, fmt::format("--ram 50%,100% --json {} --trace {} --llama-bench {}", out.string(),
+        moeprune_cmd(measure_args(dir, fmt::format("--ram 50%,200% --json {} --trace {} --llama-bench {}", out.string(),
                                                    trace.string(), test::bin("llama-bench").string()))));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const json m = json::parse(test::read_bytes(out));
@@ -102,7 +102,9 @@ TEST(Measure, DecodesUnderLimitsPredictsAndTracesTheTimedTokens) {
         }
         EXPECT_LE(residency.at("measured_resident_mean").get<double>(), residency.at("experts").get<double>());
     }
-    // At 100% the whole model fits: llama.cpp's prefetch left every expert cached, and the simulation agrees.
+    // At 200% the whole model fits with room to spare: llama.cpp's prefetch left every expert
+    // cached, and the simulation agrees. (100% leaves no room at all above the experts: a few MB
+    // more process memory than in the resident run, as under ASan, evicts some of them.)
     const json & fits = m.at("runs").at(1).at("residency");
     EXPECT_GE(fits.at("measured_resident_mean").get<double>(), 0.9 * fits.at("experts").get<double>()) << fits;
     EXPECT_GE(fits.at("agreement").get<double>(), 0.9) << fits;
