@@ -7,9 +7,11 @@
 #include "engine/media.h"
 #include "formats/base_logits.h"
 #include "formats/keep_map.h"
+#include "formats/measure_report.h"
 #include "formats/stage_reports.h"
 #include "formats/stats.h"
 #include "formats/trace.h"
+#include "formats/verify_summary.h"
 #include "model/model_file.h"
 #include "model/inspect.h"
 #include "plan/plan.h"
@@ -178,8 +180,9 @@ void measure_report(const fs::path & p) {
     (void)make_plan(o);
 }
 
-// run's, plan's and report's reading of select, eval, replay and plan reports: the file
-// is read as the report its "format" names (an eval report when it names none of them).
+// run's, plan's and report's reading of select, eval, replay, plan and measure reports and
+// of run's verify summary: the file is read as the report its "format" names (an eval
+// report when it names none of them).
 void stage_report(const fs::path & p) {
     const nlohmann::json doc = parse_json(read_text_file(p), p.string());
     const std::string format = doc.is_object() && doc.contains("format") && doc["format"].is_string()
@@ -191,6 +194,10 @@ void stage_report(const fs::path & p) {
         (void)read_replay_report(p);
     } else if (format == "moeprune-plan") {
         (void)read_plan_report(p);
+    } else if (format == "moeprune-measure") {
+        (void)read_measure_report(p);
+    } else if (format == "moeprune-verify") {
+        (void)read_verify_summary(p);
     } else {
         (void)read_eval_report(p);
     }

@@ -92,4 +92,21 @@ std::string model_digest(const std::vector<fs::path> & shards) {
                                : fmt::format("xxh3-sampled:{}:{:016x}", total, h.digest());
 }
 
+Xxh64::Xxh64() : state_(XXH64_createState(), XXH64_freeState) { XXH64_reset(state_.get(), 0); }
+
+Xxh64 & Xxh64::update(const void * p, size_t n) {
+    XXH64_update(state_.get(), p, n);
+    return *this;
+}
+
+uint64_t Xxh64::value() const { return XXH64_digest(state_.get()); }
+
+std::string Xxh64::hex() const { return fmt::format("{:016x}", value()); }
+
+std::string Xxh64::named() const { return "xxh64:" + hex(); }
+
+std::string content_digest(std::string_view bytes) { return Xxh64().update(bytes).named(); }
+
+std::string xxh64_hex(std::string_view bytes) { return Xxh64().update(bytes).hex(); }
+
 } // namespace moeprune

@@ -1,4 +1,6 @@
 #include "formats/stage_reports.h"
+
+#include "core/digest.h"
 #include "core/atomic_file.h"
 #include "core/errors.h"
 
@@ -24,9 +26,15 @@ std::optional<std::string> optional_string(const JsonFields & f, const std::stri
     return f.has(key) ? std::optional(f.string(key)) : std::nullopt;
 }
 
-// The document of `path` when its "format" is `format`.
-json read_report(const std::filesystem::path & path, const char * format, const char * what) {
-    json r = parse_json(read_text_file(path), path.string());
+// The document of `path` when its "format" is `format`; `digest`, when given, gets the
+// content digest of the bytes read, so that no reader reads a file twice to name it.
+json read_report(const std::filesystem::path & path, const char * format, const char * what,
+                 std::string * digest = nullptr) {
+    const std::string bytes = read_text_file(path);
+    if (digest) {
+        *digest = content_digest(bytes);
+    }
+    json r = parse_json(bytes, path.string());
     if (!r.is_object() || r.value("format", json()) != format) {
         fail_file(path.string(), fmt::format("is not {} (\"format\")", what));
     }
@@ -147,6 +155,7 @@ PlanFile read_plan_report(const std::filesystem::path & path) {
     const JsonFields report(r, path.string());
     PlanFile out;
     out.path = path.string();
+    out.document = r;
     out.n_expert = report.object("inputs").object("geometry").integer("experts", 1, 65536);
     out.inputs = r.at("inputs");
     const std::vector<JsonFields> options = report.objects("options");
@@ -185,9 +194,9 @@ SelectFile read_select_report(const std::filesystem::path & path) {
 }
 
 EvalFile read_eval_report(const std::filesystem::path & path) {
-    const json r = read_report(path, "moeprune-eval", "a moeprune-eval report");
-    const JsonFields report(r, path.string());
     EvalFile out;
+    const json r = read_report(path, "moeprune-eval", "a moeprune-eval report", &out.digest);
+    const JsonFields report(r, path.string());
     out.path = path.string();
     (void)report.object("base");  // an object, or refused by name
     out.base = r.at("base");
@@ -198,10 +207,10 @@ EvalFile read_eval_report(const std::filesystem::path & path) {
 }
 
 ReplayFile read_replay_report(const std::filesystem::path & path) {
-    const json r = read_report(path, "moeprune-replay", "a moeprune-replay result");
+    ReplayFile out;
+    const json r = read_report(path, "moeprune-replay", "a moeprune-replay result", &out.digest);
     const JsonFields report(r, path.string());
     const JsonFields in = report.object("inputs");
-    ReplayFile out;
     out.path = path.string();
     out.inputs_place = in.place();
     const JsonFields meta = in.object("trace_meta");

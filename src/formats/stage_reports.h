@@ -48,6 +48,7 @@ struct EvalFileCandidate {
 
 struct EvalFile {
     std::string path;
+    std::string digest;              // of the bytes read (core/digest's content_digest)
     nlohmann::json base;             // the model measured, as eval recorded it
     std::vector<EvalFileCandidate> candidates;
 };
@@ -69,6 +70,7 @@ struct ReplayRecordFigures {
 
 struct ReplayFile {
     std::string path;
+    std::string digest;              // of the bytes read
     std::optional<nlohmann::json> trace_model;   // inputs.trace_meta.model, when the trace names its model
     std::vector<int64_t> trace_mtp_layers;       // inputs.trace_meta.mtp_layers: the trace's last layers are these
     int64_t n_layer = 0, n_expert = 0;
@@ -119,6 +121,7 @@ struct PlanOptionFigures {
 
 struct PlanFile {
     std::string path;
+    nlohmann::json document;           // the whole file as written (the run's report carries it)
     nlohmann::json inputs;             // geometry, RAM, throughput, measured: shown as written
     int64_t n_expert = 0;              // inputs.geometry.experts
     std::vector<PlanOptionFigures> options;

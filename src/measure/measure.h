@@ -5,7 +5,7 @@
 // wall time, major faults and bytes read per token; once fully resident for compute
 // time, with the router trace of the timed tokens; and a probe of the storage as the
 // decode meets it (random experts through page faults). See docs/measure.md.
-#include "measure/predict.h"
+#include "formats/measure_report.h"
 
 #include <nlohmann/json.hpp>
 
@@ -45,59 +45,7 @@ struct RamLimit {
 };
 RamLimit parse_ram_limit(const std::string & text, const std::string & flag);
 
-// Per-token figures of one decode run (the timed tokens).
-struct DecodeFigures {
-    uint64_t tokens = 0;
-    double tokens_per_second = 0;
-    double ms_mean = 0, ms_median = 0, ms_p90 = 0;
-    double major_faults_per_token = 0;
-    double read_bytes_per_token = -1;   // -1: the kernel keeps no per-process I/O counts
-};
 
-struct MeasuredRun {
-    std::string ram;                 // as given; "resident" for the run without a limit
-    uint64_t limit_bytes = 0;        // 0: no limit
-    uint64_t cache_bytes = 0;        // the limit less what stays resident: the experts' share
-    uint64_t peak_bytes = 0;         // the cgroup's most memory charged at once
-    DecodeFigures decode;
-    nlohmann::json detail;           // load, per-token series, the process's resident set
-    bool predicted = false;          // a limited run, with a storage probe to calibrate reads
-    StreamPrediction prediction;     // from the resident run, the probe and the trace only
-    double error = 0;                // |predicted - measured| / measured tokens/s
-    nlohmann::json llama_bench;      // llama-bench under the same limit; null when not run
-    nlohmann::json residency;        // experts resident by mincore() against the simulation; null when not sampled
-};
-
-struct ProbeFigures {
-    uint64_t limit_bytes = 0, experts = 0, bytes_needed = 0;
-    int64_t bytes_read = -1;
-    uint64_t major_faults = 0;
-    int threads = 0;
-    double seconds = 0;
-    double effective_gbps = 0;         // bytes needed per second (10^9)
-    double read_gbps = -1;             // bytes the device delivered per second
-    double readahead_amplification = -1;   // bytes read per byte needed
-    double fault_latency_us = 0;       // reader time per major fault
-    double expert_ms_median = 0, expert_ms_p90 = 0;
-};
-
-struct MeasureReport {
-    nlohmann::json model, text, settings, system;
-    uint64_t routed_expert_bytes = 0;    // of the layers a decode routes through
-    uint64_t resident_weight_bytes = 0;  // every weight outside the routed experts
-    uint64_t process_bytes = 0;          // the resident run's own memory (KV cache, buffers, code)
-    uint64_t resident_need_bytes = 0;    // weights outside the experts + process memory
-    MeasuredRun resident;
-    bool probed = false;
-    ProbeFigures probe;
-    std::vector<MeasuredRun> runs;
-    StreamCalibration calibration;       // what the predictions are computed from
-    double median_error = -1, max_error = -1;   // over the predicted runs; -1 when none
-    std::string busy;                    // why the figures cannot be a quiet machine's; empty when they can
-    std::string trace;                   // --trace, or empty
-};
-
-nlohmann::json to_json(const MeasureReport & r);
 std::string to_text(const MeasureReport & r);
 
 // Why `r` cannot come from a quiet machine (a resident decode slower than a limited one,

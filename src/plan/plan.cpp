@@ -4,7 +4,10 @@
 #include "core/errors.h"
 #include "core/json.h"
 #include "formats/keep_map.h"
+#include "formats/measure_report.h"
 #include "formats/stage_reports.h"
+#include "plan/calibration.h"
+#include "plan/geometry.h"
 #include "model/model_file.h"
 #include "model/inspect.h"
 #include "sim/policy.h"
@@ -30,80 +33,6 @@ using nlohmann::json;
 
 namespace {
 
-struct Geometry {
-    std::string source;
-    std::string digest;  // the model's content (model_digest); empty when planned by hand
-    int64_t n_expert = 0, used = 0;
-    std::vector<double> bytes;  // one routed expert, per MoE layer
-    std::vector<double> mtp_bytes;  // one routed expert, per MTP (nextn) layer
-    double other = 0;
-    bool other_known = false;
-    double sum() const {
-        double s = 0;
-        for (const double b : bytes) {
-            s += b;
-        }
-        return s;
-    }
-    double mean() const { return bytes.empty() ? 0 : sum() / double(bytes.size()); }
-};
-
-Geometry geometry(const PlanOptions & opt) {
-    Geometry g;
-    const bool by_hand = opt.expert_mb > 0 || opt.layers > 0 || opt.experts > 0;
-    if (!opt.model.empty() && by_hand) {
-        throw Error("give --model or --expert-mb/--layers/--experts, not both");
-    }
-    if (!opt.model.empty()) {
-        const GgufModel model = GgufModel::open(opt.model);
-        g.digest = model_digest(model.shard_paths());
-        const InspectReport r = inspect_model(model, {});
-        if (!r.problems.empty()) {
-            fail_file(opt.model.string(), "inspect finds problems: " + r.problems.front());
-        }
-        g.bytes = r.routed_layer_expert_bytes();
-        for (const LayerInfo & l : r.layers) {
-            if (l.nextn) {
-                g.mtp_bytes.push_back(double(l.expert_bytes));
-            }
-        }
-        if (g.bytes.empty()) {
-            fail_file(opt.model.string(), "has no routed experts to plan for");
-        }
-        g.n_expert = r.n_expert;
-        g.used = r.n_expert_used;
-        g.other = double(r.other_bytes);
-        g.other_known = true;
-        g.source = opt.model.string();
-        if (opt.other_gb) {
-            throw Error("--other-gb is read from the model when --model is given");
-        }
-        return g;
-    }
-    if (!(opt.expert_mb > 0) || !std::isfinite(opt.expert_mb) || opt.layers < 1 || opt.experts < 1 || opt.used < 1 ||
-        opt.used > opt.experts) {
-        throw Error("without --model, give --expert-mb (> 0), --layers, --experts and --used (1..experts)");
-    }
-    // As many as a router trace can hold: a geometry past them is a typing error, and
-    // would be allocated per layer.
-    if (opt.layers > 100000 || opt.experts > 65536 || opt.expert_mb > 1e9) {
-        throw Error(fmt::format("--layers {} --experts {} --expert-mb {}: at most 100000 layers of 65536 experts of 10^9 MB",
-                                opt.layers, opt.experts, opt.expert_mb));
-    }
-    g.bytes.assign(size_t(opt.layers), opt.expert_mb * 1e6);
-    g.n_expert = opt.experts;
-    g.used = opt.used;
-    g.other_known = opt.other_gb.has_value();
-    g.other = opt.other_gb.value_or(0) * 1e9;
-    g.source = fmt::format("--expert-mb {} --layers {} --experts {} --used {}", opt.expert_mb, opt.layers, opt.experts, opt.used);
-    return g;
-}
-
-std::string file_digest(const std::filesystem::path & p) {
-    const std::string bytes = read_text_file(p);
-    return fmt::format("xxh64:{:016x}", XXH64(bytes.data(), bytes.size(), 0));
-}
-
 // Criterion and K of a keep map: from the map itself, or from select's file name.
 std::pair<std::string, int64_t> map_identity(const std::string & path, const std::string & name) {
     std::error_code ec;
@@ -117,238 +46,6 @@ std::pair<std::string, int64_t> map_identity(const std::string & path, const std
 
 json tok_per_s(double seconds) {
     return seconds > 0 ? json(1.0 / seconds) : json(nullptr);
-}
-
-double gb(double bytes) { return bytes / 1e9; }
-
-// The settings a plan is made with, each possible before anything is read.
-void check_plan_options(const PlanOptions & opt) {
-    if (!std::isfinite(opt.ram_bytes) || opt.ram_bytes < 0 || opt.ram_bytes >= 0x1p64) {
-        throw Error(fmt::format("--ram {} bytes is not a RAM size (0 < size < 2^64 bytes)", opt.ram_bytes));
-    }
-    if (!std::isfinite(opt.reserve_bytes) || opt.reserve_bytes < 0 || opt.reserve_bytes >= 0x1p64) {
-        throw Error(fmt::format("--reserve {} bytes is not a size (0 <= size < 2^64 bytes)", opt.reserve_bytes));
-    }
-    if (!(opt.speed_share > 0 && opt.speed_share <= 1)) {
-        throw Error(fmt::format("--speed-share {} must be a share in (0, 1]", opt.speed_share));
-    }
-    if (opt.mtp_acceptance && !(*opt.mtp_acceptance >= 0 && *opt.mtp_acceptance <= 1)) {
-        throw Error(fmt::format("--mtp-acceptance {} must be a share of drafts in [0, 1]", *opt.mtp_acceptance));
-    }
-    if (opt.max_kld && !(std::isfinite(*opt.max_kld) && *opt.max_kld >= 0)) {
-        throw Error(fmt::format("--max-kld {} must be a finite KLD >= 0", *opt.max_kld));
-    }
-    for (const double m : opt.misses_per_token) {
-        if (!(std::isfinite(m) && m >= 0)) {
-            throw Error(fmt::format("--misses-per-token {} must be a finite count >= 0", m));
-        }
-    }
-    const ThroughputParams & t = opt.throughput;
-    if (!(std::isfinite(t.ssd_gbps) && t.ssd_gbps > 0) || !(std::isfinite(t.read_latency_us) && t.read_latency_us >= 0) ||
-        !(std::isfinite(t.compute_ms) && t.compute_ms >= 0) || !(std::isfinite(t.sync_us) && t.sync_us >= 0) ||
-        t.queue_depth < 1) {
-        throw Error("--ssd must be > 0, --read-latency-us, --compute-ms and --sync-us finite and >= 0, --queue-depth >= 1");
-    }
-}
-
-// What `moeprune measure` found, as far as a plan uses it (docs/formats.md, "Measure").
-struct Measured {
-    std::string file, digest;
-    json report;                       // the whole report: the model's identity is checked against the plan's
-    double compute_ms = 0;             // the resident run's mean time per token
-    double effective_gbps = 0;         // bytes needed per second, random experts through page faults
-    std::optional<double> read_gbps, amplification;
-    double fault_latency_us = 0;
-    double process_bytes = 0;          // KV cache, compute buffers, code: the resident run's RssAnon
-    struct Run {
-        std::string ram;
-        double limit_bytes = 0, tok_per_s = 0, faults_per_token = 0;
-        std::optional<double> read_bytes_per_token, predicted_tok_per_s, error;
-    };
-    std::vector<Run> runs;
-    std::optional<double> median_error, max_error;
-    std::vector<std::string> taken;    // the plan's parameters that came from it
-};
-
-// Each figure of a measure report is checked against the others it was computed from,
-// so a report edited by hand (or forged) with figures each in range but impossible
-// together is refused by name instead of priced.
-void check_speed(const JsonFields & run, double tok_per_s) {
-    const JsonFields decode = run.object("decode");
-    const nlohmann::json * wall_us = nullptr;
-    if (run.has("detail") && run.any("detail").is_object()) {
-        const nlohmann::json & d = run.any("detail");
-        if (d.contains("per_token") && d.at("per_token").is_object() && d.at("per_token").contains("wall_us")) {
-            wall_us = &d.at("per_token").at("wall_us");
-        }
-    }
-    const double ms_mean = decode.object("ms_per_token").number("mean", 0, 1e9);
-    if (std::abs(tok_per_s * ms_mean / 1000 - 1) > 1e-3) {
-        decode.fail("tokens_per_second", fmt::format("is {}, but the mean of {} ms per token makes {:.6g}: the report "
-                                                     "was edited", tok_per_s, ms_mean, 1000 / ms_mean));
-    }
-    if (wall_us && wall_us->is_array() && !wall_us->empty()) {
-        double total = 0;
-        for (const nlohmann::json & t : *wall_us) {
-            total += t.is_number() ? t.get<double>() : 0;
-        }
-        const double from_wall = double(wall_us->size()) * 1e6 / total;
-        if (!(total > 0) || std::abs(tok_per_s / from_wall - 1) > 1e-3) {
-            decode.fail("tokens_per_second", fmt::format("is {}, but its {} tokens took {} us in all ({:.6g} tokens/s): "
-                                                         "the report was edited", tok_per_s, wall_us->size(), total,
-                                                         from_wall));
-        }
-    }
-}
-
-Measured read_measured(const std::filesystem::path & path) {
-    Measured m;
-    m.file = path.string();
-    m.report = parse_json(read_text_file(path), m.file);
-    const JsonFields r(m.report, m.file);
-    if (!m.report.is_object() || m.report.value("format", json()) != "moeprune-measure") {
-        fail_file(m.file, "is not a moeprune-measure report (\"format\")");
-    }
-    if (r.integer("version", 0, std::numeric_limits<int64_t>::max()) != 1) {
-        r.fail("version", "is not 1, the version of moeprune-measure this moeprune reads");
-    }
-    if (r.has("busy") && !r.any("busy").is_null()) {
-        r.fail("busy", "says the machine was busy while it measured (" + r.string("busy") +
-                           "): nothing can be calibrated on it; measure again on a quiet machine");
-    }
-    m.digest = file_digest(path);
-    // Physical bounds, far outside any machine: a token in at most 1000 s, at most 10^6
-    // tokens/s, 2^50 bytes of memory, storage between 1 kB/s and 10 TB/s.
-    constexpr double most_bytes = 0x1p50, most_tok_per_s = 1e6;
-    const JsonFields resident = r.object("resident").object("decode");
-    m.compute_ms = resident.object("ms_per_token").number("mean", 1e-6, 1e6);
-    check_speed(r.object("resident"), resident.number("tokens_per_second", 1e-3, most_tok_per_s));
-    m.process_bytes = r.number("process_bytes", 0, most_bytes);
-    const double weights = r.number("resident_weight_bytes", 0, most_bytes);
-    const double need = r.number("resident_need_bytes", 0, most_bytes);
-    if (need != weights + m.process_bytes) {
-        r.fail("resident_need_bytes", fmt::format("is {}, not resident_weight_bytes {} + process_bytes {}: the report "
-                                                  "was edited", need, weights, m.process_bytes));
-    }
-    if (!r.has("probe") || r.any("probe").is_null()) {
-        r.fail("probe", "is null: the storage was not probed (measure --probe-mib 0), so nothing calibrates the reads; "
-                        "measure again with a probe");
-    }
-    const JsonFields probe = r.object("probe");
-    m.effective_gbps = probe.number("effective_gbps", 0, 1e4);
-    if (!(m.effective_gbps >= 1e-6)) {
-        probe.fail("effective_gbps", fmt::format("is {}: the probe read nothing, or under 1 kB/s", m.effective_gbps));
-    }
-    if (probe.has("seconds") && probe.has("bytes_needed")) {
-        const double seconds = probe.number("seconds", 0, 1e9), needed = probe.number("bytes_needed", 0, most_bytes);
-        if (!(seconds > 0) || std::abs(needed / seconds / 1e9 / m.effective_gbps - 1) > 1e-3) {
-            probe.fail("effective_gbps", fmt::format("is {}, but {} bytes in {} s make {:.6g} GB/s: the report was edited",
-                                                     m.effective_gbps, needed, seconds, needed / seconds / 1e9));
-        }
-    }
-    if (probe.has("read_gbps") && !probe.any("read_gbps").is_null()) {
-        m.read_gbps = probe.number("read_gbps", 0, 1e4);
-        m.amplification = probe.number("readahead_amplification", 0, 1e6);
-    }
-    m.fault_latency_us = probe.number("fault_latency_us", 0, 1e9);
-    for (const JsonFields & run : r.objects("runs")) {
-        Measured::Run x;
-        x.ram = run.string("ram");
-        // Printed in the plan: a limit as measure reads one, never terminal codes.
-        if (x.ram.empty() || x.ram.find_first_not_of("0123456789.%KMGTkmgtiBb") != std::string::npos) {
-            run.fail("ram", "is not a limit as measure --ram reads one (2G, 768M, 50%)");
-        }
-        x.limit_bytes = run.number("limit_bytes", 1, most_bytes);
-        if (x.limit_bytes < need) {
-            run.fail("limit_bytes", fmt::format("is {}, below the {} bytes the report says must stay resident: no run "
-                                                "could have decoded under it", x.limit_bytes, need));
-        }
-        const JsonFields decode = run.object("decode");
-        x.tok_per_s = decode.number("tokens_per_second", 1e-3, most_tok_per_s);
-        check_speed(run, x.tok_per_s);
-        x.faults_per_token = decode.number("major_faults_per_token", 0, 1e12);
-        if (decode.has("read_bytes_per_token") && !decode.any("read_bytes_per_token").is_null()) {
-            x.read_bytes_per_token = decode.number("read_bytes_per_token", 0, most_bytes);
-        }
-        if (run.has("predicted") && !run.any("predicted").is_null()) {
-            x.predicted_tok_per_s = run.object("predicted").number("tokens_per_second", 0, most_tok_per_s);
-            x.error = run.number("error", 0, 1e12);
-        }
-        m.runs.push_back(std::move(x));
-    }
-    if (r.has("median_error") && !r.any("median_error").is_null()) {
-        m.median_error = r.number("median_error", 0, 1e12);
-        m.max_error = r.number("max_error", 0, 1e12);
-    }
-    return m;
-}
-
-// The guesses the measurement replaces, unless given by hand. The probe's bandwidth is of
-// bytes needed, read as a decode reads them (page faults at its thread count, readahead
-// and fault latency included), so no latency per round is added on top of it.
-void calibrate(PlanOptions & opt, Measured & m) {
-    const auto by_hand = [&](const char * flag) {
-        return std::find(opt.by_hand.begin(), opt.by_hand.end(), flag) != opt.by_hand.end();
-    };
-    if (!by_hand("--compute-ms")) {
-        opt.throughput.compute_ms = m.compute_ms;
-        m.taken.push_back("compute_ms");
-    }
-    if (!by_hand("--ssd")) {
-        opt.throughput.ssd_gbps = m.effective_gbps;
-        m.taken.push_back("ssd_gbps");
-    }
-    if (!by_hand("--read-latency-us")) {
-        opt.throughput.read_latency_us = 0;
-        m.taken.push_back("read_latency_us");
-    }
-    if (!by_hand("--reserve")) {
-        opt.reserve_bytes = m.process_bytes;
-        m.taken.push_back("reserve_bytes");
-    }
-}
-
-// Where the time per token came from, for `why`.
-std::string timing_source(const PlanOptions & opt, const std::optional<Measured> & m) {
-    const ThroughputParams & t = opt.throughput;
-    if (!m) {
-        return fmt::format("tokens/s rest on guesses, as nothing was measured: --ssd {} GB/s, --compute-ms {}, "
-                           "--read-latency-us {} (moeprune measure, then plan --measured, replaces them)",
-                           t.ssd_gbps, t.compute_ms, t.read_latency_us);
-    }
-    std::vector<std::string> from;
-    const auto taken = [&](const char * p) { return std::find(m->taken.begin(), m->taken.end(), p) != m->taken.end(); };
-    if (taken("compute_ms")) {
-        from.push_back(fmt::format("compute {:.3g} ms per token (resident run)", t.compute_ms));
-    }
-    if (taken("ssd_gbps")) {
-        std::string s = fmt::format("storage {:.3g} GB/s of experts through page faults", t.ssd_gbps);
-        if (m->amplification) {
-            s += fmt::format(" (device {:.3g} GB/s, readahead x{:.2f}, {:.0f} us per fault)", *m->read_gbps,
-                             *m->amplification, m->fault_latency_us);
-        }
-        from.push_back(s + " (probe)");
-    }
-    if (taken("reserve_bytes")) {
-        from.push_back(fmt::format("reserve {:.3f} GB of process memory (resident run)", gb(opt.reserve_bytes)));
-    }
-    std::string out = from.empty() ? "every timing parameter was given by hand, though " + m->file + " was measured"
-                                   : "measured by " + m->file + ": " + fmt::format("{}", fmt::join(from, ", "));
-    if (m->median_error) {
-        out += fmt::format("; that calibration predicted the measured limits with median error {:.0f}% (max {:.0f}%)",
-                           100 * *m->median_error, 100 * *m->max_error);
-    }
-    std::vector<std::string> hand;
-    for (const auto & [flag, p] : {std::pair{"--compute-ms", "compute_ms"}, {"--ssd", "ssd_gbps"},
-                                   {"--read-latency-us", "read_latency_us"}, {"--reserve", "reserve_bytes"}}) {
-        if (!taken(p)) {
-            hand.push_back(flag);
-        }
-    }
-    if (!hand.empty()) {
-        out += fmt::format("; given by hand: {}", fmt::join(hand, ", "));
-    }
-    return out;
 }
 
 // The fastest an option decodes: null tokens/s is unbounded.
@@ -442,7 +139,7 @@ public:
                 }
                 read_acceptance(base, {"none", g.n_expert}, path);
             }
-            eval_inputs.push_back({{"file", path.string()}, {"digest", file_digest(path)}});
+            eval_inputs.push_back({{"file", path.string()}, {"digest", report.digest}});
         }
     }
 
@@ -513,7 +210,7 @@ public:
             for (const ReplayRecordFigures & rec : report.records) {
                 add_replayed_option(rec, criterion, k, report.global, with_mtp, path);
             }
-            replay_inputs.push_back({{"file", path.string()}, {"digest", file_digest(path)}});
+            replay_inputs.push_back({{"file", path.string()}, {"digest", report.digest}});
         }
     }
 
@@ -676,12 +373,13 @@ public:
         if (!measured) {
             return;
         }
-        const JsonFields report(measured->report, measured->file);
-        check_model(report.object("model"), "this measurement");
+        const MeasureReport & report = measured->report();
+        check_model(JsonFields(report.model, measured->file.path, "model"), "this measurement");
         if (opt.model.empty()) {
-            check_geometry(report);
+            check_geometry(measured->file);
         }
-        for (const Measured::Run & r : measured->runs) {
+        for (const MeasuredRun & r : report.runs) {
+            const double limit = double(r.limit_bytes);
             json o = {{"k", g.n_expert},
                       {"criterion", "none"},
                       {"cache_experts", nullptr},
@@ -689,15 +387,16 @@ public:
                       {"policy", "page-cache"},
                       {"lambda", 0.0},
                       {"routed_bytes", double(g.n_expert) * g.sum()},
-                      {"resident_bytes", std::max(0.0, r.limit_bytes - measured->process_bytes)},
+                      {"resident_bytes", std::max(0.0, limit - double(report.process_bytes))},
                       {"misses_per_token", nullptr},
-                      {"major_faults_per_token", r.faults_per_token},
-                      {"read_bytes_per_token", r.read_bytes_per_token ? json(*r.read_bytes_per_token) : json(nullptr)},
-                      {"tok_per_s", r.tok_per_s},
+                      {"major_faults_per_token", r.decode.major_faults_per_token},
+                      {"read_bytes_per_token", r.decode.read_bytes_per_token < 0 ? json(nullptr)
+                                                                                 : json(r.decode.read_bytes_per_token)},
+                      {"tok_per_s", r.decode.tokens_per_second},
                       {"measured_ram", r.ram},
-                      {"predicted_tok_per_s", r.predicted_tok_per_s ? json(*r.predicted_tok_per_s) : json(nullptr)},
-                      {"source", fmt::format("measured: llama.cpp under a {:.3f} GB memory limit ({})", gb(r.limit_bytes),
-                                             measured->file)}};
+                      {"predicted_tok_per_s", r.predicted ? json(r.prediction.tokens_per_second) : json(nullptr)},
+                      {"source", fmt::format("measured: llama.cpp under a {:.3f} GB memory limit ({})", gb(limit),
+                                             measured->file.path)}};
             if (!g.mtp_bytes.empty()) {
                 o["mtp_draft"] = {{"draft_tokens", 1},          {"acceptance", nullptr},
                                   {"acceptance_source", nullptr}, {"tokens_per_step", nullptr},
@@ -852,24 +551,26 @@ public:
 private:
     json measured_inputs() const {
         const Measured & m = *measured;
-        return {{"file", m.file},
-                {"digest", m.digest},
-                {"compute_ms", m.compute_ms},
-                {"effective_gbps", m.effective_gbps},
-                {"read_gbps", m.read_gbps ? json(*m.read_gbps) : json(nullptr)},
-                {"readahead_amplification", m.amplification ? json(*m.amplification) : json(nullptr)},
-                {"fault_latency_us", m.fault_latency_us},
-                {"process_bytes", m.process_bytes},
-                {"median_error", m.median_error ? json(*m.median_error) : json(nullptr)},
-                {"max_error", m.max_error ? json(*m.max_error) : json(nullptr)},
+        const MeasureReport & r = m.report();
+        const auto or_null = [](double v) { return v < 0 ? json(nullptr) : json(v); };
+        return {{"file", m.file.path},
+                {"digest", m.file.digest},
+                {"compute_ms", r.resident.decode.ms_mean},
+                {"effective_gbps", r.probe.effective_gbps},
+                {"read_gbps", or_null(r.probe.read_gbps)},
+                {"readahead_amplification", or_null(r.probe.readahead_amplification)},
+                {"fault_latency_us", r.probe.fault_latency_us},
+                {"process_bytes", double(r.process_bytes)},
+                {"median_error", or_null(r.median_error)},
+                {"max_error", or_null(r.max_error)},
                 {"from_measurement", m.taken}};
     }
 
     // Planned by hand, a measurement must be of a model of the same geometry: its routed
     // layers, their expert bytes (within 5%, for sizes given rounded) and, when given, the
     // bytes outside the experts.
-    void check_geometry(const JsonFields & report) const {
-        const JsonFields model = report.object("model");
+    void check_geometry(const MeasureFile & measure) const {
+        const JsonFields model(measure.report.model, measure.path, "model");
         const std::vector<double> bytes = model.any("routed_layer_expert_bytes").is_array()
                                               ? model.any("routed_layer_expert_bytes").get<std::vector<double>>()
                                               : std::vector<double>{};
@@ -884,9 +585,9 @@ private:
                                    "another model than {} ({} layers of {:.3f} MB)", bytes.size(),
                                    bytes.empty() ? 0.0 : bytes[0] / 1e6, g.source, g.bytes.size(), g.bytes[0] / 1e6));
         }
-        const double other = report.number("resident_weight_bytes", 0, 0x1p50);
+        const double other = double(measure.report.resident_weight_bytes);
         if (g.other_known && !near(other, g.other)) {
-            report.fail("resident_weight_bytes", fmt::format("is {:.3f} GB outside the experts: this measurement is of "
+            measure.place().fail("resident_weight_bytes", fmt::format("is {:.3f} GB outside the experts: this measurement is of "
                                                              "another model than --other-gb {:.3f}", other / 1e9, g.other / 1e9));
         }
     }
@@ -1076,108 +777,6 @@ json make_plan(const PlanOptions & given) {
     const json pareto = planner.pareto_front();
     const auto [recommended, why] = planner.recommend(pareto);
     return planner.to_plan_json(pareto, recommended, why);
-}
-
-ThroughputParams measured_throughput(const std::filesystem::path & measure_json, const ThroughputParams & guesses,
-                                     const std::vector<std::string> & by_hand) {
-    PlanOptions opt;
-    opt.throughput = guesses;
-    opt.by_hand = by_hand;
-    Measured m = read_measured(measure_json);
-    calibrate(opt, m);
-    return opt.throughput;
-}
-
-std::string plan_text(const json & plan) {
-    const json & in = plan["inputs"];
-    const json & g = in["geometry"];
-    std::string out = fmt::format("model: {} ({} MoE layers, {} experts, {} used; one expert {:.4f} MB", g["source"].get<std::string>(),
-                                  g["moe_layers"].get<int>(), g["experts"].get<int64_t>(), g["used"].get<int64_t>(),
-                                  g["expert_bytes"][0].get<double>() / 1e6);
-    out += g["other_bytes"].is_null() ? "; other weights unknown)\n"
-                                      : fmt::format("; other weights {:.3f} GB)\n", g["other_bytes"].get<double>() / 1e9);
-    out += in["budget_bytes"].is_null()
-               ? "RAM: no limit given\n"
-               : fmt::format("RAM: {:.2f} GB - reserve {:.2f} GB = {:.2f} GB budget\n", in["ram_bytes"].get<double>() / 1e9,
-                             in["reserve_bytes"].get<double>() / 1e9, in["budget_bytes"].get<double>() / 1e9);
-    const json & t = in["throughput"];
-    out += fmt::format("SSD {:.4g} GB/s, {:.4g} us per read round, queue depth {}, compute {:.4g} ms/token, sync {:.4g} us/layer\n",
-                       t["ssd_gbps"].get<double>(), t["read_latency_us"].get<double>(), t["queue_depth"].get<int>(),
-                       t["compute_ms"].get<double>(), t["sync_us"].get<double>());
-    if (!in["measured"].is_null()) {
-        out += fmt::format("from measurement ({}): {}\n", in["measured"]["file"].get<std::string>(),
-                           fmt::join(in["measured"]["from_measurement"].get<std::vector<std::string>>(), ", "));
-    }
-    const bool mtp = g.value("mtp_layers", 0) > 0;
-    out += fmt::format("{:>2} {:>5} {:<14} {:<18} {:>8} {:>6} {:>10} {:>10} {:>9} {:>10} {:>10}{}\n", "", "K", "criterion", "policy",
-                       "cache", "λ", "routed GB", "RAM GB", "miss/tok", "tok/s", "KLD",
-                       mtp ? fmt::format(" {:>8} {:>10}", "accept", "tok/s MTP") : std::string());
-    std::set<size_t> front;
-    for (const json & i : plan["pareto"]) {
-        front.insert(i.get<size_t>());
-    }
-    const json & opts = plan["options"];
-    std::vector<size_t> order(opts.size());
-    for (size_t i = 0; i < order.size(); ++i) {
-        order[i] = i;
-    }
-    const auto num = [](const json & v, const char * f) { return v.is_null() ? std::string("-") : fmt::format(fmt::runtime(f), v.get<double>()); };
-    // A long table shows the front, the recommendation and the fastest option of every
-    // (K, criterion); the JSON has them all.
-    std::set<size_t> shown_rows;
-    if (opts.size() > 40) {
-        std::map<std::pair<int64_t, std::string>, size_t> fastest;
-        for (size_t i = 0; i < opts.size(); ++i) {
-            if (opts[i].value("bound", false)) {
-                continue;
-            }
-            const auto key = std::pair{opts[i]["k"].get<int64_t>(), opts[i]["criterion"].get<std::string>()};
-            const auto speed = [&](size_t j) { return opts[j]["tok_per_s"].is_null() ? 1e300 : opts[j]["tok_per_s"].get<double>(); };
-            if (!fastest.count(key) || speed(i) > speed(fastest[key])) {
-                fastest[key] = i;
-            }
-        }
-        for (const auto & [key, i] : fastest) {
-            shown_rows.insert(i);
-        }
-    }
-    size_t shown = 0;
-    for (const size_t i : order) {
-        const json & o = opts[i];
-        const bool rec = !plan["recommended"].is_null() && plan["recommended"].get<size_t>() == i;
-        if (opts.size() > 40 && !front.count(i) && !rec && !shown_rows.count(i)) {
-            continue;
-        }
-        ++shown;
-        std::string kld = num(o["kld_mean"], "{:.4f}");
-        if (!o["kld_measured"].is_null() && !o["kld_measured"].get<bool>()) {
-            kld += "~";
-        }
-        std::string draft;
-        if (mtp) {
-            const json d = o.value("mtp_draft", json::object());
-            const json a = d.value("acceptance", json()), t = d.value("tok_per_s", json());
-            draft = fmt::format(" {:>8} {:>10}", a.is_null() ? std::string("-") : fmt::format("{:.1f}%", 100 * a.get<double>()),
-                                num(t, "{:.2f}"));
-        }
-        out += fmt::format("{:>2} {:>5} {:<14} {:<18} {:>8} {:>6} {:>10.3f} {:>10} {:>9} {:>10} {:>10}{}\n",
-                           rec ? ">" : front.count(i) ? "*" : "", o["k"].get<int64_t>(), o["criterion"].get<std::string>(),
-                           o["policy"].get<std::string>(), o["cache_experts"].is_null() ? "-" : std::to_string(o["cache_experts"].get<int64_t>()),
-                           fmt::format("{:g}", o["lambda"].get<double>()), o["routed_bytes"].get<double>() / 1e9,
-                           o["resident_bytes"].is_null() ? std::string("-") : fmt::format("{:.3f}", o["resident_bytes"].get<double>() / 1e9),
-                           num(o["misses_per_token"], "{:.2f}"), num(o["tok_per_s"], "{:.2f}"), kld, draft);
-    }
-    if (shown < opts.size()) {
-        out += fmt::format("({} more options in the JSON; * Pareto front, > recommended, ~ interpolated KLD; belady is the "
-                           "offline bound, never recommended)\n", opts.size() - shown);
-    } else {
-        out += "(* Pareto front, > recommended, ~ interpolated KLD)\n";
-    }
-    if (plan["infeasible"].get<uint64_t>() > 0) {
-        out += fmt::format("{} options do not fit in the RAM budget\n", plan["infeasible"].get<uint64_t>());
-    }
-    out += "recommended: " + plan["why"].get<std::string>() + "\n";
-    return out;
 }
 
 } // namespace moeprune

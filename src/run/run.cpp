@@ -13,6 +13,7 @@
 #include "formats/keep_map.h"
 #include "formats/stage_reports.h"
 #include "formats/stats.h"
+#include "formats/verify_summary.h"
 #include "measure/measure.h"
 #include "model/model_file.h"
 #include "model/inspect.h"
@@ -615,31 +616,29 @@ std::string verify_stage(Runner & run, const RunOptions & opt, const RunPaths & 
     run.stage("verify", {{"ram", c.ram}, {"tokens", c.measure_tokens}, {"threads", c.threads}},
               {model, at.eval_text, at.plan_json}, [&] {
                   std::vector<fs::path> out = measure_to(opt, model, at.eval_text, {c.ram}, at.verify_json);
-                  const json v = parse_json(read_text_file(at.verify_json), at.verify_json.string());
-                  const double measured = v.at("runs").at(0).at("decode").at("tokens_per_second").get<double>();
-                  json result = {{"format", "moeprune-verify"},
-                                 {"version", 1},
-                                 {"plan", at.plan_json.string()},
-                                 {"option", o->fields},
-                                 {"model", model.string()},
-                                 {"ram", c.ram},
-                                 {"predicted_tok_per_s", o->tok_per_s ? json(*o->tok_per_s) : json(nullptr)},
-                                 {"measured_tok_per_s", measured},
-                                 {"measured_read_bytes_per_token", v.at("runs").at(0).at("decode").at("read_bytes_per_token")},
-                                 {"measured_major_faults_per_token", v.at("runs").at(0).at("decode").at("major_faults_per_token")},
-                                 {"error", o->tok_per_s ? json(std::abs(*o->tok_per_s - measured) / measured) : json(nullptr)},
-                                 {"measure", at.verify_json.string()}};
+                  const MeasureFile verified = read_measure_report(at.verify_json);
+                  const MeasuredRun & measured = verified.report.runs.at(0);
+                  VerifySummary v;
+                  v.plan = at.plan_json.string();
+                  v.option = o->fields;
+                  v.model = model.string();
+                  v.ram = c.ram;
+                  v.predicted_tok_per_s = o->tok_per_s;
+                  v.measured_tok_per_s = measured.decode.tokens_per_second;
+                  if (measured.decode.read_bytes_per_token >= 0) {
+                      v.measured_read_bytes_per_token = measured.decode.read_bytes_per_token;
+                  }
+                  v.measured_major_faults_per_token = measured.decode.major_faults_per_token;
+                  v.measure = at.verify_json.string();
                   const fs::path summary = at.dir / "verify" / "summary.json";
-                  write_file_atomic(summary, result.dump(1) + "\n");
+                  write_file_atomic(summary, to_json(v).dump(1) + "\n");
                   out.push_back(summary);
                   return out;
               });
-    const json v = parse_json(read_text_file(at.dir / "verify" / "summary.json"), (at.dir / "verify" / "summary.json").string());
-    return fmt::format("\nverify: {} at --ram {}: predicted {}, measured {:.2f} tokens/s{}", v.at("model").get<std::string>(),
-                       c.ram, v.at("predicted_tok_per_s").is_null() ? std::string("unbounded tokens/s")
-                                                                     : fmt::format("{:.2f}", v.at("predicted_tok_per_s").get<double>()),
-                       v.at("measured_tok_per_s").get<double>(),
-                       v.at("error").is_null() ? std::string() : fmt::format(" (error {:.0f}%)", 100 * v.at("error").get<double>()));
+    const VerifySummary v = read_verify_summary(at.dir / "verify" / "summary.json");
+    return fmt::format("\nverify: {} at --ram {}: predicted {}, measured {:.2f} tokens/s{}", v.model, c.ram,
+                       v.predicted_tok_per_s ? fmt::format("{:.2f}", *v.predicted_tok_per_s) : "unbounded tokens/s",
+                       v.measured_tok_per_s, v.error() ? fmt::format(" (error {:.0f}%)", 100 * *v.error()) : "");
 }
 
 } // namespace

@@ -2,8 +2,8 @@
 #include "select/criteria/criteria.h"
 #include "core/atomic_file.h"
 #include "core/errors.h"
+#include "engine/arch_quirks.h"
 #include "formats/trace.h"
-#include "model/inspect.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -382,7 +382,7 @@ std::string missing_media_warning(const SelectOptions & opt, const SaliencyStats
     const json & rs = s.settings.contains("result_settings") ? s.settings["result_settings"] : json::object();
     const bool projector = rs.is_object() && rs.contains("mmproj") && rs["mmproj"].is_string();
     const std::string arch = s.model.contains("arch") && s.model["arch"].is_string() ? s.model["arch"].get<std::string>() : "";
-    if (s.domains.count("image") || s.domains.count("audio") || (!projector && !multimodal_arch(arch))) {
+    if (s.domains.count("image") || s.domains.count("audio") || (!projector && !arch_quirks(arch).vision_language)) {
         return "";
     }
     size_t n = 0;

@@ -1,6 +1,8 @@
 #include "core/atomic_file.h"
 #include "core/errors.h"
+#include "formats/measure_report.h"
 #include "formats/stage_reports.h"
+#include "formats/verify_summary.h"
 #include "support/test_support.h"
 
 #include <gtest/gtest.h>
@@ -249,4 +251,116 @@ TEST(StageReports, PlanOptionsAndItsRecommendationAreTypedAndIndicesMustNameAnOp
     bad = doc;
     bad["options"][1]["k"] = 0;
     expect_refused(read_plan_report, write(dir, "bad3.json", bad), "options[1].k: is 0");
+}
+
+namespace {
+
+// A report as measure writes one: every field set, so that a field the reader or the
+// writer forgets shows as a difference after the round trip.
+MeasureReport full_measure_report() {
+    MeasureReport r;
+    r.model = {{"digest", "xxh3:0123456789abcdef"}, {"n_expert", 16}};
+    r.text = {{"path", "t.txt"}};
+    r.settings = {{"tokens", 4}};
+    r.system = {{"page_size", 4096}};
+    r.routed_expert_bytes = 64 << 20;
+    r.resident_weight_bytes = 8 << 20;
+    r.process_bytes = 24 << 20;
+    r.resident_need_bytes = r.resident_weight_bytes + r.process_bytes;
+    const auto decode = [](double ms) {
+        DecodeFigures d;
+        d.tokens = 4;
+        d.ms_mean = ms;
+        d.tokens_per_second = 1000 / ms;
+        d.ms_median = ms * 0.9;
+        d.ms_p90 = ms * 1.5;
+        d.major_faults_per_token = ms / 4;
+        d.read_bytes_per_token = ms * 4096;
+        return d;
+    };
+    r.resident.ram = "resident";
+    r.resident.cache_bytes = r.routed_expert_bytes;
+    r.resident.peak_bytes = 90 << 20;
+    r.resident.decode = decode(4);
+    r.resident.detail = {{"per_token", {{"wall_us", {4000, 4000, 4000, 4000}}}}};
+    r.resident.llama_bench = {{"tokens_per_second", 250.0}, {"difference", 0.0}};
+    r.probed = true;
+    r.probe = {.limit_bytes = 40 << 20, .experts = 8, .bytes_needed = 1 << 20, .bytes_read = 2 << 20,
+               .major_faults = 32, .threads = 2, .seconds = 0.5, .effective_gbps = double(1 << 20) / 0.5 / 1e9,
+               .read_gbps = double(2 << 20) / 0.5 / 1e9, .readahead_amplification = 2, .fault_latency_us = 150,
+               .expert_ms_median = 1.5, .expert_ms_p90 = 3};
+    MeasuredRun limited;
+    limited.ram = "50%";
+    limited.limit_bytes = r.resident_need_bytes + (32 << 20);
+    limited.cache_bytes = 32 << 20;
+    limited.peak_bytes = limited.limit_bytes - 4096;
+    limited.decode = decode(8);
+    limited.predicted = true;
+    limited.prediction = {.page_cache_bytes = 40 << 20, .tokens_per_second = 110, .ms_per_token = 9.1,
+                          .read_bytes_per_token = 5e5, .expert_read_bytes_per_token = 4e5,
+                          .other_read_bytes_per_token = 1e5, .faults_per_token = 3, .expert_faults_per_token = 2};
+    limited.error = 0.12;
+    limited.residency = {{"agreement", 0.9}};
+    r.runs = {limited};
+    r.calibration = {.compute_ms = 4, .read_gbps = 0.004, .process_bytes = r.process_bytes, .page_bytes = 4096,
+                     .readaround_bytes = 128 << 10};
+    r.median_error = r.max_error = 0.12;
+    r.trace = "m.mptrace";
+    return r;
+}
+
+} // namespace
+
+TEST(StageReports, AMeasureReportReadsBackAsWrittenAndItsFiguresMustAgree) {
+    test::TempDir dir;
+    const MeasureReport written = full_measure_report();
+    const json doc = to_json(written);
+    const auto path = write(dir, "measure.json", doc);
+    const MeasureFile read = read_measure_report(path);
+    EXPECT_EQ(to_json(read.report), doc);
+    EXPECT_EQ(read.path, path.string());
+    EXPECT_EQ(read.digest.rfind("xxh64:", 0), 0u) << read.digest;
+    EXPECT_EQ(read.report.runs.at(0).prediction.tokens_per_second, 110);
+    EXPECT_EQ(all_runs(read.report).size(), 2u);
+
+    // A busy machine's report is a report: refusing it is plan's policy, not the format's.
+    json busy = doc;
+    busy["busy"] = "another job was using the CPUs";
+    EXPECT_EQ(read_measure_report(write(dir, "busy.json", busy)).report.busy, "another job was using the CPUs");
+
+    json bad = doc;
+    bad["runs"][0]["decode"]["tokens_per_second"] = 500.0;
+    expect_refused(read_measure_report, write(dir, "speed.json", bad), "runs[0].decode.tokens_per_second: is 500");
+    bad = doc;
+    bad["resident_need_bytes"] = 1;
+    expect_refused(read_measure_report, write(dir, "need.json", bad), "resident_need_bytes: is 1");
+    bad = doc;
+    bad["runs"][0]["limit_bytes"] = 1024;
+    expect_refused(read_measure_report, write(dir, "limit.json", bad), "runs[0].limit_bytes: is 1024");
+    bad = doc;
+    bad["probe"]["seconds"] = 5.0;
+    expect_refused(read_measure_report, write(dir, "probe.json", bad), "probe.effective_gbps");
+    bad = doc;
+    bad["version"] = 2;
+    expect_refused(read_measure_report, write(dir, "version.json", bad), "version: is not 1");
+}
+
+TEST(StageReports, AVerifySummaryReadsBackAsWritten) {
+    test::TempDir dir;
+    VerifySummary v;
+    v.plan = "plan.json";
+    v.option = {{"k", 12}, {"criterion", "reap"}};
+    v.model = "slice/reap-k12.gguf";
+    v.ram = "8G";
+    v.predicted_tok_per_s = 12;
+    v.measured_tok_per_s = 10;
+    v.measured_major_faults_per_token = 3;
+    v.measure = "verify/verify.json";
+    const json doc = to_json(v);
+    EXPECT_DOUBLE_EQ(doc.at("error").get<double>(), 0.2);
+    EXPECT_TRUE(doc.at("measured_read_bytes_per_token").is_null());
+    EXPECT_EQ(to_json(read_verify_summary(write(dir, "summary.json", doc))), doc);
+    json bad = doc;
+    bad["measured_tok_per_s"] = -1;
+    expect_refused(read_verify_summary, write(dir, "bad.json", bad), "measured_tok_per_s");
 }

@@ -6,6 +6,7 @@
 
 #include "core/errors.h"
 #include "formats/keep_map.h"
+#include "formats/verify_summary.h"
 #include "run/run.h"
 #include "slice/slice_support.h"
 #include "support/test_support.h"
@@ -143,6 +144,19 @@ TEST(FuzzSeeds, DISABLED_Write) {
     run_ok(fmt::format("plan -m {} --eval {} --replay {} --ram 1G --reserve 100M --json {}", (dir / "m.gguf").string(),
                        (dir / "eval.json").string(), (dir / "replay.json").string(), (dir / "plan.json").string()));
     put("stage_report", "valid-plan.json", dir / "plan.json");
+    put("stage_report", "valid-measure.json", dir / "measure.json");
+    {
+        VerifySummary v;
+        v.plan = (dir / "plan.json").string();
+        v.option = nlohmann::json::parse(test::read_bytes(dir / "plan.json"))["options"][0];
+        v.model = (dir / "m.gguf").string();
+        v.ram = "100%";
+        v.predicted_tok_per_s = 120;
+        v.measured_tok_per_s = 100;
+        v.measured_major_faults_per_token = 2;
+        v.measure = (dir / "measure.json").string();
+        put_text("stage_report", "valid-verify.json", to_json(v).dump(1));
+    }
     {
         nlohmann::json r = nlohmann::json::parse(test::read_bytes(dir / "replay.json"));
         r["records"][0]["misses_per_token"] = -1;

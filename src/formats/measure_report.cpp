@@ -1,0 +1,299 @@
+#include "formats/measure_report.h"
+
+#include "core/digest.h"
+#include "core/errors.h"
+#include "core/atomic_file.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+
+namespace moeprune {
+
+using json = nlohmann::json;
+
+namespace {
+
+json or_null(double v) { return v < 0 ? json() : json(v); }
+
+json to_json(const DecodeFigures & f) {
+    return {{"tokens", f.tokens},
+            {"tokens_per_second", f.tokens_per_second},
+            {"ms_per_token", {{"mean", f.ms_mean}, {"median", f.ms_median}, {"p90", f.ms_p90}}},
+            {"major_faults_per_token", f.major_faults_per_token},
+            {"read_bytes_per_token", or_null(f.read_bytes_per_token)}};
+}
+
+json to_json(const StreamPrediction & p) {
+    return {{"page_cache_bytes", p.page_cache_bytes},
+            {"tokens_per_second", p.tokens_per_second},
+            {"ms_per_token", p.ms_per_token},
+            {"read_bytes_per_token", p.read_bytes_per_token},
+            {"expert_read_bytes_per_token", p.expert_read_bytes_per_token},
+            {"other_read_bytes_per_token", p.other_read_bytes_per_token},
+            {"faults_per_token", p.faults_per_token},
+            {"expert_faults_per_token", p.expert_faults_per_token}};
+}
+
+json to_json(const MeasuredRun & r) {
+    return {{"ram", r.ram},
+            {"limit_bytes", r.limit_bytes},
+            {"cache_bytes", r.cache_bytes},
+            {"peak_bytes", r.peak_bytes},
+            {"decode", to_json(r.decode)},
+            {"predicted", r.predicted ? to_json(r.prediction) : json()},
+            {"error", r.predicted ? json(r.error) : json()},
+            {"residency", r.residency},
+            {"llama_bench", r.llama_bench},
+            {"detail", r.detail}};
+}
+
+json to_json(const ProbeFigures & p) {
+    return {{"limit_bytes", p.limit_bytes},
+            {"experts", p.experts},
+            {"bytes_needed", p.bytes_needed},
+            {"bytes_read", p.bytes_read < 0 ? json() : json(p.bytes_read)},
+            {"major_faults", p.major_faults},
+            {"threads", p.threads},
+            {"seconds", p.seconds},
+            {"effective_gbps", p.effective_gbps},
+            {"read_gbps", or_null(p.read_gbps)},
+            {"readahead_amplification", or_null(p.readahead_amplification)},
+            {"fault_latency_us", p.fault_latency_us},
+            {"expert_ms", {{"median", p.expert_ms_median}, {"p90", p.expert_ms_p90}}}};
+}
+
+json to_json(const StreamCalibration & c) {
+    return {{"compute_ms", c.compute_ms},
+            {"read_gbps", c.read_gbps},
+            {"process_bytes", c.process_bytes},
+            {"page_bytes", c.page_bytes},
+            {"readaround_bytes", c.readaround_bytes}};
+}
+
+// Physical bounds, far outside any machine: a token in at most 1000 s, at most 10^6
+// tokens/s, 2^50 bytes of memory, storage between 1 kB/s and 10 TB/s.
+constexpr double kMostBytes = 0x1p50, kMostTokPerS = 1e6;
+
+double optional_number(const JsonFields & f, const char * key, double lo, double hi, double absent) {
+    return f.has(key) ? f.number(key, lo, hi) : absent;
+}
+
+uint64_t optional_bytes(const JsonFields & f, const char * key) {
+    return uint64_t(optional_number(f, key, 0, kMostBytes, 0));
+}
+
+// A speed must be what its own times make, so that a report edited by hand (or forged)
+// with figures each in range but impossible together is refused by name instead of priced.
+void check_speed(const JsonFields & run, const DecodeFigures & d) {
+    const JsonFields decode = run.object("decode");
+    if (std::abs(d.tokens_per_second * d.ms_mean / 1000 - 1) > 1e-3) {
+        decode.fail("tokens_per_second", fmt::format("is {}, but the mean of {} ms per token makes {:.6g}: the report "
+                                                     "was edited", d.tokens_per_second, d.ms_mean, 1000 / d.ms_mean));
+    }
+    if (!run.has("detail") || !run.any("detail").is_object()) {
+        return;
+    }
+    const json & detail = run.any("detail");
+    if (!detail.contains("per_token") || !detail.at("per_token").is_object() ||
+        !detail.at("per_token").contains("wall_us")) {
+        return;
+    }
+    const json & wall_us = detail.at("per_token").at("wall_us");
+    if (wall_us.is_array() && !wall_us.empty()) {
+        double total = 0;
+        for (const json & t : wall_us) {
+            total += t.is_number() ? t.get<double>() : 0;
+        }
+        const double from_wall = double(wall_us.size()) * 1e6 / total;
+        if (!(total > 0) || std::abs(d.tokens_per_second / from_wall - 1) > 1e-3) {
+            decode.fail("tokens_per_second", fmt::format("is {}, but its {} tokens took {} us in all ({:.6g} tokens/s): "
+                                                         "the report was edited", d.tokens_per_second, wall_us.size(),
+                                                         total, from_wall));
+        }
+    }
+}
+
+DecodeFigures read_decode(const JsonFields & run, double least_tok_per_s) {
+    const JsonFields decode = run.object("decode");
+    DecodeFigures d;
+    d.tokens = uint64_t(optional_number(decode, "tokens", 0, 1e12, 0));
+    d.tokens_per_second = decode.number("tokens_per_second", least_tok_per_s, kMostTokPerS);
+    const JsonFields ms = decode.object("ms_per_token");
+    d.ms_mean = ms.number("mean", 1e-6, 1e6);
+    d.ms_median = optional_number(ms, "median", 0, 1e6, 0);
+    d.ms_p90 = optional_number(ms, "p90", 0, 1e6, 0);
+    d.major_faults_per_token = optional_number(decode, "major_faults_per_token", 0, 1e12, 0);
+    d.read_bytes_per_token = optional_number(decode, "read_bytes_per_token", 0, kMostBytes, -1);
+    check_speed(run, d);
+    return d;
+}
+
+json optional_json(const JsonFields & f, const char * key) { return f.has(key) ? f.any(key) : json(); }
+
+MeasuredRun read_run(const JsonFields & run, bool limited) {
+    MeasuredRun r;
+    r.ram = limited ? run.string("ram") : (run.has("ram") ? run.string("ram") : "resident");
+    // Printed by plan and report: a limit as measure reads one, never terminal codes.
+    if (limited && (r.ram.empty() || r.ram.find_first_not_of("0123456789.%KMGTkmgtiBb") != std::string::npos)) {
+        run.fail("ram", "is not a limit as measure --ram reads one (2G, 768M, 50%)");
+    }
+    r.limit_bytes = limited ? uint64_t(run.number("limit_bytes", 1, kMostBytes)) : optional_bytes(run, "limit_bytes");
+    r.cache_bytes = optional_bytes(run, "cache_bytes");
+    r.peak_bytes = optional_bytes(run, "peak_bytes");
+    r.decode = read_decode(run, 1e-3);
+    r.detail = optional_json(run, "detail");
+    r.llama_bench = optional_json(run, "llama_bench");
+    r.residency = optional_json(run, "residency");
+    if (run.has("predicted")) {
+        const JsonFields p = run.object("predicted");
+        StreamPrediction & s = r.prediction;
+        r.predicted = true;
+        s.tokens_per_second = p.number("tokens_per_second", 0, kMostTokPerS);
+        s.page_cache_bytes = optional_bytes(p, "page_cache_bytes");
+        s.ms_per_token = optional_number(p, "ms_per_token", 0, 1e12, 0);
+        s.read_bytes_per_token = optional_number(p, "read_bytes_per_token", 0, kMostBytes, 0);
+        s.expert_read_bytes_per_token = optional_number(p, "expert_read_bytes_per_token", 0, kMostBytes, 0);
+        s.other_read_bytes_per_token = optional_number(p, "other_read_bytes_per_token", 0, kMostBytes, 0);
+        s.faults_per_token = optional_number(p, "faults_per_token", 0, 1e12, 0);
+        s.expert_faults_per_token = optional_number(p, "expert_faults_per_token", 0, 1e12, 0);
+        r.error = run.number("error", 0, 1e12);
+    }
+    return r;
+}
+
+ProbeFigures read_probe(const JsonFields & probe) {
+    ProbeFigures p;
+    p.effective_gbps = probe.number("effective_gbps", 0, 1e4);
+    p.limit_bytes = optional_bytes(probe, "limit_bytes");
+    p.experts = uint64_t(optional_number(probe, "experts", 0, 1e12, 0));
+    p.bytes_read = int64_t(optional_number(probe, "bytes_read", 0, kMostBytes, -1));
+    p.major_faults = uint64_t(optional_number(probe, "major_faults", 0, 1e15, 0));
+    p.threads = int(optional_number(probe, "threads", 0, 1e6, 0));
+    if (probe.has("seconds") && probe.has("bytes_needed")) {
+        p.seconds = probe.number("seconds", 0, 1e9);
+        p.bytes_needed = uint64_t(probe.number("bytes_needed", 0, kMostBytes));
+        const double gbps = double(p.bytes_needed) / p.seconds / 1e9;
+        if (!(p.seconds > 0) || std::abs(gbps / p.effective_gbps - 1) > 1e-3) {
+            probe.fail("effective_gbps", fmt::format("is {}, but {} bytes in {} s make {:.6g} GB/s: the report was edited",
+                                                     p.effective_gbps, p.bytes_needed, p.seconds, gbps));
+        }
+    }
+    if (probe.has("read_gbps")) {
+        p.read_gbps = probe.number("read_gbps", 0, 1e4);
+        p.readahead_amplification = probe.number("readahead_amplification", 0, 1e6);
+    }
+    p.fault_latency_us = probe.number("fault_latency_us", 0, 1e9);
+    if (probe.has("expert_ms")) {
+        const JsonFields ms = probe.object("expert_ms");
+        p.expert_ms_median = ms.number("median", 0, 1e9);
+        p.expert_ms_p90 = ms.number("p90", 0, 1e9);
+    }
+    return p;
+}
+
+MeasureReport read_report(const json & doc, const std::string & file) {
+    const JsonFields r(doc, file);
+    if (!doc.is_object() || doc.value("format", json()) != "moeprune-measure") {
+        fail_file(file, "is not a moeprune-measure report (\"format\")");
+    }
+    if (r.integer("version", 0, std::numeric_limits<int64_t>::max()) != 1) {
+        r.fail("version", "is not 1, the version of moeprune-measure this moeprune reads");
+    }
+    MeasureReport m;
+    m.model = optional_json(r, "model");
+    m.text = optional_json(r, "text");
+    m.settings = optional_json(r, "settings");
+    m.system = optional_json(r, "system");
+    m.busy = r.has("busy") ? r.string("busy") : "";
+    m.trace = r.has("trace") ? r.string("trace") : "";
+    m.resident = read_run(r.object("resident"), false);
+    m.routed_expert_bytes = optional_bytes(r, "routed_expert_bytes");
+    m.process_bytes = uint64_t(r.number("process_bytes", 0, kMostBytes));
+    m.resident_weight_bytes = uint64_t(r.number("resident_weight_bytes", 0, kMostBytes));
+    m.resident_need_bytes = uint64_t(r.number("resident_need_bytes", 0, kMostBytes));
+    if (m.resident_need_bytes != m.resident_weight_bytes + m.process_bytes) {
+        r.fail("resident_need_bytes", fmt::format("is {}, not resident_weight_bytes {} + process_bytes {}: the report "
+                                                  "was edited", m.resident_need_bytes, m.resident_weight_bytes,
+                                                  m.process_bytes));
+    }
+    m.probed = r.has("probe");
+    if (m.probed) {
+        m.probe = read_probe(r.object("probe"));
+    }
+    for (const JsonFields & run : r.objects("runs")) {
+        MeasuredRun x = read_run(run, true);
+        if (x.limit_bytes < m.resident_need_bytes) {
+            run.fail("limit_bytes", fmt::format("is {}, below the {} bytes the report says must stay resident: no run "
+                                                "could have decoded under it", x.limit_bytes, m.resident_need_bytes));
+        }
+        m.runs.push_back(std::move(x));
+    }
+    if (r.has("median_error")) {
+        m.median_error = r.number("median_error", 0, 1e12);
+        m.max_error = r.number("max_error", 0, 1e12);
+    }
+    if (r.has("calibration")) {
+        const JsonFields c = r.object("calibration");
+        m.calibration.compute_ms = c.number("compute_ms", 0, 1e6);
+        m.calibration.read_gbps = c.number("read_gbps", 0, 1e4);
+        m.calibration.process_bytes = uint64_t(c.number("process_bytes", 0, kMostBytes));
+        m.calibration.page_bytes = uint64_t(c.number("page_bytes", 1, 1 << 30));
+        m.calibration.readaround_bytes = uint64_t(c.number("readaround_bytes", 0, kMostBytes));
+    }
+    return m;
+}
+
+} // namespace
+
+std::vector<const MeasuredRun *> all_runs(const MeasureReport & r) {
+    std::vector<const MeasuredRun *> out{&r.resident};
+    for (const MeasuredRun & m : r.runs) {
+        out.push_back(&m);
+    }
+    return out;
+}
+
+json to_json(const MeasureReport & r) {
+    json runs = json::array();
+    for (const MeasuredRun & run : r.runs) {
+        runs.push_back(to_json(run));
+    }
+    json most_apart;
+    for (const MeasuredRun * m : all_runs(r)) {
+        if (!m->llama_bench.is_null() && (most_apart.is_null() || m->llama_bench.at("difference") > most_apart)) {
+            most_apart = m->llama_bench.at("difference");
+        }
+    }
+    return {{"format", "moeprune-measure"},
+            {"version", 1},
+            {"model", r.model},
+            {"text", r.text},
+            {"settings", r.settings},
+            {"system", r.system},
+            {"routed_expert_bytes", r.routed_expert_bytes},
+            {"resident_weight_bytes", r.resident_weight_bytes},
+            {"process_bytes", r.process_bytes},
+            {"resident_need_bytes", r.resident_need_bytes},
+            {"resident", to_json(r.resident)},
+            {"probe", r.probed ? to_json(r.probe) : json()},
+            {"runs", runs},
+            {"calibration", r.median_error < 0 ? json() : to_json(r.calibration)},
+            {"median_error", or_null(r.median_error)},
+            {"llama_bench_max_difference", most_apart},
+            {"max_error", or_null(r.max_error)},
+            {"busy", r.busy.empty() ? json() : json(r.busy)},
+            {"trace", r.trace.empty() ? json() : json(r.trace)}};
+}
+
+MeasureFile read_measure_report(const std::filesystem::path & path) {
+    MeasureFile f;
+    f.path = path.string();
+    const std::string bytes = read_text_file(path);
+    f.digest = content_digest(bytes);
+    f.report = with_json_errors(f.path, [&] { return read_report(parse_json(bytes, f.path), f.path); });
+    return f;
+}
+
+} // namespace moeprune

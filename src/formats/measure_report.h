@@ -1,0 +1,109 @@
+#pragma once
+// `moeprune measure`'s report (docs/measure.md, docs/formats.md "Measure"): the one record
+// measure writes and plan, report and run read back. Its reader checks every figure
+// against the others it was computed from; what a reader then accepts (a busy machine, a
+// report without a probe) is the reader's policy, not the format's.
+#include "core/json.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace moeprune {
+
+// What a prediction of a limited run is computed from.
+struct StreamCalibration {
+    double compute_ms = 0;                 // per token, fully resident
+    double read_gbps = 0;                  // what the storage delivers through page faults (10^9 bytes/s)
+    uint64_t process_bytes = 0;            // the process's own memory, charged to the same limit
+    uint64_t page_bytes = 4096;
+    uint64_t readaround_bytes = 0;         // the mapping's readahead window
+};
+
+struct StreamPrediction {
+    uint64_t page_cache_bytes = 0;         // the limit less the process's own memory
+    double tokens_per_second = 0, ms_per_token = 0;
+    double read_bytes_per_token = 0;       // pages faulted in, readahead included
+    double expert_read_bytes_per_token = 0, other_read_bytes_per_token = 0;   // by the range that faulted
+    double faults_per_token = 0, expert_faults_per_token = 0;                 // read-arounds started
+    // Not in the file (its agreement with mincore() is, as the run's residency): after each
+    // sampled timed token, the experts (routed_expert_slabs order) every page of which the
+    // simulated cache holds.
+    std::vector<std::vector<uint32_t>> resident_experts;
+};
+
+// Per-token figures of one decode run (the timed tokens).
+struct DecodeFigures {
+    uint64_t tokens = 0;
+    double tokens_per_second = 0;
+    double ms_mean = 0, ms_median = 0, ms_p90 = 0;
+    double major_faults_per_token = 0;
+    double read_bytes_per_token = -1;   // -1: the kernel keeps no per-process I/O counts
+};
+
+struct MeasuredRun {
+    std::string ram;                 // as given; "resident" for the run without a limit
+    uint64_t limit_bytes = 0;        // 0: no limit
+    uint64_t cache_bytes = 0;        // the limit less what stays resident: the experts' share
+    uint64_t peak_bytes = 0;         // the cgroup's most memory charged at once
+    DecodeFigures decode;
+    nlohmann::json detail;           // load, per-token series, the process's resident set
+    bool predicted = false;          // a limited run, with a storage probe to calibrate reads
+    StreamPrediction prediction;     // from the resident run, the probe and the trace only
+    double error = 0;                // |predicted - measured| / measured tokens/s
+    nlohmann::json llama_bench;      // llama-bench under the same limit; null when not run
+    nlohmann::json residency;        // experts resident by mincore() against the simulation; null when not sampled
+};
+
+struct ProbeFigures {
+    uint64_t limit_bytes = 0, experts = 0, bytes_needed = 0;
+    int64_t bytes_read = -1;
+    uint64_t major_faults = 0;
+    int threads = 0;
+    double seconds = 0;
+    double effective_gbps = 0;         // bytes needed per second (10^9)
+    double read_gbps = -1;             // bytes the device delivered per second
+    double readahead_amplification = -1;   // bytes read per byte needed
+    double fault_latency_us = 0;       // reader time per major fault
+    double expert_ms_median = 0, expert_ms_p90 = 0;
+};
+
+struct MeasureReport {
+    nlohmann::json model, text, settings, system;
+    uint64_t routed_expert_bytes = 0;    // of the layers a decode routes through
+    uint64_t resident_weight_bytes = 0;  // every weight outside the routed experts
+    uint64_t process_bytes = 0;          // the resident run's own memory (KV cache, buffers, code)
+    uint64_t resident_need_bytes = 0;    // weights outside the experts + process memory
+    MeasuredRun resident;
+    bool probed = false;
+    ProbeFigures probe;
+    std::vector<MeasuredRun> runs;
+    StreamCalibration calibration;       // what the predictions are computed from
+    double median_error = -1, max_error = -1;   // over the predicted runs; -1 when none
+    std::string busy;                    // why the figures cannot be a quiet machine's; empty when they can
+    std::string trace;                   // --trace, or empty
+};
+
+nlohmann::json to_json(const MeasureReport & r);
+
+// A measure report as read back, with where it came from.
+struct MeasureFile {
+    std::string path;
+    std::string digest;      // of the bytes read (core/digest's content_digest)
+    MeasureReport report;
+    JsonPlace place(const std::string & path_in_file = "") const { return {path, path_in_file}; }
+};
+
+// Refuses another format, another version, and figures impossible alone or together (a
+// speed its own per-token times do not make, a limit below what must stay resident), by
+// file and field. Figures no reader needs may be absent (older reports, hand-made ones).
+MeasureFile read_measure_report(const std::filesystem::path & path);
+
+// The resident run, then every limited one.
+std::vector<const MeasuredRun *> all_runs(const MeasureReport & r);
+
+} // namespace moeprune

@@ -1,0 +1,68 @@
+// Predicted against measured: llama.cpp's decode under each memory limit measure ran it
+// under, beside what moeprune predicted for it.
+#include "report/html.h"
+#include "report/section.h"
+
+#include <fmt/format.h>
+
+namespace moeprune {
+
+using nlohmann::json;
+
+namespace {
+
+const std::vector<std::string> kMeasuredColumns = {
+    "ram", "limit_bytes", "predicted_tok_per_s", "measured_tok_per_s", "error", "predicted_read_bytes_per_token",
+    "measured_read_bytes_per_token", "predicted_faults_per_token", "measured_major_faults_per_token"};
+
+// Every limit `measure` ran llama.cpp under, its prediction beside it.
+json measured_rows(const MeasureReport & m) {
+    json rows = json::array();
+    for (const MeasuredRun & r : m.runs) {
+        const DecodeFigures & d = r.decode;
+        const auto predicted = [&](double v) { return r.predicted ? json(v) : json(nullptr); };
+        rows.push_back({{"ram", r.ram},
+                        {"limit_bytes", r.limit_bytes},
+                        {"predicted_tok_per_s", predicted(r.prediction.tokens_per_second)},
+                        {"measured_tok_per_s", d.tokens_per_second},
+                        {"error", r.predicted ? json(r.error) : json(nullptr)},
+                        {"predicted_read_bytes_per_token", predicted(r.prediction.read_bytes_per_token)},
+                        {"measured_read_bytes_per_token",
+                         d.read_bytes_per_token < 0 ? json(nullptr) : json(d.read_bytes_per_token)},
+                        {"predicted_faults_per_token", predicted(r.prediction.faults_per_token)},
+                        {"measured_major_faults_per_token", d.major_faults_per_token}});
+    }
+    return rows;
+}
+
+std::string measured_html(const json & rows, const PlanFile & plan) {
+    std::string body = "<h2>Predicted vs measured</h2>\n";
+    if (rows.empty()) {
+        return body + "<p>Nothing measured in this run (run --measure): every tokens/s here rests on the guessed SSD "
+                      "bandwidth and compute time below.</p>\n";
+    }
+    const json & m = plan.inputs.at("measured");
+    body += "<p>llama.cpp's own decode of the whole model under each memory limit (moeprune measure, measure/measure.json), "
+            "beside what moeprune predicts for it from the resident run, the storage probe and the router trace alone "
+            "(report/measured.csv). Error is |predicted - measured| / measured tokens/s";
+    if (!m.is_null() && !m.at("median_error").is_null()) {
+        body += fmt::format(": median {:.0f}%, max {:.0f}%", 100 * m.at("median_error").get<double>(),
+                            100 * m.at("max_error").get<double>());
+    }
+    return body + ".</p>\n" + rows_table(rows, kMeasuredColumns);
+}
+
+} // namespace
+
+ReportSection measured_section() {
+    return {.id = "measured",
+            .csv_columns = kMeasuredColumns,
+            .rows = [](ReportData & d) {
+                const json rows = d.measure ? measured_rows(d.measure->report) : json::array();
+                d.report["measured"] = rows.empty() ? json(nullptr) : rows;
+                return rows;
+            },
+            .html = [](const ReportData & d) { return measured_html(d.rows.at("measured"), d.plan); }};
+}
+
+} // namespace moeprune
