@@ -74,6 +74,131 @@ GroupRule parse_group_rule(const std::string & text, const std::string & group_o
     return g;
 }
 
+namespace {
+
+// [corpus] also holds the defaults of every source key a source leaves out.
+struct SourceDefaults {
+    std::string group = "file", group_on;
+    std::optional<double> weight;
+    SourceFormat format = SourceFormat::Auto;
+    SplitSide split = SplitSide::Both;
+    Truncate truncate = Truncate::Auto;
+};
+
+void read_corpus_table(const toml::node & c, const std::string & file, CorpusSpec & spec, SourceDefaults & defaults) {
+    if (!c.is_table()) {
+        fail_file(at(file, c), "[corpus] must be a table");
+    }
+    const toml::table & t = *c.as_table();
+    check_keys(t, file,
+               {"seed", "near_dup", "eval_share", "tokens", "doc_tokens", "strip_boilerplate", "group", "group_on",
+                "weight", "format", "split", "truncate"},
+               "[corpus]");
+    for (const auto & [k, n] : t) {
+        const std::string key(k.str());
+        const std::string where = at(file, n);
+        if (key == "seed") {
+            spec.seed = toml_fields::count(n, where, key, 0);
+        } else if (key == "near_dup") {
+            spec.near_dup = toml_fields::value<double>(n, where, key);
+            if (!(spec.near_dup > 0 && spec.near_dup <= 1)) {
+                fail_file(where, "\"near_dup\" must be a Jaccard similarity in (0, 1]");
+            }
+        } else if (key == "eval_share") {
+            spec.eval_share = toml_fields::value<double>(n, where, key);
+            if (!(spec.eval_share >= 0 && spec.eval_share < 1)) {
+                fail_file(where, "\"eval_share\" must be in [0, 1)");
+            }
+        } else if (key == "tokens") {
+            spec.tokens = toml_fields::count(n, where, key, 1);
+        } else if (key == "doc_tokens") {
+            spec.doc_tokens = uint32_t(std::min<uint64_t>(toml_fields::count(n, where, key, 16), 1u << 24));
+        } else if (key == "strip_boilerplate") {
+            spec.strip_boilerplate = toml_fields::value<bool>(n, where, key);
+        } else if (key == "group") {
+            defaults.group = toml_fields::value<std::string>(n, where, key);
+        } else if (key == "group_on") {
+            defaults.group_on = toml_fields::value<std::string>(n, where, key);
+        } else if (key == "weight") {
+            defaults.weight = toml_fields::value<double>(n, where, key);
+        } else if (key == "format") {
+            defaults.format = get_format(n, where);
+        } else if (key == "split") {
+            defaults.split = get_split(n, where);
+        } else if (key == "truncate") {
+            defaults.truncate = get_truncate(n, where);
+        }
+    }
+}
+
+SourceSpec read_source(const toml::node & sn, const std::string & file, const SourceDefaults & defaults) {
+    const toml::table & t = *sn.as_table();
+    const std::string where = at(file, sn);
+    check_keys(t, file,
+               {"name", "path", "domain", "group", "group_on", "tokens", "eval_tokens", "weight", "format", "split",
+                "truncate", "media", "prompt"},
+               "[[source]]");
+    SourceSpec s;
+    s.format = defaults.format;
+    s.split = defaults.split;
+    s.truncate = defaults.truncate;
+    std::string group = defaults.group, group_on = defaults.group_on;
+    std::optional<double> weight;
+    for (const auto & [k, n] : t) {
+        const std::string key(k.str());
+        const std::string w = at(file, n);
+        if (key == "name") {
+            s.name = toml_fields::value<std::string>(n, w, key);
+        } else if (key == "path") {
+            s.path = toml_fields::value<std::string>(n, w, key);
+        } else if (key == "domain") {
+            s.domain = toml_fields::value<std::string>(n, w, key);
+        } else if (key == "group") {
+            group = toml_fields::value<std::string>(n, w, key);
+        } else if (key == "group_on") {
+            group_on = toml_fields::value<std::string>(n, w, key);
+        } else if (key == "tokens") {
+            s.tokens = toml_fields::count(n, w, key, 1);
+        } else if (key == "eval_tokens") {
+            s.eval_tokens = toml_fields::count(n, w, key, 0);
+        } else if (key == "weight") {
+            weight = toml_fields::value<double>(n, w, key);
+        } else if (key == "format") {
+            s.format = get_format(n, w);
+        } else if (key == "split") {
+            s.split = get_split(n, w);
+        } else if (key == "truncate") {
+            s.truncate = get_truncate(n, w);
+        } else if (key == "media") {
+            s.media = toml_fields::choice<Modality>(n, w, key, {{"image", Modality::Image}, {"audio", Modality::Audio}});
+        } else if (key == "prompt") {
+            s.prompt = toml_fields::value<std::string>(n, w, key);
+        }
+    }
+    if (!s.prompt.empty() && s.media == Modality::Text) {
+        fail_file(where, "\"prompt\" is the words beside each file of a media source: give \"media\" too");
+    }
+    if (s.path.empty() || s.domain.empty()) {
+        fail_file(where, "a [[source]] needs a non-empty \"path\" and \"domain\"");
+    }
+    if (s.tokens && weight) {
+        fail_file(where, "give a source \"tokens\" or \"weight\", not both");
+    }
+    if (!s.tokens) {
+        s.weight = weight ? weight : defaults.weight ? defaults.weight : std::optional<double>(1.0);
+        if (!(*s.weight > 0 && std::isfinite(*s.weight))) {
+            fail_file(where, "\"weight\" must be a positive number");
+        }
+    }
+    s.group = parse_group_rule(group, group_on, where);
+    if (s.name.empty()) {
+        s.name = s.path;
+    }
+    return s;
+}
+
+} // namespace
+
 CorpusSpec read_manifest(const std::filesystem::path & path) {
     const std::string file = path.string();
     const std::string text = read_text_file(path);
@@ -89,56 +214,9 @@ CorpusSpec read_manifest(const std::filesystem::path & path) {
     spec.manifest = path;
     spec.base_dir = path.parent_path();
 
-    // [corpus] also holds the defaults of every source key a source leaves out.
-    std::string default_group = "file", default_group_on;
-    std::optional<double> default_weight;
-    SourceFormat default_format = SourceFormat::Auto;
-    SplitSide default_split = SplitSide::Both;
-    Truncate default_truncate = Truncate::Auto;
+    SourceDefaults defaults;
     if (const toml::node * c = root.get("corpus")) {
-        if (!c->is_table()) {
-            fail_file(at(file, *c), "[corpus] must be a table");
-        }
-        const toml::table & t = *c->as_table();
-        check_keys(t, file,
-                   {"seed", "near_dup", "eval_share", "tokens", "doc_tokens", "strip_boilerplate", "group", "group_on",
-                    "weight", "format", "split", "truncate"},
-                   "[corpus]");
-        for (const auto & [k, n] : t) {
-            const std::string key(k.str());
-            const std::string where = at(file, n);
-            if (key == "seed") {
-                spec.seed = toml_fields::count(n, where, key, 0);
-            } else if (key == "near_dup") {
-                spec.near_dup = toml_fields::value<double>(n, where, key);
-                if (!(spec.near_dup > 0 && spec.near_dup <= 1)) {
-                    fail_file(where, "\"near_dup\" must be a Jaccard similarity in (0, 1]");
-                }
-            } else if (key == "eval_share") {
-                spec.eval_share = toml_fields::value<double>(n, where, key);
-                if (!(spec.eval_share >= 0 && spec.eval_share < 1)) {
-                    fail_file(where, "\"eval_share\" must be in [0, 1)");
-                }
-            } else if (key == "tokens") {
-                spec.tokens = toml_fields::count(n, where, key, 1);
-            } else if (key == "doc_tokens") {
-                spec.doc_tokens = uint32_t(std::min<uint64_t>(toml_fields::count(n, where, key, 16), 1u << 24));
-            } else if (key == "strip_boilerplate") {
-                spec.strip_boilerplate = toml_fields::value<bool>(n, where, key);
-            } else if (key == "group") {
-                default_group = toml_fields::value<std::string>(n, where, key);
-            } else if (key == "group_on") {
-                default_group_on = toml_fields::value<std::string>(n, where, key);
-            } else if (key == "weight") {
-                default_weight = toml_fields::value<double>(n, where, key);
-            } else if (key == "format") {
-                default_format = get_format(n, where);
-            } else if (key == "split") {
-                default_split = get_split(n, where);
-            } else if (key == "truncate") {
-                default_truncate = get_truncate(n, where);
-            }
-        }
+        read_corpus_table(*c, file, spec, defaults);
     }
 
     const toml::node * sources = root.get("source");
@@ -147,70 +225,9 @@ CorpusSpec read_manifest(const std::filesystem::path & path) {
     }
     std::set<std::string> names;
     for (const toml::node & sn : *sources->as_array()) {
-        const toml::table & t = *sn.as_table();
-        const std::string where = at(file, sn);
-        check_keys(t, file,
-                   {"name", "path", "domain", "group", "group_on", "tokens", "eval_tokens", "weight", "format", "split",
-                    "truncate", "media", "prompt"},
-                   "[[source]]");
-        SourceSpec s;
-        s.format = default_format;
-        s.split = default_split;
-        s.truncate = default_truncate;
-        std::string group = default_group, group_on = default_group_on;
-        std::optional<double> weight;
-        for (const auto & [k, n] : t) {
-            const std::string key(k.str());
-            const std::string w = at(file, n);
-            if (key == "name") {
-                s.name = toml_fields::value<std::string>(n, w, key);
-            } else if (key == "path") {
-                s.path = toml_fields::value<std::string>(n, w, key);
-            } else if (key == "domain") {
-                s.domain = toml_fields::value<std::string>(n, w, key);
-            } else if (key == "group") {
-                group = toml_fields::value<std::string>(n, w, key);
-            } else if (key == "group_on") {
-                group_on = toml_fields::value<std::string>(n, w, key);
-            } else if (key == "tokens") {
-                s.tokens = toml_fields::count(n, w, key, 1);
-            } else if (key == "eval_tokens") {
-                s.eval_tokens = toml_fields::count(n, w, key, 0);
-            } else if (key == "weight") {
-                weight = toml_fields::value<double>(n, w, key);
-            } else if (key == "format") {
-                s.format = get_format(n, w);
-            } else if (key == "split") {
-                s.split = get_split(n, w);
-            } else if (key == "truncate") {
-                s.truncate = get_truncate(n, w);
-            } else if (key == "media") {
-                s.media = toml_fields::choice<Modality>(n, w, key, {{"image", Modality::Image}, {"audio", Modality::Audio}});
-            } else if (key == "prompt") {
-                s.prompt = toml_fields::value<std::string>(n, w, key);
-            }
-        }
-        if (!s.prompt.empty() && s.media == Modality::Text) {
-            fail_file(where, "\"prompt\" is the words beside each file of a media source: give \"media\" too");
-        }
-        if (s.path.empty() || s.domain.empty()) {
-            fail_file(where, "a [[source]] needs a non-empty \"path\" and \"domain\"");
-        }
-        if (s.tokens && weight) {
-            fail_file(where, "give a source \"tokens\" or \"weight\", not both");
-        }
-        if (!s.tokens) {
-            s.weight = weight ? weight : default_weight ? default_weight : std::optional<double>(1.0);
-            if (!(*s.weight > 0 && std::isfinite(*s.weight))) {
-                fail_file(where, "\"weight\" must be a positive number");
-            }
-        }
-        s.group = parse_group_rule(group, group_on, where);
-        if (s.name.empty()) {
-            s.name = s.path;
-        }
+        SourceSpec s = read_source(sn, file, defaults);
         if (!names.insert(s.name).second) {
-            fail_file(where, fmt::format("two sources are named \"{}\": give each a \"name\"", s.name));
+            fail_file(at(file, sn), fmt::format("two sources are named \"{}\": give each a \"name\"", s.name));
         }
         spec.sources.push_back(std::move(s));
     }

@@ -65,12 +65,9 @@ bool multimodal_arch(const std::string & arch) {
     return names.count(arch) > 0;
 }
 
-InspectReport inspect_model(const GgufModel & model, const std::vector<int64_t> & at_k) {
-    InspectReport r;
-    for (const auto & p : model.shard_paths()) {
-        r.shards.push_back(p.string());
-    }
-    const std::string & file = r.shards.front();
+namespace {
+
+void read_metadata(const GgufModel & model, InspectReport & r) {
     r.file_bytes = model.file_bytes();
     r.arch = model.arch();
     r.name = model.get_string("general.name").value_or("");
@@ -82,9 +79,10 @@ InspectReport inspect_model(const GgufModel & model, const std::vector<int64_t> 
     r.expert_group_count = model.get_int(model.arch_key("expert_group_count")).value_or(0);
     r.expert_group_used_count = model.get_int(model.arch_key("expert_group_used_count")).value_or(0);
     r.n_expert_shared = model.get_int(model.arch_key("expert_shared_count")).value_or(0);
+}
 
-    std::map<int, LayerInfo> layers;
-    std::set<int64_t> expert_axis_lengths;
+// Tensors whose data runs past their file's end; returns the highest block a tensor names.
+int check_tensor_extents(const GgufModel & model, InspectReport & r) {
     int max_block = -1;
     for (const auto & t : model.tensors()) {
         max_block = std::max(max_block, t.cls.layer);
@@ -94,6 +92,10 @@ InspectReport inspect_model(const GgufModel & model, const std::vector<int64_t> 
                                              t.file_offset + t.nbytes, model.shard_bytes(t.shard)));
         }
     }
+    return max_block;
+}
+
+void check_routing_metadata(const GgufModel & model, InspectReport & r, int max_block) {
     // llama.cpp asserts (and aborts) on these instead of refusing the file, so they are
     // reported here, before any stage hands the model to it.
     if (r.n_layer <= 0 || r.n_layer <= max_block || r.n_layer > max_block + 1) {
@@ -115,7 +117,16 @@ InspectReport inspect_model(const GgufModel & model, const std::vector<int64_t> 
                                              r.expert_group_count, r.n_expert / r.expert_group_count, r.n_expert_used));
         }
     }
-    uint64_t per_expert_bytes = 0, per_expert_bytes_one = 0;  // over every per-expert tensor
+}
+
+struct ExpertTensors {
+    std::map<int, LayerInfo> layers;
+    std::set<int64_t> axis_lengths;
+    uint64_t bytes = 0, bytes_one = 0;  // over every per-expert tensor: all experts, and one
+};
+
+ExpertTensors collect_expert_tensors(const GgufModel & model, InspectReport & r) {
+    ExpertTensors e;
     for (const auto & t : model.tensors()) {
         if (t.cls.role == TensorRole::Shared) {
             r.has_shared_expert_tensors = true;
@@ -125,14 +136,14 @@ InspectReport inspect_model(const GgufModel & model, const std::vector<int64_t> 
             continue;
         }
         const int64_t ne_exp = t.outer_dim();
-        expert_axis_lengths.insert(ne_exp);
-        auto & L = layers[t.cls.layer];
+        e.axis_lengths.insert(ne_exp);
+        auto & L = e.layers[t.cls.layer];
         L.layer = t.cls.layer;
         L.nextn = r.n_nextn > 0 && t.cls.layer >= r.n_layer - r.n_nextn;
         const uint64_t per = t.nbytes / uint64_t(std::max<int64_t>(ne_exp, 1));
         L.tensors.push_back({t.name, t.cls.role, t.type, ne_exp, t.nbytes, per});
-        per_expert_bytes += t.nbytes;
-        per_expert_bytes_one += per;
+        e.bytes += t.nbytes;
+        e.bytes_one += per;
         if (t.cls.role == TensorRole::Expert) {
             L.expert_bytes += per;
             r.routed_expert_bytes += t.nbytes;
@@ -144,16 +155,17 @@ InspectReport inspect_model(const GgufModel & model, const std::vector<int64_t> 
                                              model.arch_key("expert_count"), r.n_expert));
         }
     }
-    if (layers.empty()) {
-        fail_file(file, "not a MoE model: no per-expert tensors (ffn_*_exps, ffn_gate_inp) in architecture " + r.arch);
-    }
+    return e;
+}
+
+void check_expert_counts(const GgufModel & model, InspectReport & r, const std::set<int64_t> & axis_lengths) {
     if (r.n_expert == 0) {
         r.problems.push_back(fmt::format("{} is missing although the model has per-expert tensors",
                                          model.arch_key("expert_count")));
     }
-    if (expert_axis_lengths.size() > 1) {
+    if (axis_lengths.size() > 1) {
         std::string lens;
-        for (auto n : expert_axis_lengths) {
+        for (auto n : axis_lengths) {
             lens += (lens.empty() ? "" : ", ") + std::to_string(n);
         }
         r.problems.push_back("per-expert tensors disagree on the number of experts: " + lens);
@@ -161,13 +173,31 @@ InspectReport inspect_model(const GgufModel & model, const std::vector<int64_t> 
     if (r.n_expert_used > r.n_expert) {
         r.problems.push_back(fmt::format("expert_used_count {} exceeds expert_count {}", r.n_expert_used, r.n_expert));
     }
-    for (auto & [il, L] : layers) {
+}
+
+} // namespace
+
+InspectReport inspect_model(const GgufModel & model, const std::vector<int64_t> & at_k) {
+    InspectReport r;
+    for (const auto & p : model.shard_paths()) {
+        r.shards.push_back(p.string());
+    }
+    const std::string & file = r.shards.front();
+    read_metadata(model, r);
+    const int max_block = check_tensor_extents(model, r);
+    check_routing_metadata(model, r, max_block);
+    ExpertTensors e = collect_expert_tensors(model, r);
+    if (e.layers.empty()) {
+        fail_file(file, "not a MoE model: no per-expert tensors (ffn_*_exps, ffn_gate_inp) in architecture " + r.arch);
+    }
+    check_expert_counts(model, r, e.axis_lengths);
+    for (auto & [il, L] : e.layers) {
         r.expert_bytes_max = std::max(r.expert_bytes_max, L.expert_bytes);
         r.layers.push_back(std::move(L));
     }
     // Metadata and padding stay; only the per-expert tensors scale with K.
     for (int64_t k : at_k) {
-        r.size_at_k[k] = r.file_bytes - per_expert_bytes + per_expert_bytes_one * uint64_t(k);
+        r.size_at_k[k] = r.file_bytes - e.bytes + e.bytes_one * uint64_t(k);
     }
     return r;
 }

@@ -130,10 +130,12 @@ struct Writer {
     }
 };
 
+uint32_t head_count(const SynthOptions & o, const ArchTraits & t) { return uint32_t(o.n_embd) / uint32_t(t.head_dim); }
+
 void add_tuned_metadata(const Writer & w, const SynthOptions & o, const ArchTraits & t) {
     const std::string & a = w.a;
     const uint32_t head_dim = uint32_t(t.head_dim);
-    const uint32_t n_head = uint32_t(o.n_embd) / head_dim;
+    const uint32_t n_head = head_count(o, t);
     w.u32("context_length", 4096);
     w.u32("embedding_length", uint32_t(o.n_embd));
     w.u32("block_count", uint32_t(o.n_layer));
@@ -177,12 +179,8 @@ void add_tuned_metadata(const Writer & w, const SynthOptions & o, const ArchTrai
     }
 }
 
-// The union of what llama.cpp's architectures read, in the geometry its own
-// architecture test instantiates on CPU; each architecture picks what it needs.
-void add_general_metadata(const Writer & w, const SynthOptions & o, const ArchTraits & t) {
+void add_trunk_metadata(const Writer & w, const SynthOptions & o, const ArchTraits & t) {
     const uint32_t n_layer = uint32_t(o.n_layer);
-    const uint32_t head_dim = uint32_t(t.head_dim);
-    const uint32_t n_head = uint32_t(o.n_embd) / head_dim;
     w.u32("context_length", 4096);
     w.u32("embedding_length", uint32_t(o.n_embd));
     w.u32("features_length", uint32_t(o.n_embd));
@@ -200,6 +198,12 @@ void add_general_metadata(const Writer & w, const SynthOptions & o, const ArchTr
     w.u32("time_mix_extra_dim", 64);
     w.u32("time_decay_extra_dim", 128);
     w.u32("full_attention_interval", 2);
+}
+
+void add_attention_metadata(const Writer & w, const SynthOptions & o, const ArchTraits & t) {
+    const uint32_t n_layer = uint32_t(o.n_layer);
+    const uint32_t head_dim = uint32_t(t.head_dim);
+    const uint32_t n_head = head_count(o, t);
     if (t.recurrent_layer_1) {
         std::vector<uint32_t> heads(n_layer, n_head);
         heads[1] = 0;
@@ -245,6 +249,12 @@ void add_general_metadata(const Writer & w, const SynthOptions & o, const ArchTr
     w.u32("attention.kv_lora_rank", 512);
     w.u32("attention.relative_buckets_count", 8);
     w.u32("attention.sliding_window", 32);
+}
+
+void add_window_and_rope_metadata(const Writer & w, const SynthOptions & o, const ArchTraits & t) {
+    const uint32_t n_layer = uint32_t(o.n_layer);
+    const uint32_t head_dim = uint32_t(t.head_dim);
+    const uint32_t n_head = head_count(o, t);
     if (t.swa_pattern_per_layer) {
         // step35 reads one entry per layer, the others none for the nextn layer
         std::vector<uint32_t> pattern(t.name == "step35" ? n_layer : n_layer - uint32_t(o.mtp));
@@ -267,22 +277,28 @@ void add_general_metadata(const Writer & w, const SynthOptions & o, const ArchTr
         w.u32s("rope.dimension_sections", {head_dim / 4, head_dim / 4, head_dim / 4, head_dim / 4});
     }
     w.f32("rope.freq_base", 1000000.0f);
-    if (t.name == "deepseek4") {
-        w.u32("attention.output_group_count", std::min(8u, n_head));  // heads split evenly over the groups
-        w.u32("attention.output_lora_rank", 32);
-        std::vector<uint32_t> ratios(n_layer);  // uncompressed, uncompressed, 4x, 128x, repeated
-        for (uint32_t il = 0; il < n_layer; ++il) {
-            ratios[il] = std::vector<uint32_t>{0, 0, 4, 128}[il % 4];
-        }
-        w.u32s("attention.compress_ratios", ratios);
-        w.f32("attention.compress_rope_freq_base", 160000.0f);
-        w.u32("hyper_connection.count", 4);
-        w.u32("hyper_connection.sinkhorn_iterations", 2);
-        w.f32("hyper_connection.epsilon", 1e-6f);
-        w.u32("hash_layer_count", 0);
-        w.f32("swiglu_clamp_exp", 10.0f);
-    }
+}
 
+// DeepSeek-V4's grouped output, compressed attention and hyper-connections.
+void add_deepseek4_metadata(const Writer & w, const SynthOptions & o, const ArchTraits & t) {
+    const uint32_t n_layer = uint32_t(o.n_layer);
+    const uint32_t n_head = head_count(o, t);
+    w.u32("attention.output_group_count", std::min(8u, n_head));  // heads split evenly over the groups
+    w.u32("attention.output_lora_rank", 32);
+    std::vector<uint32_t> ratios(n_layer);  // uncompressed, uncompressed, 4x, 128x, repeated
+    for (uint32_t il = 0; il < n_layer; ++il) {
+        ratios[il] = std::vector<uint32_t>{0, 0, 4, 128}[il % 4];
+    }
+    w.u32s("attention.compress_ratios", ratios);
+    w.f32("attention.compress_rope_freq_base", 160000.0f);
+    w.u32("hyper_connection.count", 4);
+    w.u32("hyper_connection.sinkhorn_iterations", 2);
+    w.f32("hyper_connection.epsilon", 1e-6f);
+    w.u32("hash_layer_count", 0);
+    w.f32("swiglu_clamp_exp", 10.0f);
+}
+
+void add_expert_metadata(const Writer & w, const SynthOptions & o, const ArchTraits & t) {
     w.u32("expert_feed_forward_length", uint32_t(o.n_ff));
     w.u32("expert_shared_feed_forward_length", uint32_t(o.n_ff));
     w.u32("expert_latent_length", uint32_t(o.n_ff));
@@ -301,7 +317,12 @@ void add_general_metadata(const Writer & w, const SynthOptions & o, const ArchTr
     if (o.mtp) {
         w.u32("nextn_predict_layers", 1);
     }
+}
 
+void add_recurrent_and_family_metadata(const Writer & w, const SynthOptions & o, const ArchTraits & t) {
+    const uint32_t n_layer = uint32_t(o.n_layer);
+    const uint32_t head_dim = uint32_t(t.head_dim);
+    const uint32_t n_head = head_count(o, t);
     w.u32("ssm.inner_size", t.ssm_inner_256 ? 256 : uint32_t(2 * o.n_embd));
     w.u32("ssm.conv_kernel", 4);
     w.u32("ssm.state_size", 128);
@@ -325,6 +346,19 @@ void add_general_metadata(const Writer & w, const SynthOptions & o, const ArchTr
     w.u32("attn_res.block_size", 12);
     w.f32("activation.situ_beta", 4.0f);
     w.f32("activation.situ_linear_beta", 25.0f);
+}
+
+// The union of what llama.cpp's architectures read, in the geometry its own
+// architecture test instantiates on CPU; each architecture picks what it needs.
+void add_general_metadata(const Writer & w, const SynthOptions & o, const ArchTraits & t) {
+    add_trunk_metadata(w, o, t);
+    add_attention_metadata(w, o, t);
+    add_window_and_rope_metadata(w, o, t);
+    if (t.name == "deepseek4") {
+        add_deepseek4_metadata(w, o, t);
+    }
+    add_expert_metadata(w, o, t);
+    add_recurrent_and_family_metadata(w, o, t);
 }
 
 } // namespace

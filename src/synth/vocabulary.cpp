@@ -19,12 +19,21 @@ const std::vector<std::string> & specialist_kinds() {
     return kinds;
 }
 
+namespace {
+
+// The bytes of the UTF-8 character that starts with `lead`; 0 when no character starts so.
+int utf8_length(uint8_t lead) {
+    return lead < 0x80 ? 1 : (lead >> 5) == 6 ? 2 : (lead >> 4) == 14 ? 3 : (lead >> 3) == 30 ? 4 : 0;
+}
+
+} // namespace
+
 std::vector<uint32_t> utf8_codepoints(const std::string & s, bool * valid) {
     std::vector<uint32_t> out;
     *valid = true;
     for (size_t i = 0; i < s.size();) {
         const auto c = uint8_t(s[i]);
-        int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        const int len = utf8_length(c);
         if (len == 0 || i + len > s.size()) {
             *valid = false;
             return out;
@@ -94,8 +103,7 @@ std::vector<std::string> bpe_steps(const std::string & piece, const std::unorder
     }
     std::vector<std::string> symbols;
     for (size_t i = 0; i < piece.size();) {
-        const auto c = uint8_t(piece[i]);
-        const size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : 4;
+        const size_t len = size_t(utf8_length(uint8_t(piece[i])));
         symbols.push_back(piece.substr(i, len));
         i += len;
     }
@@ -119,50 +127,55 @@ std::vector<std::string> bpe_steps(const std::string & piece, const std::unorder
     return steps;
 }
 
-} // namespace
+// The tokenizer's arrays as the cut reads them, and its lookups of merges and tokens.
+struct TokenizerArrays {
+    int64_t tokens_id = -1, types_id = -1, scores_id = -1, merges_id = -1;  // -1: scores or merges absent
+    size_t n = 0;                                       // tokens
+    const int32_t * types = nullptr;
+    std::unordered_map<std::string, size_t> rank;       // merge "a b" -> its rank
+    std::unordered_map<std::string, size_t> id_of;      // token text -> id
+};
 
-// Keeps the first `n_first` ordinary tokens, every ordinary token of one character with the
-// pieces BPE builds it from (so text in any script keeps one token per character the
-// vocabulary knows), and every special token, renumbered in their old order. Merges survive
-// when both parts and their result are kept, so tokenizing never produces a dropped token;
-// token-id keys (bos, eos, ...) follow their tokens.
-GgufPtr cut_vocabulary(const gguf_context * src, int n_first, const fs::path & path) {
-    const int64_t tokens_id = gguf_find_key(src, "tokenizer.ggml.tokens");
-    const int64_t types_id = gguf_find_key(src, "tokenizer.ggml.token_type");
+TokenizerArrays read_tokenizer_arrays(const gguf_context * src, const fs::path & path) {
+    TokenizerArrays a;
+    a.tokens_id = gguf_find_key(src, "tokenizer.ggml.tokens");
+    a.types_id = gguf_find_key(src, "tokenizer.ggml.token_type");
     const auto is_array_of = [&](int64_t id, gguf_type type) {
         return id >= 0 && gguf_get_kv_type(src, id) == GGUF_TYPE_ARRAY && gguf_get_arr_type(src, id) == type;
     };
-    if (!is_array_of(tokens_id, GGUF_TYPE_STRING) || !is_array_of(types_id, GGUF_TYPE_INT32)) {
+    if (!is_array_of(a.tokens_id, GGUF_TYPE_STRING) || !is_array_of(a.types_id, GGUF_TYPE_INT32)) {
         fail_file(path.string(), "has no tokenizer.ggml.tokens (strings) and token_type (int32) to cut with --vocab-first");
     }
-    const size_t n = gguf_get_arr_n(src, tokens_id);
-    if (gguf_get_arr_n(src, types_id) != n) {
+    a.n = gguf_get_arr_n(src, a.tokens_id);
+    if (gguf_get_arr_n(src, a.types_id) != a.n) {
         fail_file(path.string(), "has tokenizer.ggml.token_type of another length than its tokens");
     }
     // Every array read below by token id, or as strings, is checked first: a vocabulary is a user's file.
-    const int64_t scores_id = gguf_find_key(src, "tokenizer.ggml.scores");
-    if (scores_id >= 0 && (!is_array_of(scores_id, GGUF_TYPE_FLOAT32) || gguf_get_arr_n(src, scores_id) != n)) {
+    a.scores_id = gguf_find_key(src, "tokenizer.ggml.scores");
+    if (a.scores_id >= 0 && (!is_array_of(a.scores_id, GGUF_TYPE_FLOAT32) || gguf_get_arr_n(src, a.scores_id) != a.n)) {
         fail_file(path.string(), "has tokenizer.ggml.scores that is not one float32 per token");
     }
-    const auto * types = static_cast<const int32_t *>(gguf_get_arr_data(src, types_id));
-    constexpr int32_t normal_token = 1;  // LLAMA_TOKEN_TYPE_NORMAL as GGUF stores it
-    const int64_t merges_id = gguf_find_key(src, "tokenizer.ggml.merges");
-    if (merges_id >= 0 && !is_array_of(merges_id, GGUF_TYPE_STRING)) {
+    a.types = static_cast<const int32_t *>(gguf_get_arr_data(src, a.types_id));
+    a.merges_id = gguf_find_key(src, "tokenizer.ggml.merges");
+    if (a.merges_id >= 0 && !is_array_of(a.merges_id, GGUF_TYPE_STRING)) {
         fail_file(path.string(), "has tokenizer.ggml.merges that are not strings");
     }
-    std::unordered_map<std::string, size_t> rank;
-    for (size_t m = 0; merges_id >= 0 && m < gguf_get_arr_n(src, merges_id); ++m) {
-        rank.emplace(gguf_get_arr_str(src, merges_id, m), m);
+    for (size_t m = 0; a.merges_id >= 0 && m < gguf_get_arr_n(src, a.merges_id); ++m) {
+        a.rank.emplace(gguf_get_arr_str(src, a.merges_id, m), m);
     }
-    std::unordered_map<std::string, size_t> id_of;
-    for (size_t i = 0; i < n; ++i) {
-        id_of.emplace(gguf_get_arr_str(src, tokens_id, i), i);
+    for (size_t i = 0; i < a.n; ++i) {
+        a.id_of.emplace(gguf_get_arr_str(src, a.tokens_id, i), i);
     }
+    return a;
+}
 
-    std::vector<bool> keep(n, false);
+std::vector<bool> tokens_to_keep(const gguf_context * src, const TokenizerArrays & a, int n_first,
+                                 const fs::path & path) {
+    constexpr int32_t normal_token = 1;  // LLAMA_TOKEN_TYPE_NORMAL as GGUF stores it
+    std::vector<bool> keep(a.n, false);
     size_t n_ordinary = 0;
-    for (size_t i = 0; i < n; ++i) {
-        if (types[i] != normal_token) {
+    for (size_t i = 0; i < a.n; ++i) {
+        if (a.types[i] != normal_token) {
             keep[i] = true;
             continue;
         }
@@ -171,12 +184,12 @@ GgufPtr cut_vocabulary(const gguf_context * src, int n_first, const fs::path & p
             ++n_ordinary;
         }
         bool valid = false;
-        const std::string piece = gguf_get_arr_str(src, tokens_id, i);
+        const std::string piece = gguf_get_arr_str(src, a.tokens_id, i);
         const std::string bytes = decode_byte_level(piece);
         if (utf8_codepoints(bytes.empty() ? piece : bytes, &valid).size() == 1 && valid) {
             keep[i] = true;
-            for (const std::string & step : bpe_steps(piece, rank)) {
-                if (const auto it = id_of.find(step); it != id_of.end()) {
+            for (const std::string & step : bpe_steps(piece, a.rank)) {
+                if (const auto it = a.id_of.find(step); it != a.id_of.end()) {
                     keep[it->second] = true;
                 }
             }
@@ -185,23 +198,69 @@ GgufPtr cut_vocabulary(const gguf_context * src, int n_first, const fs::path & p
     if (n_ordinary < size_t(n_first)) {
         fail_file(path.string(), fmt::format("has {} ordinary tokens, fewer than --vocab-first {}", n_ordinary, n_first));
     }
+    return keep;
+}
 
+void set_kept_merges(gguf_context * out, const gguf_context * src, const TokenizerArrays & a,
+                     const std::vector<bool> & keep) {
+    std::vector<const char *> merges;
+    for (size_t m = 0; m < gguf_get_arr_n(src, a.merges_id); ++m) {
+        const std::string merge = gguf_get_arr_str(src, a.merges_id, m);
+        const size_t space = merge.find(' ');
+        const auto kept = [&](const std::string & piece) {
+            const auto it = a.id_of.find(piece);
+            return it != a.id_of.end() && keep[it->second];
+        };
+        if (space != std::string::npos && kept(merge.substr(0, space)) && kept(merge.substr(space + 1)) &&
+            kept(merge.substr(0, space) + merge.substr(space + 1))) {
+            merges.push_back(gguf_get_arr_str(src, a.merges_id, m));
+        }
+    }
+    gguf_set_arr_str(out, "tokenizer.ggml.merges", merges.data(), merges.size());
+}
+
+// Token-id keys (bos, eos, ...) renumbered, or removed with their token.
+void renumber_token_ids(gguf_context * out, const gguf_context * src, const std::vector<int64_t> & new_id) {
+    for (int64_t k = 0; k < gguf_get_n_kv(src); ++k) {
+        const std::string key = gguf_get_key(src, k);
+        if (key.starts_with("tokenizer.ggml.") && key.ends_with("_token_id") && gguf_get_kv_type(src, k) == GGUF_TYPE_UINT32) {
+            const uint32_t old = gguf_get_val_u32(src, k);
+            if (old < new_id.size() && new_id[old] >= 0) {
+                gguf_set_val_u32(out, key.c_str(), uint32_t(new_id[old]));
+            } else {
+                gguf_remove_key(out, key.c_str());
+            }
+        }
+    }
+}
+
+} // namespace
+
+// Keeps the first `n_first` ordinary tokens, every ordinary token of one character with the
+// pieces BPE builds it from (so text in any script keeps one token per character the
+// vocabulary knows), and every special token, renumbered in their old order. Merges survive
+// when both parts and their result are kept, so tokenizing never produces a dropped token;
+// token-id keys (bos, eos, ...) follow their tokens.
+GgufPtr cut_vocabulary(const gguf_context * src, int n_first, const fs::path & path) {
+    const TokenizerArrays a = read_tokenizer_arrays(src, path);
+    const std::vector<bool> keep = tokens_to_keep(src, a, n_first, path);
+    const size_t n = a.n;
     std::vector<int64_t> new_id(n, -1);
     std::vector<const char *> texts;
     std::vector<int32_t> kept_types;
     for (size_t i = 0; i < n; ++i) {
         if (keep[i]) {
             new_id[i] = int64_t(texts.size());
-            texts.push_back(gguf_get_arr_str(src, tokens_id, i));
-            kept_types.push_back(types[i]);
+            texts.push_back(gguf_get_arr_str(src, a.tokens_id, i));
+            kept_types.push_back(a.types[i]);
         }
     }
     GgufPtr out(gguf_init_empty());
     gguf_set_kv(out.get(), src);
     gguf_set_arr_str(out.get(), "tokenizer.ggml.tokens", texts.data(), texts.size());
     gguf_set_arr_data(out.get(), "tokenizer.ggml.token_type", GGUF_TYPE_INT32, kept_types.data(), kept_types.size());
-    if (scores_id >= 0) {
-        const auto * scores = static_cast<const float *>(gguf_get_arr_data(src, scores_id));
+    if (a.scores_id >= 0) {
+        const auto * scores = static_cast<const float *>(gguf_get_arr_data(src, a.scores_id));
         std::vector<float> kept_scores;
         for (size_t i = 0; i < n; ++i) {
             if (keep[i]) {
@@ -210,33 +269,10 @@ GgufPtr cut_vocabulary(const gguf_context * src, int n_first, const fs::path & p
         }
         gguf_set_arr_data(out.get(), "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, kept_scores.data(), kept_scores.size());
     }
-    if (merges_id >= 0) {
-        std::vector<const char *> merges;
-        for (size_t m = 0; m < gguf_get_arr_n(src, merges_id); ++m) {
-            const std::string merge = gguf_get_arr_str(src, merges_id, m);
-            const size_t space = merge.find(' ');
-            const auto kept = [&](const std::string & piece) {
-                const auto it = id_of.find(piece);
-                return it != id_of.end() && keep[it->second];
-            };
-            if (space != std::string::npos && kept(merge.substr(0, space)) && kept(merge.substr(space + 1)) &&
-                kept(merge.substr(0, space) + merge.substr(space + 1))) {
-                merges.push_back(gguf_get_arr_str(src, merges_id, m));
-            }
-        }
-        gguf_set_arr_str(out.get(), "tokenizer.ggml.merges", merges.data(), merges.size());
+    if (a.merges_id >= 0) {
+        set_kept_merges(out.get(), src, a, keep);
     }
-    for (int64_t k = 0; k < gguf_get_n_kv(src); ++k) {
-        const std::string key = gguf_get_key(src, k);
-        if (key.starts_with("tokenizer.ggml.") && key.ends_with("_token_id") && gguf_get_kv_type(src, k) == GGUF_TYPE_UINT32) {
-            const uint32_t old = gguf_get_val_u32(src, k);
-            if (old < n && new_id[old] >= 0) {
-                gguf_set_val_u32(out.get(), key.c_str(), uint32_t(new_id[old]));
-            } else {
-                gguf_remove_key(out.get(), key.c_str());
-            }
-        }
-    }
+    renumber_token_ids(out.get(), src, new_id);
     return out;
 }
 
