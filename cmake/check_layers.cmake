@@ -12,7 +12,7 @@ set(rank_stages 4)
 set(rank_run 5)
 set(rank_cli 6)
 # Stages that build on another stage's result, the only edges within a layer.
-set(stage_edges "eval>replay" "plan>replay" "measure>eval")
+set(stage_edges "eval>replay" "measure>eval")
 
 function(layer_of folder out)
   if(folder IN_LIST stages)

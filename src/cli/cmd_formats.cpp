@@ -1,13 +1,13 @@
 #include "cli/commands.h"
 #include "core/atomic_file.h"
 #include "core/errors.h"
+#include "core/digest.h"
 #include "formats/keep_map.h"
 #include "formats/stats.h"
 #include "formats/trace.h"
 #include "select/select.h"
 
 #include <fmt/format.h>
-#include <xxhash.h>
 
 #include <cstdio>
 #include <map>
@@ -106,7 +106,7 @@ void add_merge(CLI::App & app, Action & action) {
             for (size_t i = 0; i < inputs->size(); ++i) {
                 const std::string & path = (*inputs)[i];
                 const std::string text = read_text_file(path);
-                const auto [it, fresh] = digests.emplace(fmt::format("{:016x}", XXH64(text.data(), text.size(), 0)), path);
+                const auto [it, fresh] = digests.emplace(xxh64_hex(text), path);
                 if (!fresh) {
                     fail_file(path, "has the same bytes as " + it->second + ": merging it would count its tokens twice");
                 }

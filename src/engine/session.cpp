@@ -1,11 +1,11 @@
 #include "engine/session.h"
+#include "core/digest.h"
 #include "core/errors.h"
 
 #include "ggml-backend.h"
 #include "ggml-rpc.h"
 
 #include <fmt/format.h>
-#include <xxhash.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -127,20 +127,16 @@ std::vector<llama_token> tokenize(const llama_vocab * vocab, const std::string &
 
 // The identity of a vocabulary: every token's text, type and the special ids, hashed.
 std::string vocab_digest(const llama_vocab * v) {
-    XXH64_state_t * st = XXH64_createState();
-    XXH64_reset(st, 0);
+    Xxh64 h;
     const int32_t head[6] = {int32_t(llama_vocab_type(v)), llama_vocab_n_tokens(v), llama_vocab_bos(v),
                              llama_vocab_eos(v), int32_t(llama_vocab_get_add_bos(v)), int32_t(llama_vocab_get_add_eos(v))};
-    XXH64_update(st, head, sizeof(head));
+    h.update(head, sizeof(head));
     for (int32_t i = 0; i < llama_vocab_n_tokens(v); ++i) {
         const char * text = llama_vocab_get_text(v, i);
-        XXH64_update(st, text, std::strlen(text) + 1);
         const int32_t attr = int32_t(llama_vocab_get_attr(v, i));
-        XXH64_update(st, &attr, sizeof(attr));
+        h.update(text, std::strlen(text) + 1).update(&attr, sizeof(attr));
     }
-    const uint64_t h = XXH64_digest(st);
-    XXH64_freeState(st);
-    return fmt::format("xxh64:{:016x}", h);
+    return h.named();
 }
 
 std::string document_text(const llama_model * model, const CorpusDocument & d, bool for_generation,

@@ -1,4 +1,5 @@
 #include "formats/corpus.h"
+#include "core/digest.h"
 #include "core/errors.h"
 #include "core/atomic_file.h"
 #include "core/json.h"
@@ -215,7 +216,7 @@ Corpus read_corpus(const std::filesystem::path & path) {
     c.path = path;
     const std::string bytes = read_text_file(path);
     c.bytes = bytes.size();
-    c.digest = fmt::format("{:016x}", XXH64(bytes.data(), bytes.size(), 0));
+    c.digest = xxh64_hex(bytes);
     std::string ext = path.extension().string();
     std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char ch) { return char(std::tolower(ch)); });
     c.jsonl = ext == ".jsonl";

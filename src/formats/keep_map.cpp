@@ -1,10 +1,10 @@
 #include "formats/keep_map.h"
+#include "core/digest.h"
 #include "core/atomic_file.h"
 #include "core/errors.h"
 #include "core/json.h"
 
 #include <fmt/format.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <regex>
@@ -164,16 +164,12 @@ void write_keep_map(const std::filesystem::path & path, const KeepMap & km) {
 }
 
 std::string keep_map_digest(const KeepMap & km) {
-    XXH64_state_t * st = XXH64_createState();
-    XXH64_reset(st, 0);
+    Xxh64 h;
     for (const auto & [layer, ids] : km.layers) {
         const int32_t header[2] = {layer, int32_t(ids.size())};
-        XXH64_update(st, header, sizeof(header));
-        XXH64_update(st, ids.data(), ids.size() * sizeof(int32_t));
+        h.update(header, sizeof(header)).update(ids.data(), ids.size() * sizeof(int32_t));
     }
-    const uint64_t h = XXH64_digest(st);
-    XXH64_freeState(st);
-    return fmt::format("xxh64:{:016x}", h);
+    return h.named();
 }
 
 void require_top_k_room(const KeepMap & km, const std::string & origin, int64_t n_expert_used) {

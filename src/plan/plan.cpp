@@ -14,7 +14,6 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cmath>
