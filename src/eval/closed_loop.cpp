@@ -180,86 +180,105 @@ void RouterTap::route_layer(int ordinal, ggml_tensor * topk) {
     order_.resize(size_t(E));
     for (int64_t tok = 0; tok < T; ++tok) {
         int32_t * graph_row = reinterpret_cast<int32_t *>(raw_.data() + size_t(tok) * topk->nb[1]);
-        const float * sel = L.selection.data() + tok * E;
         const float * z = logits.data() + tok * E;
-        // Candidates as a trace ranks them (rank_candidates): the graph's top-k first.
-        std::vector<char> & in_topk = in_topk_;
-        in_topk.assign(size_t(E), 0);
-        for (int i = 0; i < k; ++i) {
-            if (graph_row[i] < 0 || graph_row[i] >= E) {
-                throw Error(fmt::format("{}: ffn_moe_topk-{} holds expert id {} (n_expert {})", facts_.arch, layer,
-                                        graph_row[i], E));
-            }
-            in_topk[size_t(graph_row[i])] = 1;
-        }
-        size_t n_cand = 0;
-        for (int e = 0; e < E; ++e) {
-            if (!to_new || (*to_new)[size_t(e)] >= 0) {
-                order_[n_cand++] = e;
-            }
-        }
-        const size_t m = std::min(n_cand, size_t(top_m_));
-        rank_candidates(order_, n_cand, m, in_topk, sel);
-        ranked_.assign(order_.begin(), order_.begin() + long(m));
-        z_.resize(m);
-        for (size_t r = 0; r < m; ++r) {
-            z_[r] = traced_logit(z[ranked_[r]]);
-        }
+        rank_token(layer, graph_row, L.selection.data() + tok * E, z, to_new);
         const size_t pos = L.seen + size_t(tok);
         if (!config_) {
             const size_t base = (pos * layers_.size() + size_t(ordinal)) * size_t(top_m_);
-            for (size_t r = 0; r < m; ++r) {
+            for (size_t r = 0; r < ranked_.size(); ++r) {
                 win_ids_[base + r] = uint16_t(ranked_[r]);
                 win_logits_[base + r] = z[ranked_[r]];
             }
             continue;
         }
-        // The replay rules (docs/replay.md) on this token's candidates and this layer's cache.
-        ranked_new_.resize(m);
-        for (size_t r = 0; r < m; ++r) {
-            ranked_new_[r] = to_new ? (*to_new)[size_t(ranked_[r])] : ranked_[r];
-        }
-        unbiased_new_.resize(size_t(k));
-        int32_t removed = -1;   // a graph choice the keep map removes: an error unless MoCE routes around it
-        for (int i = 0; i < k; ++i) {
-            unbiased_new_[size_t(i)] = to_new ? (*to_new)[size_t(graph_row[i])] : graph_row[i];
-            removed = removed < 0 && unbiased_new_[size_t(i)] < 0 ? graph_row[i] : removed;
-        }
-        std::sort(unbiased_new_.begin(), unbiased_new_.end());
-        double delta = double(z_[0]) - double(z_[size_t(k - 1)]);
-        if (config_->moce_prior) {
-            delta = L.prior.add(delta);
-        }
-        PhaseCounts & c = counting_ ? counts_ : uncounted_;
-        const std::span<const int32_t> chosen = L.step->choose(ranked_new_, z_, unbiased_new_, k, delta, c);
-        if (removed >= 0 && !L.step->rerouted()) {
-            throw Error(fmt::format("{}: layer {} routed to expert {}, which the keep map removes", facts_.arch, layer,
-                                    removed));
-        }
-        row_.assign(graph_row, graph_row + k);
-        if (L.step->rerouted()) {
-            const std::span<const uint32_t> ranks = L.step->chosen_ranks(k);
-            for (int i = 0; i < k; ++i) {
-                row_[size_t(i)] = ranked_[ranks[size_t(i)]];
-            }
-            std::memcpy(graph_row, row_.data(), size_t(k) * sizeof(int32_t));
-            wrote = true;
-        }
-        const int misses = L.step->request(chosen, ranked_new_, z_);
-        c.tokens += ordinal == 0;
-        c.picks += uint64_t(k);
-        c.misses += uint64_t(misses);
-        c.add_exposed_reads(uint64_t(misses), config_->queue_depth,
-                            expert_bytes_.empty() ? 0.0 : expert_bytes_[size_t(ordinal)]);
-        std::copy(row_.begin(), row_.end(), L.expected.begin() + long(tok * k));
-        if (record && counting_) {
-            log.push_back({window_, int32_t(pos), layer, ranked_, z_, {}});
-        }
+        wrote = route_token(ordinal, graph_row, tok, pos, to_new) || wrote;
     }
     if (wrote) {
         ggml_backend_tensor_set(topk, raw_.data(), 0, raw_.size());
     }
     L.seen += size_t(T);
+}
+
+// Candidates as a trace ranks them (rank_candidates): the graph's top-k first. Leaves the
+// top-M ids in ranked_ and their traced logits in z_.
+void RouterTap::rank_token(int layer, const int32_t * graph_row, const float * sel, const float * z,
+                           const std::vector<int32_t> * to_new) {
+    const int E = int(facts_.n_expert), k = int(facts_.n_expert_used);
+    std::vector<char> & in_topk = in_topk_;
+    in_topk.assign(size_t(E), 0);
+    for (int i = 0; i < k; ++i) {
+        if (graph_row[i] < 0 || graph_row[i] >= E) {
+            throw Error(fmt::format("{}: ffn_moe_topk-{} holds expert id {} (n_expert {})", facts_.arch, layer,
+                                    graph_row[i], E));
+        }
+        in_topk[size_t(graph_row[i])] = 1;
+    }
+    size_t n_cand = 0;
+    for (int e = 0; e < E; ++e) {
+        if (!to_new || (*to_new)[size_t(e)] >= 0) {
+            order_[n_cand++] = e;
+        }
+    }
+    const size_t m = std::min(n_cand, size_t(top_m_));
+    rank_candidates(order_, n_cand, m, in_topk, sel);
+    ranked_.assign(order_.begin(), order_.begin() + long(m));
+    z_.resize(m);
+    for (size_t r = 0; r < m; ++r) {
+        z_[r] = traced_logit(z[ranked_[r]]);
+    }
+}
+
+// The replay rules (docs/replay.md) on this token's candidates and this layer's cache: the
+// graph's row rewritten where the policy reroutes (returns whether it did), and the
+// token's misses counted.
+bool RouterTap::route_token(int ordinal, int32_t * graph_row, int64_t tok, size_t pos,
+                            const std::vector<int32_t> * to_new) {
+    Layer & L = layers_[size_t(ordinal)];
+    const int layer = facts_.moe_layers[size_t(ordinal)];
+    const int k = int(facts_.n_expert_used);
+    const size_t m = ranked_.size();
+    bool wrote = false;
+    ranked_new_.resize(m);
+    for (size_t r = 0; r < m; ++r) {
+        ranked_new_[r] = to_new ? (*to_new)[size_t(ranked_[r])] : ranked_[r];
+    }
+    unbiased_new_.resize(size_t(k));
+    int32_t removed = -1;   // a graph choice the keep map removes: an error unless MoCE routes around it
+    for (int i = 0; i < k; ++i) {
+        unbiased_new_[size_t(i)] = to_new ? (*to_new)[size_t(graph_row[i])] : graph_row[i];
+        removed = removed < 0 && unbiased_new_[size_t(i)] < 0 ? graph_row[i] : removed;
+    }
+    std::sort(unbiased_new_.begin(), unbiased_new_.end());
+    double delta = double(z_[0]) - double(z_[size_t(k - 1)]);
+    if (config_->moce_prior) {
+        delta = L.prior.add(delta);
+    }
+    PhaseCounts & c = counting_ ? counts_ : uncounted_;
+    const std::span<const int32_t> chosen = L.step->choose(ranked_new_, z_, unbiased_new_, k, delta, c);
+    if (removed >= 0 && !L.step->rerouted()) {
+        throw Error(fmt::format("{}: layer {} routed to expert {}, which the keep map removes", facts_.arch, layer,
+                                removed));
+    }
+    row_.assign(graph_row, graph_row + k);
+    if (L.step->rerouted()) {
+        const std::span<const uint32_t> ranks = L.step->chosen_ranks(k);
+        for (int i = 0; i < k; ++i) {
+            row_[size_t(i)] = ranked_[ranks[size_t(i)]];
+        }
+        std::memcpy(graph_row, row_.data(), size_t(k) * sizeof(int32_t));
+        wrote = true;
+    }
+    const int misses = L.step->request(chosen, ranked_new_, z_);
+    c.tokens += ordinal == 0;
+    c.picks += uint64_t(k);
+    c.misses += uint64_t(misses);
+    c.add_exposed_reads(uint64_t(misses), config_->queue_depth,
+                        expert_bytes_.empty() ? 0.0 : expert_bytes_[size_t(ordinal)]);
+    std::copy(row_.begin(), row_.end(), L.expected.begin() + long(tok * k));
+    if (record && counting_) {
+        log.push_back({window_, int32_t(pos), layer, ranked_, z_, {}});
+    }
+    return wrote;
 }
 
 // The gate must have read the written ids (and their unbiased gate values): otherwise

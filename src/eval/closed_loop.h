@@ -98,6 +98,9 @@ private:
 
     bool on_node(ggml_tensor * t, bool ask);
     void route_layer(int ordinal, ggml_tensor * topk);
+    void rank_token(int layer, const int32_t * graph_row, const float * sel, const float * z,
+                    const std::vector<int32_t> * to_new);
+    bool route_token(int ordinal, int32_t * graph_row, int64_t tok, size_t pos, const std::vector<int32_t> * to_new);
     void check_gate(int ordinal, ggml_tensor * weights);
     std::vector<float> read(const ggml_tensor * t);
 
