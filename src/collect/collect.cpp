@@ -1,6 +1,7 @@
 // collect: the run from its options to the statistics, and the checks before llama.cpp
 // loads the model (options, the model's routed layers, media in the corpus).
 #include "collect/collect.h"
+#include "engine/arch_quirks.h"
 #include "collect/collect_run.h"
 #include "core/atomic_file.h"
 #include "core/errors.h"
@@ -118,7 +119,7 @@ Corpus read_collect_corpus(const CollectOptions & opt, const GgufModel & gguf) {
 // A multimodal model calibrated on text alone is warned about; media with the MTP head refused.
 void check_media_calibration(const CollectOptions & opt, const InspectReport & info, const Corpus & corpus,
                              bool with_mtp) {
-    if ((!opt.mmproj.empty() || multimodal_arch(info.arch)) && corpus.media_modalities.empty()) {
+    if ((!opt.mmproj.empty() || arch_quirks(info.arch).vision_language) && corpus.media_modalities.empty()) {
         std::fprintf(stderr,
                      "moeprune collect: WARNING: %s calibrates a multimodal model (%s) with no images or audio: experts "
                      "that only media route to will look dead in these statistics. Add image or audio parts to the "

@@ -1,6 +1,7 @@
 // Collect's graph observer (collect/collector.h): which nodes it watches, the checks on
 // what they hold, and how each token's routing adds to the statistics and the trace.
 #include "collect/collector.h"
+#include "engine/arch_quirks.h"
 #include "core/errors.h"
 
 #include <fmt/format.h>
@@ -298,8 +299,8 @@ void Collector::add_outputs(int il, const LayerCapture & c, int64_t r, const std
             }
             continue;
         }
-        // Weights applied before the experts (llama4) are already inside f.
-        const double reap = arch_ == "llama4" ? fn : g * fn;
+        // Weights applied before the experts are already inside f.
+        const double reap = arch_quirks(arch_).weights_before_experts ? fn : g * fn;
         for (LayerStats * S : {&L, D}) {
             if (!S) {
                 continue;

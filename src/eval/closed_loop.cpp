@@ -1,4 +1,5 @@
 #include "eval/closed_loop.h"
+#include "engine/arch_quirks.h"
 #include "core/errors.h"
 #include "engine/router_graph.h"
 #include "formats/trace.h"
@@ -17,8 +18,8 @@ namespace moeprune {
 RouterTap::RouterTap(const MaskFacts & facts, int top_m, const ClosedLoopConfig * config, const KeepMap * keep,
                      RouterMask * mask, std::vector<double> expert_bytes)
     : facts_(facts), top_m_(top_m), config_(config), keep_(keep), mask_(mask), expert_bytes_(std::move(expert_bytes)) {
-    if (facts_.arch == "grovemoe") {
-        throw Error("grovemoe: the gate reads expert ids scaled from ffn_moe_topk (adjugate experts), so written "
+    if (arch_quirks(facts_.arch).gate_reads_derived_ids) {
+        throw Error(facts_.arch + ": the gate reads expert ids scaled from ffn_moe_topk (adjugate experts), so written "
                     "ids would not be the experts used; closed-loop routing does not support this architecture");
     }
     if (top_m_ < facts_.n_expert_used || top_m_ > facts_.n_expert) {

@@ -1,4 +1,5 @@
 #include "eval/masking.h"
+#include "engine/arch_quirks.h"
 #include "core/errors.h"
 
 #include "ggml-backend.h"
@@ -34,8 +35,8 @@ void RouterMask::set(const KeepMap & km, const std::string & origin) {
                                       "and pass the result with --candidate",
                                       why));
     };
-    if (facts_.arch == "llama4") {
-        refuse("llama4 applies the gate weights before the experts and selects on raw logits");
+    if (arch_quirks(facts_.arch).weights_before_experts) {
+        refuse(facts_.arch + " applies the gate weights before the experts and selects on raw logits");
     }
     require_top_k_room(km, origin, facts_.n_expert_used);
     if (facts_.n_groups > 1) {

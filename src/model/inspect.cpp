@@ -59,12 +59,6 @@ bool InspectReport::is_nextn(int layer) const {
     return std::any_of(layers.begin(), layers.end(), [&](const LayerInfo & l) { return l.layer == layer && l.nextn; });
 }
 
-bool multimodal_arch(const std::string & arch) {
-    // Names of the pinned llama.cpp (src/llama-arch.cpp); llama4 is natively multimodal.
-    static const std::set<std::string> names = {"qwen2vl", "qwen3vl", "qwen3vlmoe", "llama4", "hunyuan_vl"};
-    return names.count(arch) > 0;
-}
-
 namespace {
 
 void read_metadata(const GgufModel & model, InspectReport & r) {

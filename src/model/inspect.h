@@ -62,9 +62,6 @@ struct InspectReport {
 
 InspectReport inspect_model(const GgufModel & model, const std::vector<int64_t> & at_k);
 
-// Whether llama.cpp's architecture of this name is a vision-language one (its text model
-// pairs with an image projector): calibration without images misses what only they route to.
-bool multimodal_arch(const std::string & arch);
 
 // One per-expert tensor's share of one expert, in file coordinates.
 struct ExpertSlab {
