@@ -251,7 +251,7 @@ public:
         }
         double misses = rec.misses_per_token;
         double bytes = misses * g.mean();
-        double rounds = double(L) * std::ceil(misses / double(L) / tp.queue_depth);
+        double rounds = read_rounds_spread(misses, L, tp.queue_depth);
         TokenTraffic mtp;
         if (rec.misses_per_token_by_layer && rec.misses_per_token_by_layer->size() == layers) {
             const std::vector<double> & per_layer = *rec.misses_per_token_by_layer;
@@ -259,11 +259,11 @@ public:
             for (size_t l = 0; l < L; ++l) {
                 misses += per_layer[l];
                 bytes += per_layer[l] * g.bytes[l];
-                rounds += std::ceil(per_layer[l] / tp.queue_depth);
+                rounds += read_rounds(per_layer[l], tp.queue_depth);
             }
             for (size_t m = 0; m < M; ++m) {
                 mtp.exposed_bytes += per_layer[L + m] * g.mtp_bytes[m];
-                mtp.rounds += std::ceil(per_layer[L + m] / tp.queue_depth);
+                mtp.rounds += read_rounds(per_layer[L + m], tp.queue_depth);
             }
         }
         // Counted rounds are of every layer replayed: with the MTP layers, the trunk's are
@@ -345,7 +345,7 @@ public:
                 for (size_t i = 0; i < opt.misses_per_token.size(); ++i) {
                     const double m = opt.misses_per_token[i];
                     const double bytes = m * g.mean();
-                    const double rounds = m > 0 ? double(L) * std::ceil(m / double(L) / tp.queue_depth) : 0;
+                    const double rounds = m > 0 ? read_rounds_spread(m, L, tp.queue_depth) : 0;
                     const json cache = opt.cache_experts.empty() ? json(nullptr) : json(opt.cache_experts[i]);
                     add({{"k", k},
                          {"criterion", c},

@@ -1,6 +1,7 @@
 #include "sim/throughput.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 namespace moeprune {
@@ -66,10 +67,15 @@ double tokens_per_second(const PhaseCounts & c, int n_layer, const ThroughputPar
     return t > 0 ? 1.0 / t : std::numeric_limits<double>::infinity();
 }
 
+double read_rounds(double misses, int queue_depth) { return std::ceil(misses / double(queue_depth)); }
+
+double read_rounds_spread(double misses, size_t n_layer, int queue_depth) {
+    return double(n_layer) * read_rounds(misses / double(n_layer), queue_depth);
+}
+
 void PhaseCounts::add_exposed_reads(uint64_t exposed, int queue_depth, double expert_bytes) {
     if (exposed > 0) {
-        const auto depth = uint64_t(queue_depth);
-        rounds += (exposed + depth - 1) / depth;
+        rounds += uint64_t(read_rounds(double(exposed), queue_depth));
         exposed_bytes += double(exposed) * expert_bytes;
     }
 }

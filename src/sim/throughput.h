@@ -28,6 +28,14 @@ struct TokenTraffic {
 
 double token_seconds(const TokenTraffic & io, size_t n_layer, const ThroughputParams & p);
 
+// Rounds of reads one layer's `misses` take at `queue_depth` reads in flight: a round is
+// paid whole however few reads it holds.
+double read_rounds(double misses, int queue_depth);
+
+// The same for `misses` counted over all `n_layer` layers of a token without their split:
+// spread evenly, each layer's rounds rounded up.
+double read_rounds_spread(double misses, size_t n_layer, int queue_depth);
+
 // Speculative decoding with an MTP (nextn) head, as llama.cpp's draft-mtp runs it: each
 // step the head drafts `draft_tokens` tokens, the trunk verifies them in one batch with the
 // last accepted token, and emits the accepted drafts plus one token of its own. Draft i is
