@@ -477,18 +477,6 @@ void prepare_files(CorpusBuild & b) {
     b.model_identity = model_digest(GgufModel::open(opt.model).shard_paths());
 }
 
-// The model's vocabulary alone, which is all the tokenizer needs.
-ModelPtr load_vocabulary(const fs::path & path) {
-    llama_model_params mp = llama_model_default_params();
-    mp.vocab_only = true;
-    mp.progress_callback = [](float, void *) { return true; };
-    ModelPtr model(llama_model_load_from_file(path.c_str(), mp), llama_model_free);
-    if (!model) {
-        fail_file(path.string(), "llama.cpp could not load its vocabulary");
-    }
-    return model;
-}
-
 // The files of a source that were skipped for not being `what`: the first five, then how many more.
 void print_skipped(const SourceSpec & src, const std::vector<std::string> & skipped, const std::string & what) {
     if (skipped.empty()) {

@@ -59,6 +59,17 @@ ModelPtr load_model(const std::filesystem::path & path, int gpu_layers, bool mtp
     return model;
 }
 
+ModelPtr load_vocabulary(const std::filesystem::path & path) {
+    llama_model_params mp = llama_model_default_params();
+    mp.vocab_only = true;
+    mp.progress_callback = [](float, void *) { return true; };  // llama.cpp's default prints dots
+    ModelPtr model(llama_model_load_from_file(path.c_str(), mp), llama_model_free);
+    if (!model) {
+        fail_file(path.string(), "llama.cpp could not load its vocabulary");
+    }
+    return model;
+}
+
 ContextPtr new_context(llama_model * model, const ContextSettings & s) {
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx = uint32_t(s.ctx);

@@ -24,6 +24,9 @@ void init_llama(const std::vector<std::string> & rpc);
 // With `mtp`, the nextn (MTP) layers too, which llama.cpp otherwise leaves unloaded.
 ModelPtr load_model(const std::filesystem::path & path, int gpu_layers, bool mtp = false);
 
+// The model's vocabulary alone, which is all a tokenizer needs: no tensor is read.
+ModelPtr load_vocabulary(const std::filesystem::path & path);
+
 // A context of one sequence for a pass: its sizes, and the graph callback (an observer
 // of router nodes) with its data.
 struct ContextSettings {

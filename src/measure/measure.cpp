@@ -188,12 +188,7 @@ void Measurement::read_model() {
 
 void Measurement::read_text() {
     init_llama({});
-    llama_model_params mp = llama_model_default_params();
-    mp.vocab_only = true;
-    ModelPtr vocab_model(llama_model_load_from_file(opt_.model.c_str(), mp), llama_model_free);
-    if (!vocab_model) {
-        fail_file(opt_.model.string(), "llama.cpp could not load its vocabulary");
-    }
+    const ModelPtr vocab_model = load_vocabulary(opt_.model);
     // A corpus (JSONL) is decoded as one text: its documents in order, a conversation's turns as plain lines.
     Corpus corpus = read_corpus(opt_.text);
     refuse_output_clashes({opt_.json_out, opt_.trace_out}, media_paths(corpus));
