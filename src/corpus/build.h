@@ -3,13 +3,12 @@
 // token budgets measured with the model's tokenizer -> interleaved calib.jsonl and
 // eval.jsonl, with corpus.json reporting what was done and a leak check of eval
 // against calib. docs/corpus.md is the user's description.
+#include "corpus/leak_check.h"
 #include "corpus/manifest.h"
 
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
-#include <string>
-#include <vector>
 
 namespace moeprune {
 
@@ -25,18 +24,5 @@ struct CorpusOptions {
 
 // Builds the corpus and returns the report (also written to out_dir/corpus.json).
 nlohmann::json build_corpus(const CorpusOptions & opt);
-
-// One document of a side, as the leak check sees it.
-struct LeakDocument {
-    std::string text;        // the text (a conversation's contents joined by newlines)
-    std::string group;
-    std::string label;       // where it came from, for examples
-    size_t skip = 0;         // leading bytes that are reported boilerplate, not compared
-};
-
-// Eval against calib: exact duplicates (normalized), near duplicates (Jaccard >= near_dup),
-// documents sharing a long n-gram, and groups on both sides; counts with examples.
-nlohmann::json leak_check(const std::vector<LeakDocument> & calib, const std::vector<LeakDocument> & eval,
-                          double near_dup, int threads);
 
 } // namespace moeprune
