@@ -6,6 +6,7 @@
 #include "corpus/sources.h"
 #include "engine/media.h"
 #include "formats/base_logits.h"
+#include "formats/corpus_report.h"
 #include "formats/keep_map.h"
 #include "formats/measure_report.h"
 #include "formats/stage_reports.h"
@@ -203,6 +204,9 @@ void stage_report(const fs::path & p) {
     }
 }
 
+// report's reading of corpus.json (moeprune corpus's report).
+void corpus_report(const fs::path & p) { (void)read_corpus_report(p); }
+
 } // namespace
 
 const std::vector<Reader> & readers() {
@@ -221,6 +225,7 @@ const std::vector<Reader> & readers() {
         {"measure_report", ".json", measure_report},
         {"projector", ".gguf", projector},
         {"stage_report", ".json", stage_report},
+        {"corpus_report", ".json", corpus_report},
     };
     return all;
 }

@@ -13,28 +13,23 @@ namespace moeprune::cli {
 
 namespace {
 
-std::string summary(const nlohmann::json & r) {
+std::string summary(const CorpusReport & r) {
     std::string out;
-    for (const char * side : {"calib", "eval"}) {
-        const auto & o = r["outputs"][side];
-        out += fmt::format("{:<5} {} documents, {} tokens -> {}\n", side, o["documents"].get<uint64_t>(),
-                           o["tokens"].get<uint64_t>(), o["path"].get<std::string>());
+    for (const auto & [side, o] : {std::pair{"calib", r.outputs.calib}, std::pair{"eval", r.outputs.eval}}) {
+        out += fmt::format("{:<5} {} documents, {} tokens -> {}\n", side, o.documents, o.tokens, o.path);
     }
-    for (const auto & d : r["domains"]) {
-        out += fmt::format("  {:<16} calib {:>10} tokens ({:5.1f}%, target {:5.1f}%)  eval {:>9} tokens\n",
-                           d["domain"].get<std::string>(), d["calib"]["tokens"].get<uint64_t>(),
-                           100 * d["calib"]["share"].get<double>(), 100 * d["calib"]["target_share"].get<double>(),
-                           d["eval"]["tokens"].get<uint64_t>());
+    for (const CorpusDomainRow & d : r.domains) {
+        out += fmt::format("  {:<16} calib {:>10} tokens ({:5.1f}%, target {:5.1f}%)  eval {:>9} tokens\n", d.domain,
+                           d.calib.tokens, 100 * d.calib.share, 100 * d.calib.target_share, d.eval.tokens);
     }
-    out += fmt::format("dedupe: {} exact and {} near duplicates dropped; {} boilerplate prefixes found\n",
-                       r["dedupe"]["exact"].get<uint64_t>(), r["dedupe"]["near"].get<uint64_t>(), r["boilerplate"].size());
-    const auto & l = r["leak_check"];
-    out += fmt::format("leak check (eval vs calib): exact {}, near {}, shared {}-grams {}, shared groups {}{}\n",
-                       l["exact"].get<uint64_t>(), l["near"].get<uint64_t>(), l["ngram_units"].get<int>(),
-                       l["shared_ngrams"].get<uint64_t>(), l["shared_groups"].get<uint64_t>(),
-                       l["clean"].get<bool>() ? " (clean)" : " (see corpus.json for examples)");
-    for (const auto & s : r["shortfalls"]) {
-        out += "shortfall: " + s.get<std::string>() + "\n";
+    out += fmt::format("dedupe: {} exact and {} near duplicates dropped; {} boilerplate prefixes found\n", r.dedupe.exact,
+                       r.dedupe.near, r.boilerplate.size());
+    const CorpusLeakCheck & l = r.leak_check;
+    out += fmt::format("leak check (eval vs calib): exact {}, near {}, shared {}-grams {}, shared groups {}{}\n", l.exact,
+                       l.near, l.ngram_units, l.shared_ngrams, l.shared_groups,
+                       l.clean ? " (clean)" : " (see corpus.json for examples)");
+    for (const std::string & s : r.shortfalls) {
+        out += "shortfall: " + s + "\n";
     }
     return out;
 }

@@ -69,7 +69,7 @@ void take_units(CorpusBuild & b, const Tokenizer & tokenizer, size_t s, int side
             });
             next_doc = from + n;
             for (size_t k = 0; k < n; ++k) {
-                b.tokenized_bytes += content_text(b.docs[ids[from + k]].d).size();
+                b.report.tokenized_bytes += content_text(b.docs[ids[from + k]].d).size();
                 for (Unit & u : made[k]) {
                     pending.push_back(std::move(u));
                 }
@@ -152,7 +152,7 @@ void check_shortfalls(CorpusBuild & b) {
             const uint64_t taken = b.taken_tokens[s][size_t(side)];
             if (budget != kAll && taken < budget) {
                 demand_missed = demand_missed || side == kCalib || specs[s].eval_tokens || specs[s].split == SplitSide::Eval;
-                b.shortfalls.push_back(fmt::format(
+                b.report.shortfalls.push_back(fmt::format(
                     "source \"{}\" ({}) has {} {} tokens, short of its budget of {}: {} documents in {} groups fell on "
                     "that side after deduplication and the split by group \"{}\"",
                     specs[s].name, paths[s].size() == 1 ? paths[s][0].string() : specs[s].path, taken, kSideName[side],
@@ -162,12 +162,12 @@ void check_shortfalls(CorpusBuild & b) {
     }
     if (demand_missed && !b.opt.allow_shortfall) {
         std::string msg = "budgets cannot be met (--allow-shortfall builds the corpus anyway and reports them):";
-        for (const std::string & m : b.shortfalls) {
+        for (const std::string & m : b.report.shortfalls) {
             msg += "\n  " + m;
         }
         throw Error(msg);
     }
-    for (const std::string & m : b.shortfalls) {
+    for (const std::string & m : b.report.shortfalls) {
         std::fprintf(stderr, "moeprune corpus: shortfall: %s\n", m.c_str());
     }
 }

@@ -12,7 +12,7 @@ namespace moeprune {
 
 using namespace corpus_build;
 
-json build_corpus(const CorpusOptions & opt) {
+CorpusReport build_corpus(const CorpusOptions & opt) {
     CorpusBuild b(opt, checked_sources(opt.spec, !opt.mmproj.empty()));
     prepare_files(b);
 
@@ -24,42 +24,41 @@ json build_corpus(const CorpusOptions & opt) {
     }
     const Tokenizer tokenizer(model.get(), opt.spec.doc_tokens, media.get());
 
-    json seconds = json::object();
     auto last = std::chrono::steady_clock::now();
-    const auto lap = [&](const char * stage) {
+    const auto lap = [&](double & seconds) {
         const auto now = std::chrono::steady_clock::now();
-        seconds[stage] = std::chrono::duration<double>(now - last).count();
+        seconds = std::chrono::duration<double>(now - last).count();
         last = now;
     };
 
     read_sources(b);
-    lap("read");
+    lap(b.report.seconds.read);
 
     drop_exact_duplicates(b);
     mark_boilerplate(b);
     LshIndex lsh(opt.spec.near_dup);
     drop_near_duplicates(b, lsh);
-    lap("dedupe");
+    lap(b.report.seconds.dedupe);
 
     split_sides(b);
     plan_budgets(b);
     take_budgets(b, tokenizer);
-    lap("tokenize");
+    lap(b.report.seconds.tokenize);
 
     check_shortfalls(b);
     refuse_empty_sides(b);
 
     interleave(b);
     report_domains(b);
-    const json leaks = check_leaks(b);
-    lap("leak_check");
+    b.report.leak_check = check_leaks(b);
+    lap(b.report.seconds.leak_check);
 
     stage_jsonl(b);
-    lap("write");
+    lap(b.report.seconds.write);
 
-    const json report = corpus_report(b, model.get(), lsh, leaks, seconds);
-    commit_outputs(b, report);
-    return report;
+    finish_report(b, model.get(), lsh);
+    commit_outputs(b);
+    return std::move(b.report);
 }
 
 } // namespace moeprune

@@ -5,8 +5,7 @@
 // against calib. docs/corpus.md is the user's description.
 #include "corpus/leak_check.h"
 #include "corpus/manifest.h"
-
-#include <nlohmann/json.hpp>
+#include "formats/corpus_report.h"
 
 #include <filesystem>
 
@@ -23,6 +22,6 @@ struct CorpusOptions {
 };
 
 // Builds the corpus and returns the report (also written to out_dir/corpus.json).
-nlohmann::json build_corpus(const CorpusOptions & opt);
+CorpusReport build_corpus(const CorpusOptions & opt);
 
 } // namespace moeprune

@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <optional>
+#include <set>
 
 namespace moeprune::corpus_build {
 
@@ -33,7 +36,7 @@ void report_domains(CorpusBuild & b) {
             target_sum += t;
             reached[domain_of(s)] += double(b.taken_tokens[s][size_t(side)]);
         }
-        json rows = json::array();
+        std::vector<CorpusPrefixShares> & rows = side == kCalib ? b.report.calib_prefix_shares : b.report.eval_prefix_shares;
         const uint64_t total = b.side_tokens[size_t(side)];
         for (const double f : kPrefixes) {
             const double cutoff = f * double(total);
@@ -47,7 +50,7 @@ void report_domains(CorpusBuild & b) {
                 got[domain_of(b.docs[u->doc].d.source)] += part;
                 seen += part;
             }
-            json shares = json::object();
+            std::map<std::string, double> shares;
             double worst = 0;
             for (size_t d = 0; d < domains.size(); ++d) {
                 const double share = seen > 0 ? got[d] / seen : 0;
@@ -56,16 +59,15 @@ void report_domains(CorpusBuild & b) {
                     worst = std::max(worst, std::abs(share - target[d] / target_sum));
                 }
             }
-            rows.push_back({{"prefix", f}, {"tokens", uint64_t(seen)}, {"shares", shares}, {"max_abs_error_vs_target", worst}});
+            rows.push_back({f, uint64_t(seen), shares, worst});
         }
-        b.prefix_report[kSideName[side]] = rows;
         for (size_t d = 0; d < domains.size(); ++d) {
             if (side == kCalib) {
-                b.domain_report.push_back({{"domain", domains[d]}});
+                b.report.domains.push_back({domains[d], {}, {}});
             }
-            b.domain_report[d][kSideName[side]] = {{"tokens", uint64_t(reached[d])},
-                                                   {"target_share", target_sum > 0 ? target[d] / target_sum : 0},
-                                                   {"share", total > 0 ? reached[d] / double(total) : 0}};
+            CorpusDomainRow & row = b.report.domains[d];
+            (side == kCalib ? row.calib : row.eval) = {uint64_t(reached[d]), target_sum > 0 ? target[d] / target_sum : 0,
+                                                       total > 0 ? reached[d] / double(total) : 0};
         }
     }
 }
@@ -73,33 +75,31 @@ void report_domains(CorpusBuild & b) {
 namespace {
 
 // One source's row of the report: its files, what was dropped, and what each side took.
-json source_report(const CorpusBuild & b, size_t s) {
+CorpusSourceRow source_report(const CorpusBuild & b, size_t s) {
     const SourceSpec & src = b.specs[s];
     const std::vector<SourceFile> & files = b.files;
-    json f = json::array();
+    CorpusSourceRow row{.name = src.name,
+                        .path = src.path,
+                        .domain = src.domain,
+                        .group = src.group.written,
+                        .split = to_string(src.split),
+                        .media = modality_name(src.media)};
     for (size_t i = 0; i < files.size(); ++i) {
         if (b.jobs[i].first == s) {  // files are in the order of the reading jobs
-            f.push_back({{"path", files[i].path.string()}, {"bytes", files[i].bytes}, {"digest", files[i].digest}});
+            row.files.push_back({files[i].path.string(), files[i].bytes, files[i].digest});
         }
     }
-    json row = {{"name", src.name},
-                {"path", src.path},
-                {"domain", src.domain},
-                {"group", src.group.written},
-                {"split", to_string(src.split)},
-                {"media", modality_name(src.media)},
-                {"files", f},
-                {"documents_read", b.read_docs[s]},
-                {"empty_skipped", b.empty_skipped[s]},
-                {"binary_skipped", b.binary_skipped[s]},
-                {"not_media_skipped", b.not_media_skipped[s]},
-                {"exact_duplicates", b.exact_dropped[s]},
-                {"near_duplicates", b.near_dropped[s]},
-                {"boilerplate_only", b.boiler_only[s]}};
+    row.documents_read = b.read_docs[s];
+    row.empty_skipped = b.empty_skipped[s];
+    row.binary_skipped = b.binary_skipped[s];
+    row.not_media_skipped = b.not_media_skipped[s];
+    row.exact_duplicates = b.exact_dropped[s];
+    row.near_duplicates = b.near_dropped[s];
+    row.boilerplate_only = b.boiler_only[s];
     if (src.tokens) {
-        row["tokens"] = *src.tokens;
+        row.tokens = *src.tokens;
     } else {
-        row["weight"] = *src.weight;
+        row.weight = *src.weight;
     }
     for (int side : {kCalib, kEval}) {
         const std::vector<Unit> & taken = b.taken[s][size_t(side)];
@@ -112,66 +112,51 @@ json source_report(const CorpusBuild & b, size_t s) {
         }
         const uint64_t budget = b.budget[s][size_t(side)];
         const uint64_t tokens = b.taken_tokens[s][size_t(side)];
-        row[kSideName[side]] = {{"budget", budget == kAll ? json(nullptr) : json(budget)},
-                                {"tokens", tokens},
-                                {"shortfall", budget != kAll && tokens < budget ? budget - tokens : 0},
-                                {"documents", whole.size()},
-                                {"units", taken.size()},
-                                {"pieces", pieces},
-                                {"truncated", truncated},
-                                {"documents_available", b.order[s][size_t(side)].size()},
-                                {"groups_available", b.groups[s][size_t(side)].size()}};
+        (side == kCalib ? row.calib : row.eval) = {.budget = budget == kAll ? std::nullopt : std::optional(budget),
+                                                   .tokens = tokens,
+                                                   .shortfall = budget != kAll && tokens < budget ? budget - tokens : 0,
+                                                   .documents = whole.size(),
+                                                   .units = taken.size(),
+                                                   .pieces = pieces,
+                                                   .truncated = truncated,
+                                                   .documents_available = b.order[s][size_t(side)].size(),
+                                                   .groups_available = b.groups[s][size_t(side)].size()};
     }
     return row;
 }
 
 } // namespace
 
-// The report (corpus.json): inputs, settings, and what every phase did.
-json corpus_report(const CorpusBuild & b, const llama_model * model, const LshIndex & lsh, const json & leaks,
-                   const json & seconds) {
+// The rest of the report (corpus.json): inputs, settings, each source, and the duplicates dropped.
+void finish_report(CorpusBuild & b, const llama_model * model, const LshIndex & lsh) {
     const CorpusOptions & opt = b.opt;
     const CorpusSpec & spec = b.spec;
-    json sources = json::array();
+    CorpusReport & r = b.report;
     for (size_t s = 0; s < b.specs.size(); ++s) {
-        sources.push_back(source_report(b, s));
+        r.sources.push_back(source_report(b, s));
     }
-    uint64_t exact_total = 0, near_total = 0;
     for (size_t s = 0; s < b.specs.size(); ++s) {
-        exact_total += b.exact_dropped[s];
-        near_total += b.near_dropped[s];
+        r.dedupe.exact += b.exact_dropped[s];
+        r.dedupe.near += b.near_dropped[s];
     }
     std::error_code ec;
-    return {
-        {"format", "moeprune-corpus"},
-        {"version", 1},
-        {"inputs",
-         {{"model", {{"path", opt.model.string()}, {"bytes", fs::file_size(opt.model, ec)},
-                     {"digest", b.model_identity}, {"vocab", vocab_digest(llama_model_get_vocab(model))}}},
-          {"manifest", spec.manifest.empty() ? json(nullptr) : json(spec.manifest.string())},
-          {"mmproj", opt.mmproj.empty() ? json(nullptr) : json(opt.mmproj.string())},
-          {"bytes", b.total_bytes}}},
-        {"settings",
-         {{"seed", spec.seed},
-          {"near_dup", spec.near_dup},
-          {"eval_share", spec.eval_share},
-          {"tokens", spec.tokens ? json(*spec.tokens) : json(nullptr)},
-          {"doc_tokens", spec.doc_tokens},
-          {"strip_boilerplate", spec.strip_boilerplate},
-          {"allow_shortfall", opt.allow_shortfall},
-          {"tokens_counted_as", "llama.cpp tokenizer with BOS where the model adds one, special tokens parsed; "
-                                "conversations rendered with the model's chat template"},
-          {"minhash", {{"shingle_units", kShingleUnits}, {"signature", kSignatureSize}, {"lsh_rows", lsh.rows()}, {"lsh_bands", lsh.bands()}}}}},
-        {"sources", sources},
-        {"domains", b.domain_report},
-        {"dedupe", {{"exact", exact_total}, {"near", near_total}, {"examples", b.dedupe_examples}}},
-        {"boilerplate", b.boilerplate},
-        {"leak_check", leaks},
-        {"prefix_shares", b.prefix_report},
-        {"shortfalls", b.shortfalls},
-        {"tokenized_bytes", b.tokenized_bytes},
-        {"seconds", seconds},
-        {"outputs", {{"calib", b.output_report[kCalib]}, {"eval", b.output_report[kEval]}}}};
+    r.inputs = {.model = {.path = opt.model.string(),
+                          .bytes = fs::file_size(opt.model, ec),
+                          .digest = b.model_identity,
+                          .vocab = vocab_digest(llama_model_get_vocab(model))},
+                .manifest = spec.manifest.empty() ? std::nullopt : std::optional(spec.manifest.string()),
+                .mmproj = opt.mmproj.empty() ? std::nullopt : std::optional(opt.mmproj.string()),
+                .bytes = b.total_bytes};
+    r.settings = {.seed = spec.seed,
+                  .near_dup = spec.near_dup,
+                  .eval_share = spec.eval_share,
+                  .tokens = spec.tokens,
+                  .doc_tokens = spec.doc_tokens,
+                  .strip_boilerplate = spec.strip_boilerplate,
+                  .allow_shortfall = opt.allow_shortfall,
+                  .tokens_counted_as = "llama.cpp tokenizer with BOS where the model adds one, special tokens parsed; "
+                                       "conversations rendered with the model's chat template",
+                  .minhash = {kShingleUnits, kSignatureSize, lsh.rows(), lsh.bands()}};
 }
 
 } // namespace moeprune::corpus_build

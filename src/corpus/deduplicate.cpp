@@ -28,10 +28,10 @@ void drop_exact_duplicates(CorpusBuild & b) {
         if (!fresh) {
             docs[i].dropped = true;
             ++b.exact_dropped[docs[i].d.source];
-            if (b.dedupe_examples.size() < kExamples) {
-                b.dedupe_examples.push_back({{"kind", "exact"},
-                                             {"kept", doc_ref(b.files, b.specs, docs[it->second].d)},
-                                             {"dropped", doc_ref(b.files, b.specs, docs[i].d)}});
+            if (b.report.dedupe.examples.size() < kExamples) {
+                b.report.dedupe.examples.push_back({{"kind", "exact"},
+                                                    {"kept", doc_ref(b.files, b.specs, docs[it->second].d)},
+                                                    {"dropped", doc_ref(b.files, b.specs, docs[i].d)}});
             }
         }
     }
@@ -61,13 +61,9 @@ void mark_boilerplate(CorpusBuild & b) {
                 bytes += content_text(d.d).size();
                 d.boiler_skip = prefix.size();
             }
-            b.boilerplate.push_back({{"source", b.specs[s].name},
-                                     {"chars", prefix.size()},
-                                     {"documents", found.members.size()},
-                                     {"share_of_their_bytes",
-                                      double(prefix.size() * found.members.size()) / double(bytes)},
-                                     {"begins", prefix.substr(0, char_start(prefix, std::min<size_t>(80, prefix.size())))},
-                                     {"stripped", strip}});
+            b.report.boilerplate.push_back({b.specs[s].name, prefix.size(), found.members.size(),
+                                            double(prefix.size() * found.members.size()) / double(bytes),
+                                            prefix.substr(0, char_start(prefix, std::min<size_t>(80, prefix.size()))), strip});
             if (strip) {
                 for (size_t k = 1; k < found.members.size(); ++k) {
                     Doc & d = docs[ids[found.members[k]]];
@@ -113,11 +109,11 @@ void drop_near_duplicates(CorpusBuild & b, LshIndex & lsh) {
                     dup = true;
                     docs[i].dropped = true;
                     ++b.near_dropped[docs[i].d.source];
-                    if (b.dedupe_examples.size() < 2 * kExamples) {
-                        b.dedupe_examples.push_back({{"kind", "near"},
-                                                     {"jaccard", j},
-                                                     {"kept", doc_ref(b.files, b.specs, docs[c].d)},
-                                                     {"dropped", doc_ref(b.files, b.specs, docs[i].d)}});
+                    if (b.report.dedupe.examples.size() < 2 * kExamples) {
+                        b.report.dedupe.examples.push_back({{"kind", "near"},
+                                                            {"jaccard", j},
+                                                            {"kept", doc_ref(b.files, b.specs, docs[c].d)},
+                                                            {"dropped", doc_ref(b.files, b.specs, docs[i].d)}});
                     }
                     break;
                 }

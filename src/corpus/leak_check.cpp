@@ -91,7 +91,7 @@ std::vector<Hit> find_hits(const std::vector<LeakDocument> & calib, const std::v
 
 } // namespace
 
-json leak_check(const std::vector<LeakDocument> & calib, const std::vector<LeakDocument> & eval, double near_dup, int threads) {
+CorpusLeakCheck leak_check(const std::vector<LeakDocument> & calib, const std::vector<LeakDocument> & eval, double near_dup, int threads) {
     json examples = json::array();
     const auto example = [&](const char * kind, const LeakDocument & c, const LeakDocument & e, json extra) {
         if (examples.size() < 3 * kExamples) {
@@ -126,21 +126,21 @@ json leak_check(const std::vector<LeakDocument> & calib, const std::vector<LeakD
             example("group", calib[it->second], eval[i], {{"group", eval[i].group}});
         }
     }
-    return {{"exact", exact},
-            {"near", near},
-            {"shared_ngrams", ngram_docs},
-            {"shared_ngram_hashes", shared_ngrams},
-            {"shared_groups", shared_groups.size()},
-            {"ngram_units", kLeakNgramUnits},
-            {"ngram_sample", kLeakNgramSample},
-            {"clean", exact + near + ngram_docs + shared_groups.size() == 0},
-            {"examples", examples}};
+    return {.exact = exact,
+            .near = near,
+            .shared_ngrams = ngram_docs,
+            .shared_ngram_hashes = shared_ngrams,
+            .shared_groups = shared_groups.size(),
+            .ngram_units = kLeakNgramUnits,
+            .ngram_sample = kLeakNgramSample,
+            .clean = exact + near + ngram_docs + shared_groups.size() == 0,
+            .examples = examples};
 }
 
 namespace corpus_build {
 
 // Leak check of what is written.
-json check_leaks(const CorpusBuild & b) {
+CorpusLeakCheck check_leaks(const CorpusBuild & b) {
     std::array<std::vector<LeakDocument>, 2> leak_docs;
     for (int side : {kCalib, kEval}) {
         for (const Unit * u : b.sequence[size_t(side)]) {

@@ -1,6 +1,6 @@
 #pragma once
 // The leak check of a corpus: eval's documents against calib's.
-#include <nlohmann/json.hpp>
+#include "formats/corpus_report.h"
 
 #include <cstddef>
 #include <string>
@@ -18,7 +18,7 @@ struct LeakDocument {
 
 // Eval against calib: exact duplicates (normalized), near duplicates (Jaccard >= near_dup),
 // documents sharing a long n-gram, and groups on both sides; counts with examples.
-nlohmann::json leak_check(const std::vector<LeakDocument> & calib, const std::vector<LeakDocument> & eval,
-                          double near_dup, int threads);
+CorpusLeakCheck leak_check(const std::vector<LeakDocument> & calib, const std::vector<LeakDocument> & eval,
+                           double near_dup, int threads);
 
 } // namespace moeprune

@@ -5,6 +5,7 @@
 #include "corpus/dedupe.h"
 #include "corpus/documents.h"
 #include "corpus/units.h"
+#include "formats/corpus_report.h"
 
 #include <nlohmann/json.hpp>
 
@@ -58,8 +59,6 @@ struct CorpusBuild {
 
     // drop_exact_duplicates, mark_boilerplate, drop_near_duplicates
     std::vector<uint64_t> exact_dropped, near_dropped, boiler_only;
-    json dedupe_examples = json::array();
-    json boilerplate = json::array();
 
     // split_sides
     std::vector<std::array<std::vector<size_t>, 2>> order;
@@ -71,20 +70,18 @@ struct CorpusBuild {
     std::vector<std::array<size_t, 2>> next_doc;
     std::vector<std::array<uint64_t, 2>> taken_tokens;
     std::vector<std::array<std::vector<Unit>, 2>> spare;  // pieces past the budget
-    uint64_t tokenized_bytes = 0;
-    std::vector<std::string> shortfalls;
 
     // interleave
     std::array<std::vector<const Unit *>, 2> sequence;
     std::array<uint64_t, 2> side_tokens{0, 0};
 
-    // report_domains
-    json domain_report = json::array();
-    json prefix_report = json::object();
-
     // stage_jsonl, commit_outputs
-    std::array<json, 2> output_report;
     std::vector<std::unique_ptr<AtomicOutput>> staged;
+
+    // corpus.json, filled in by every phase from the deduplication on: dedupe.examples and
+    // boilerplate, tokenized_bytes and shortfalls by the budgets, domains and prefix shares,
+    // leak_check, outputs, seconds, and the rest by finish_report
+    CorpusReport report;
 };
 
 // read.cpp
@@ -109,14 +106,13 @@ void refuse_empty_sides(const CorpusBuild & b);
 // writer.cpp
 void interleave(CorpusBuild & b);
 void stage_jsonl(CorpusBuild & b);
-void commit_outputs(CorpusBuild & b, const json & report);
+void commit_outputs(CorpusBuild & b);
 
 // leak_check.cpp
-json check_leaks(const CorpusBuild & b);
+CorpusLeakCheck check_leaks(const CorpusBuild & b);
 
 // build_report.cpp
 void report_domains(CorpusBuild & b);
-json corpus_report(const CorpusBuild & b, const llama_model * model, const LshIndex & lsh, const json & leaks,
-                   const json & seconds);
+void finish_report(CorpusBuild & b, const llama_model * model, const LshIndex & lsh);
 
 } // namespace moeprune::corpus_build

@@ -94,19 +94,17 @@ void stage_jsonl(CorpusBuild & b) {
             bytes += '\n';
         }
         const fs::path & path = side == kCalib ? b.calib_path : b.eval_path;
-        b.output_report[size_t(side)] = {{"path", path.string()},
-                                         {"documents", b.sequence[size_t(side)].size()},
-                                         {"tokens", b.side_tokens[size_t(side)]},
-                                         {"bytes", bytes.size()},
-                                         {"digest", fmt::format("{:016x}", XXH64(bytes.data(), bytes.size(), 0))}};
+        (side == kCalib ? b.report.outputs.calib : b.report.outputs.eval) = {
+            path.string(), b.sequence[size_t(side)].size(), b.side_tokens[size_t(side)], bytes.size(),
+            fmt::format("{:016x}", XXH64(bytes.data(), bytes.size(), 0))};
         b.staged.push_back(std::make_unique<AtomicOutput>(path));
         write_temp_file(*b.staged.back(), bytes);
     }
 }
 
 // The report staged beside the JSONL (and its copy, if asked for), then every output renamed together.
-void commit_outputs(CorpusBuild & b, const json & report) {
-    const std::string text = report.dump(2) + "\n";
+void commit_outputs(CorpusBuild & b) {
+    const std::string text = to_json(b.report).dump(2) + "\n";
     b.staged.push_back(std::make_unique<AtomicOutput>(b.report_path));
     write_temp_file(*b.staged.back(), text);
     if (!b.opt.report.empty()) {

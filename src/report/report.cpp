@@ -63,7 +63,7 @@ Promise.all(Object.entries(specs).map(([id, spec]) =>
 ReportData read_inputs(const ReportInputs & in) {
     ReportData d{.in = in,
                  .plan = read_plan_report(in.plan),
-                 .corpus = parse_json(read_text_file(in.corpus), in.corpus.string()),
+                 .corpus = read_corpus_report(in.corpus),
                  .eval = read_eval_report(in.eval),
                  .select = read_select_report(in.select)};
     if (!in.measure.empty()) {
@@ -81,8 +81,8 @@ std::vector<fs::path> write_report(const ReportInputs & in) {
     std::vector<fs::path> written;
     json charts = json::object();
     std::string body;
-    // corpus.json is still read by key: a field it lacks is refused naming the inputs.
-    with_json_errors(fmt::format("{} or {}", in.plan.string(), in.corpus.string()), [&] {
+    // The plan's inputs are still read by key: a field they lack is refused naming the plan.
+    with_json_errors(in.plan.string(), [&] {
         for (const ReportSection & s : report_sections()) {
             const json rows = s.rows ? s.rows(d) : json::array();
             d.rows[s.id] = rows;

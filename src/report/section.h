@@ -3,6 +3,7 @@
 // what its charts show), its entries in report.json, its charts and its part of the page.
 // report/sections.cpp lists the sections in page order. Adding a section: a file in
 // report/sections/ that returns its ReportSection, and its line in that list.
+#include "formats/corpus_report.h"
 #include "formats/measure_report.h"
 #include "formats/stage_reports.h"
 #include "report/report.h"
@@ -20,7 +21,7 @@ namespace moeprune {
 struct ReportData {
     const ReportInputs & in;
     PlanFile plan;
-    nlohmann::json corpus;               // corpus.json
+    CorpusReport corpus;
     EvalFile eval;
     SelectFile select;
     std::optional<MeasureFile> measure;  // none: nothing measured

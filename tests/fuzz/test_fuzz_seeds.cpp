@@ -95,6 +95,15 @@ TEST(FuzzSeeds, DISABLED_Write) {
     put("base_logits_resealed", "valid.mpkl", dir / "base.mpkl");
     put("trace_resealed", "valid.mptrace", dir / "t.mptrace");
     put("corpus_jsonl", "valid.jsonl", dir / "text.jsonl");
+    // corpus.json from moeprune corpus over the same text, and the same with a leak its check calls clean.
+    run_ok(fmt::format("corpus -m {} --source en={} --eval-share 0 -o {}", (dir / "m.gguf").string(),
+                       (dir / "text.jsonl").string(), (dir / "corpus").string()));
+    put("corpus_report", "valid.json", dir / "corpus" / "corpus.json");
+    {
+        nlohmann::json r = nlohmann::json::parse(test::read_bytes(dir / "corpus" / "corpus.json"));
+        r["leak_check"]["exact"] = 1;
+        put_text("corpus_report", "invalid-clean-beside-a-leak.json", r.dump(1));
+    }
     // measure needs a memory cgroup (root here); its report, and one without a storage probe.
     run_ok(fmt::format("measure -m {} -f {} --warmup 1 --tokens 4 --ram 100% --probe-mib 1 --json {}",
                        (dir / "m.gguf").string(), (dir / "text.jsonl").string(), (dir / "measure.json").string()));

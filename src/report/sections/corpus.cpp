@@ -8,15 +8,15 @@ using nlohmann::json;
 
 namespace {
 
-json corpus_rows(const json & corpus) {
+json corpus_rows(const CorpusReport & corpus) {
     json corpus_rows = json::array();
-    for (const json & d : corpus.at("domains")) {
-        for (const char * side : {"calib", "eval"}) {
-            corpus_rows.push_back({{"domain", d.at("domain")},
+    for (const CorpusDomainRow & d : corpus.domains) {
+        for (const auto & [side, s] : {std::pair{"calib", d.calib}, std::pair{"eval", d.eval}}) {
+            corpus_rows.push_back({{"domain", d.domain},
                                    {"side", side},
-                                   {"tokens", d[side].at("tokens")},
-                                   {"target_share", d[side].at("target_share")},
-                                   {"share", d[side].at("share")}});
+                                   {"tokens", s.tokens},
+                                   {"target_share", s.target_share},
+                                   {"share", s.share}});
         }
     }
 
@@ -40,24 +40,24 @@ ReportSection corpus_section() {
             .csv_columns = {"domain", "side", "tokens", "target_share", "share"},
             .csv_when_empty = true,
             .rows = [](ReportData & d) {
-                const json & c = d.corpus;
-                d.report["corpus"] = {{"domains", c.at("domains")},
-                                      {"leak_check", c.at("leak_check")},
-                                      {"dedupe", c.at("dedupe")},
-                                      {"boilerplate", c.at("boilerplate")},
-                                      {"outputs", c.at("outputs")}};
+                const CorpusReport & c = d.corpus;
+                d.report["corpus"] = {{"domains", c.domains},
+                                      {"leak_check", c.leak_check},
+                                      {"dedupe", c.dedupe},
+                                      {"boilerplate", c.boilerplate},
+                                      {"outputs", c.outputs}};
                 return corpus_rows(c);
             },
             .charts = corpus_charts,
             .html = [](const ReportData & d) {
-                const json & leak = d.corpus.at("leak_check");
+                const CorpusLeakCheck & leak = d.corpus.leak_check;
                 return chart_place("corpus_composition", "Corpus", "") +
                        "<h3>Leak check (eval against calib)</h3>\n" +
-                       table({{"exact duplicates", leak.at("exact").dump()},
-                              {"near duplicates", leak.at("near").dump()},
-                              {"documents sharing a long n-gram", leak.at("shared_ngrams").dump()},
-                              {"groups on both sides", leak.at("shared_groups").dump()},
-                              {"clean", leak.at("clean").dump()}}) +
+                       table({{"exact duplicates", std::to_string(leak.exact)},
+                              {"near duplicates", std::to_string(leak.near)},
+                              {"documents sharing a long n-gram", std::to_string(leak.shared_ngrams)},
+                              {"groups on both sides", std::to_string(leak.shared_groups)},
+                              {"clean", leak.clean ? "true" : "false"}}) +
                        "\n";
             }};
 }
