@@ -1,11 +1,11 @@
 #include "corpus/sources.h"
+#include "core/digest.h"
 #include "core/atomic_file.h"
 #include "core/errors.h"
 #include "core/json.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
-#include <xxhash.h>
 
 #include <glob.h>
 
@@ -146,7 +146,7 @@ std::string media_key(const std::vector<CorpusMessage> & messages) {
     std::string key;
     for (const CorpusMedia & m : media_of(messages)) {
         const std::string bytes = read_text_file(m.path);
-        key += fmt::format("{}media:{:016x}", key.empty() ? "" : " ", XXH64(bytes.data(), bytes.size(), 0));
+        key += fmt::format("{}media:{}", key.empty() ? "" : " ", xxh64_hex(bytes));
     }
     return key;
 }
@@ -193,7 +193,7 @@ void read_media_file(const SourceSpec & s, uint32_t index, const std::filesystem
         return;
     }
     const std::string bytes = read_text_file(path);
-    out.files.push_back({path, bytes.size(), fmt::format("{:016x}", XXH64(bytes.data(), bytes.size(), 0))});
+    out.files.push_back({path, bytes.size(), xxh64_hex(bytes)});
     SourceDocument d;
     d.source = index;
     d.file = uint32_t(out.files.size() - 1);
@@ -364,7 +364,7 @@ void read_source_file(const SourceSpec & s, uint32_t index, const std::filesyste
     const std::string file = path.string();
     std::string bytes = read_text_file(path);
     const uint32_t file_index = uint32_t(out.files.size());
-    out.files.push_back({path, bytes.size(), fmt::format("{:016x}", XXH64(bytes.data(), bytes.size(), 0))});
+    out.files.push_back({path, bytes.size(), xxh64_hex(bytes)});
     const size_t bad = invalid_utf8_at(bytes);
     if (skip_binary) {
         const size_t head = std::min<size_t>(bytes.size(), 8192);

@@ -2,8 +2,9 @@
 // renamed together.
 #include "corpus/phases.h"
 
+#include "core/digest.h"
+
 #include <fmt/format.h>
-#include <xxhash.h>
 
 namespace moeprune::corpus_build {
 
@@ -96,7 +97,7 @@ void stage_jsonl(CorpusBuild & b) {
         const fs::path & path = side == kCalib ? b.calib_path : b.eval_path;
         (side == kCalib ? b.report.outputs.calib : b.report.outputs.eval) = {
             path.string(), b.sequence[size_t(side)].size(), b.side_tokens[size_t(side)], bytes.size(),
-            fmt::format("{:016x}", XXH64(bytes.data(), bytes.size(), 0))};
+            xxh64_hex(bytes)};
         b.staged.push_back(std::make_unique<AtomicOutput>(path));
         write_temp_file(*b.staged.back(), bytes);
     }
