@@ -17,6 +17,7 @@
 #include "sim/moce.h"
 #include "sim/policy.h"
 #include "sim/routing.h"
+#include "sim/throughput.h"
 #include "replay/replay.h"
 
 #include "ggml.h"
@@ -36,7 +37,7 @@ struct ClosedLoopConfig {
     int j = 2;
     bool moce_prior = true;   // false: topk-gap
     PolicyParams params;
-    int queue_depth = 32;     // reads per round, for the throughput model's rounds
+    int queue_depth = ThroughputParams{}.queue_depth;   // reads per round, for the throughput model's rounds
 };
 
 // One token's routing in one layer as the closed loop ranked and wrote it.

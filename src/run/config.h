@@ -1,6 +1,8 @@
 #pragma once
 // run.toml: every setting of a `moeprune run`, read and written through one table of keys
 // (docs/run.md lists them; a test checks that it lists every one).
+#include "sim/throughput.h"
+
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -17,11 +19,12 @@ struct RunConfig {
     std::vector<std::string> criteria{"reap", "reap-lcb", "freq"};
     std::string ram;                       // e.g. "24G"; empty: no limit
     std::string reserve;                   // empty: the process memory measure found, else 2G
-    double ssd = 6.8;                      // GB/s
-    double read_latency_us = 80;
-    int queue_depth = 32;
-    double compute_ms = 0;
-    double sync_us = 0;
+    // The throughput model's inputs, with its defaults.
+    double ssd = ThroughputParams{}.ssd_gbps;   // GB/s
+    double read_latency_us = ThroughputParams{}.read_latency_us;
+    int queue_depth = ThroughputParams{}.queue_depth;
+    double compute_ms = ThroughputParams{}.compute_ms;
+    double sync_us = ThroughputParams{}.sync_us;
     std::vector<std::string> policies{"lru", "lfu", "sieve", "s3fifo", "belady"};
     std::vector<double> cache_shares{0.125, 0.25, 0.5};  // per-layer cache sizes as shares of K
     std::vector<double> lambdas{0.0};
