@@ -194,7 +194,7 @@ void stage_report(const fs::path & p) {
     } else if (format == "moeprune-replay") {
         (void)read_replay_report(p);
     } else if (format == "moeprune-plan") {
-        (void)read_plan_report(p);
+        (void)read_plan_inputs(read_plan_report(p));
     } else if (format == "moeprune-measure") {
         (void)read_measure_report(p);
     } else if (format == "moeprune-verify") {

@@ -133,6 +133,50 @@ SelectResultFigures result_of(const JsonFields & r) {
     return out;
 }
 
+ThroughputFigures throughput_of(const JsonFields & t) {
+    ThroughputFigures f;
+    f.ssd_gbps = t.number("ssd_gbps", 0, kInf);
+    f.read_latency_us = t.number("read_latency_us", 0, kInf);
+    f.queue_depth = t.integer("queue_depth", 1, std::numeric_limits<int>::max());
+    f.compute_ms = t.number("compute_ms", 0, kInf);
+    return f;
+}
+
+} // namespace
+
+ThroughputFigures read_throughput(const json & settings, const JsonPlace & where) {
+    return throughput_of(JsonFields(settings, where.file, where.path));
+}
+
+PlanInputFigures read_plan_inputs(const PlanFile & plan) {
+    const JsonFields in(plan.inputs, plan.path, "inputs");
+    PlanInputFigures f;
+    const JsonFields g = in.object("geometry");
+    f.source = g.string("source");
+    f.moe_layers = g.integer("moe_layers", 1, 100000);
+    f.experts = g.integer("experts", 1, 65536);
+    f.used = g.integer("used", 1, f.experts);
+    f.mtp_layers = g.has("mtp_layers") ? g.integer("mtp_layers", 0, 100000) : 0;
+    f.expert_bytes = g.numbers("expert_bytes", 0, kInf);
+    if (f.expert_bytes.empty()) {
+        g.fail("expert_bytes", "is empty: a plan has at least one MoE layer");
+    }
+    f.other_bytes = optional_number(g, "other_bytes", 0, kInf);
+    f.budget_bytes = optional_number(in, "budget_bytes", 0, kInf);
+    const JsonFields t = in.object("throughput");
+    f.throughput = throughput_of(t);
+    f.throughput_model = t.string("model");
+    f.measured = in.has("measured");
+    if (f.measured) {
+        const JsonFields m = in.object("measured");
+        f.measured_median_error = optional_number(m, "median_error", 0, kInf);
+        f.measured_max_error = optional_number(m, "max_error", 0, kInf);
+    }
+    return f;
+}
+
+namespace {
+
 PlanOptionFigures option_of(const JsonFields & o, const json & fields) {
     PlanOptionFigures out;
     out.place = o.place();
@@ -145,6 +189,10 @@ PlanOptionFigures option_of(const JsonFields & o, const json & fields) {
     }
     out.resident_bytes = optional_number(o, "resident_bytes", 0, kInf);
     out.tok_per_s = optional_number(o, "tok_per_s", 0, kInf);
+    if (o.has("mtp_draft")) {
+        const JsonFields d = o.object("mtp_draft");
+        out.mtp_draft = PlanDraftFigures{optional_number(d, "acceptance", 0, 1), optional_number(d, "tok_per_s", 0, kInf)};
+    }
     return out;
 }
 

@@ -108,6 +108,11 @@ struct SelectFile {
 // A moeprune-select report; refuses another format and impossible values by field.
 SelectFile read_select_report(const std::filesystem::path & path);
 
+// An option priced with one MTP draft token per step (a model with an MTP head).
+struct PlanDraftFigures {
+    std::optional<double> acceptance, tok_per_s;   // none: not measured, or unknown
+};
+
 // One option of a plan: what run and report act on, typed; `fields` is the option as
 // the plan wrote it, for the report's tables that show every column.
 struct PlanOptionFigures {
@@ -117,12 +122,31 @@ struct PlanOptionFigures {
     std::string criterion, policy;
     std::optional<int64_t> cache_experts;
     std::optional<double> resident_bytes, tok_per_s;
+    std::optional<PlanDraftFigures> mtp_draft;
+};
+
+// The throughput model's settings as a plan or a replay recorded them.
+struct ThroughputFigures {
+    double ssd_gbps = 0, read_latency_us = 0, compute_ms = 0;
+    int64_t queue_depth = 1;
+};
+
+// What a plan was made from, as the report shows it.
+struct PlanInputFigures {
+    std::string source;                // the model, or the geometry given by hand
+    int64_t moe_layers = 0, experts = 0, used = 0, mtp_layers = 0;
+    std::vector<double> expert_bytes;  // one routed expert, per MoE layer
+    std::optional<double> other_bytes, budget_bytes;
+    ThroughputFigures throughput;
+    std::string throughput_model;      // the formula, in words
+    bool measured = false;             // calibrated by a measure report
+    std::optional<double> measured_median_error, measured_max_error;
 };
 
 struct PlanFile {
     std::string path;
     nlohmann::json document;           // the whole file as written (the run's report carries it)
-    nlohmann::json inputs;             // geometry, RAM, throughput, measured: shown as written
+    nlohmann::json inputs;             // geometry, RAM, throughput, measured: as written (read_plan_inputs)
     int64_t n_expert = 0;              // inputs.geometry.experts
     std::vector<PlanOptionFigures> options;
     std::vector<size_t> pareto;        // indices into options
@@ -135,5 +159,13 @@ struct PlanFile {
 // A moeprune-plan report; refuses another format, impossible values and indices that
 // name no option, by field.
 PlanFile read_plan_report(const std::filesystem::path & path);
+
+// The plan's inputs typed, every field the report shows required; refused by field of
+// the plan's file.
+PlanInputFigures read_plan_inputs(const PlanFile & plan);
+
+// Throughput settings as a plan or a replay recorded them (`where`: the file and the
+// path to the object), refused by field.
+ThroughputFigures read_throughput(const nlohmann::json & settings, const JsonPlace & where);
 
 } // namespace moeprune

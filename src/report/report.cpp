@@ -66,6 +66,7 @@ ReportData read_inputs(const ReportInputs & in) {
                  .corpus = read_corpus_report(in.corpus),
                  .eval = read_eval_report(in.eval),
                  .select = read_select_report(in.select)};
+    d.plan_inputs = read_plan_inputs(d.plan);
     if (!in.measure.empty()) {
         d.measure = read_measure_report(in.measure);
     }
@@ -81,7 +82,6 @@ std::vector<fs::path> write_report(const ReportInputs & in) {
     std::vector<fs::path> written;
     json charts = json::object();
     std::string body;
-    // The plan's inputs are still read by key: a field they lack is refused naming the plan.
     with_json_errors(in.plan.string(), [&] {
         for (const ReportSection & s : report_sections()) {
             const json rows = s.rows ? s.rows(d) : json::array();

@@ -21,10 +21,12 @@ namespace moeprune {
 struct ReportData {
     const ReportInputs & in;
     PlanFile plan;
+    PlanInputFigures plan_inputs;
     CorpusReport corpus;
     EvalFile eval;
     SelectFile select;
     std::optional<MeasureFile> measure;  // none: nothing measured
+    std::optional<ThroughputFigures> replay_throughput;   // what the replays were priced with; none without replays
     nlohmann::json rows = nlohmann::json::object();     // each section's rows by its id, in page order
     nlohmann::json report = nlohmann::json::object();   // report.json's entries
 };

@@ -364,3 +364,54 @@ TEST(StageReports, AVerifySummaryReadsBackAsWritten) {
     bad["measured_tok_per_s"] = -1;
     expect_refused(read_verify_summary, write(dir, "bad.json", bad), "measured_tok_per_s");
 }
+
+TEST(StageReports, APlansInputsAreTypedForTheReportAndTheirFieldsRequired) {
+    test::TempDir dir;
+    const json throughput = {{"ssd_gbps", 6.8},   {"read_latency_us", 80.0}, {"queue_depth", 32},
+                             {"compute_ms", 20.0}, {"sync_us", 0.0},         {"model", "t = compute + ..."}};
+    const json doc = {{"format", "moeprune-plan"},
+                      {"inputs",
+                       {{"geometry",
+                         {{"source", "m.gguf"},
+                          {"moe_layers", 2},
+                          {"experts", 16},
+                          {"used", 4},
+                          {"expert_bytes", {1.5e6, 1.5e6}},
+                          {"other_bytes", nullptr},
+                          {"mtp_layers", 1}}},
+                        {"budget_bytes", 3e9},
+                        {"throughput", throughput},
+                        {"measured", {{"median_error", 0.25}, {"max_error", 0.5}}}}},
+                      {"options",
+                       {{{"k", 8},
+                         {"criterion", "reap"},
+                         {"policy", "lru"},
+                         {"mtp_draft", {{"acceptance", 0.75}, {"tok_per_s", nullptr}}}}}},
+                      {"pareto", {0}},
+                      {"why", "the only option"}};
+    const PlanFile p = read_plan_report(write(dir, "plan.json", doc));
+    const PlanInputFigures in = read_plan_inputs(p);
+    EXPECT_EQ(in.source, "m.gguf");
+    EXPECT_EQ(in.moe_layers, 2);
+    EXPECT_EQ(in.mtp_layers, 1);
+    EXPECT_EQ(in.expert_bytes, (std::vector<double>{1.5e6, 1.5e6}));
+    EXPECT_FALSE(in.other_bytes.has_value());
+    EXPECT_EQ(in.budget_bytes, 3e9);
+    EXPECT_EQ(in.throughput.queue_depth, 32);
+    EXPECT_EQ(in.throughput.compute_ms, 20.0);
+    EXPECT_EQ(in.throughput_model, "t = compute + ...");
+    EXPECT_TRUE(in.measured);
+    EXPECT_EQ(in.measured_median_error, 0.25);
+    ASSERT_TRUE(p.options.at(0).mtp_draft.has_value());
+    EXPECT_EQ(p.options[0].mtp_draft->acceptance, 0.75);
+    EXPECT_FALSE(p.options[0].mtp_draft->tok_per_s.has_value());
+
+    json bad = doc;
+    bad["inputs"]["geometry"].erase("source");
+    expect_refused([](const std::filesystem::path & f) { return read_plan_inputs(read_plan_report(f)); },
+                   write(dir, "bad.json", bad), "inputs.geometry.source: is missing");
+    bad = doc;
+    bad["inputs"]["throughput"]["queue_depth"] = 0;
+    expect_refused([](const std::filesystem::path & f) { return read_plan_inputs(read_plan_report(f)); },
+                   write(dir, "bad2.json", bad), "inputs.throughput.queue_depth: is 0");
+}

@@ -10,8 +10,8 @@ namespace {
 
 // A model with an MTP head: each option of the front, and the recommendation, with and
 // without one draft token per step.
-std::string draft_html(const json & plan_rows, const PlanFile & plan) {
-    if (plan.inputs.at("geometry").value("mtp_layers", 0) == 0) {
+std::string draft_html(const json & plan_rows, const PlanInputFigures & plan) {
+    if (plan.mtp_layers == 0) {
         return "";
     }
     std::string body = "<h2>With and without the MTP draft</h2>\n<p>Speculative decoding with the model's MTP head "
@@ -36,7 +36,7 @@ std::string draft_html(const json & plan_rows, const PlanFile & plan) {
 } // namespace
 
 ReportSection draft_section() {
-    return {.id = "draft", .html = [](const ReportData & d) { return draft_html(d.rows.at("plan"), d.plan); }};
+    return {.id = "draft", .html = [](const ReportData & d) { return draft_html(d.rows.at("plan"), d.plan_inputs); }};
 }
 
 } // namespace moeprune

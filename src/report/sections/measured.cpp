@@ -35,19 +35,18 @@ json measured_rows(const MeasureReport & m) {
     return rows;
 }
 
-std::string measured_html(const json & rows, const PlanFile & plan) {
+std::string measured_html(const json & rows, const PlanInputFigures & plan) {
     std::string body = "<h2>Predicted vs measured</h2>\n";
     if (rows.empty()) {
         return body + "<p>Nothing measured in this run (run --measure): every tokens/s here rests on the guessed SSD "
                       "bandwidth and compute time below.</p>\n";
     }
-    const json & m = plan.inputs.at("measured");
     body += "<p>llama.cpp's own decode of the whole model under each memory limit (moeprune measure, measure/measure.json), "
             "beside what moeprune predicts for it from the resident run, the storage probe and the router trace alone "
             "(report/measured.csv). Error is |predicted - measured| / measured tokens/s";
-    if (!m.is_null() && !m.at("median_error").is_null()) {
-        body += fmt::format(": median {:.0f}%, max {:.0f}%", 100 * m.at("median_error").get<double>(),
-                            100 * m.at("max_error").get<double>());
+    if (plan.measured_median_error && plan.measured_max_error) {
+        body += fmt::format(": median {:.0f}%, max {:.0f}%", 100 * *plan.measured_median_error,
+                            100 * *plan.measured_max_error);
     }
     return body + ".</p>\n" + rows_table(rows, kMeasuredColumns);
 }
@@ -62,7 +61,7 @@ ReportSection measured_section() {
                 d.report["measured"] = rows.empty() ? json(nullptr) : rows;
                 return rows;
             },
-            .html = [](const ReportData & d) { return measured_html(d.rows.at("measured"), d.plan); }};
+            .html = [](const ReportData & d) { return measured_html(d.rows.at("measured"), d.plan_inputs); }};
 }
 
 } // namespace moeprune

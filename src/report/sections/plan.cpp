@@ -24,9 +24,8 @@ json plan_rows(const PlanFile & plan) {
         row["recommended"] = plan.recommended == i;
         row["label"] = fmt::format("{} K{} {} {}", o.criterion, o.k, o.policy,
                                    o.cache_experts ? std::to_string(*o.cache_experts) : std::string("-"));
-        const json draft = o.fields.value("mtp_draft", json::object());
-        row["mtp_acceptance"] = draft.value("acceptance", json());
-        row["mtp_tok_per_s"] = draft.value("tok_per_s", json());
+        row["mtp_acceptance"] = o.mtp_draft ? or_null(o.mtp_draft->acceptance) : json();
+        row["mtp_tok_per_s"] = o.mtp_draft ? or_null(o.mtp_draft->tok_per_s) : json();
         plan_rows.push_back(row);
     }
     return plan_rows;

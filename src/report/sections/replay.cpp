@@ -11,12 +11,16 @@ using nlohmann::json;
 
 namespace {
 
-json replay_rows(const std::vector<fs::path> & replays, int64_t n_expert, json & throughput_inputs) {
+json replay_rows(const std::vector<fs::path> & replays, int64_t n_expert, json & throughput_inputs,
+                 std::optional<ThroughputFigures> & throughput) {
     json rows = json::array();
     for (const fs::path & p : replays) {
         const ReplayFile r = read_replay_report(p);
         const auto [criterion, k] = map_name(r.keep.value_or(""), n_expert);
         throughput_inputs = r.throughput;
+        if (!r.throughput.is_null()) {
+            throughput = read_throughput(r.throughput, {r.path, "inputs.throughput"});
+        }
         for (const ReplayRecordFigures & rec : r.records) {
             rows.push_back({{"map", map_label(criterion, k)},
                             {"criterion", criterion},
@@ -57,7 +61,7 @@ ReportSection replay_section() {
             .csv_when_empty = true,
             .rows = [](ReportData & d) {
                 json throughput;
-                d.report["replay"] = replay_rows(d.in.replays, d.plan.n_expert, throughput);
+                d.report["replay"] = replay_rows(d.in.replays, d.plan.n_expert, throughput, d.replay_throughput);
                 d.report["throughput"] = throughput;
                 return d.report["replay"];
             },
