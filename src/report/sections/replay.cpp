@@ -18,9 +18,9 @@ json replay_rows(const std::vector<fs::path> & replays, int64_t n_expert, json &
         const ReplayFile r = read_replay_report(p);
         const auto [criterion, k] = map_name(r.keep.value_or(""), n_expert);
         throughput_inputs = r.throughput;
-        if (!r.throughput.is_null()) {
-            throughput = read_throughput(r.throughput, {r.path, "inputs.throughput"});
-        }
+        // The last replay's settings, as report.json's "throughput" holds them.
+        throughput = r.throughput.is_null() ? std::nullopt
+                                            : std::optional(read_throughput(r.throughput, {r.path, "inputs.throughput"}));
         for (const ReplayRecordFigures & rec : r.records) {
             rows.push_back({{"map", map_label(criterion, k)},
                             {"criterion", criterion},
