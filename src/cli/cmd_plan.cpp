@@ -67,6 +67,17 @@ void add_plan(CLI::App & app, Action & action) {
                     "A moeprune-measure report of this model: compute time, storage and reserve from it instead of "
                     "--compute-ms/--ssd/--read-latency-us/--reserve (unless given), each measured limit an option")
         ->check(CLI::ExistingFile);
+    sub->add_option("--runs-on", opt->runs_on,
+                    "Recommend among what stock llama.cpp runs (a mapped or sliced model), or among any option, the "
+                    "simulated expert caches included")
+        ->check(CLI::IsMember({"llama.cpp", "any"}))
+        ->capture_default_str();
+    sub->add_option("--sliced-dir", opt->sliced_dir,
+                    "Where the recommendation's commands put its sliced model (default: the current folder)");
+    sub->add_option("--llama-bin", opt->llama_bin,
+                    "The folder of llama.cpp's tools the commands name (default: found on the PATH)");
+    sub->add_option("-t,--threads", opt->threads, "The commands' -t (default: llama.cpp's)")->check(CLI::Range(1, 4096));
+    sub->add_option("-c,--ctx", opt->ctx, "The commands' -c (default: llama.cpp's)")->check(CLI::Range(1, 1 << 24));
     sub->add_option("--json", *json_out, "Write the plan (moeprune-plan JSON, docs/formats.md)");
     sub->callback([=, &action] {
         action = [=] {
@@ -101,7 +112,7 @@ void add_plan(CLI::App & app, Action & action) {
                 refuse_output_clashes({*json_out}, inputs);
             }
             const nlohmann::json plan = make_plan(*opt);
-            std::printf("%s", plan_text(plan).c_str());
+            std::printf("%s", plan_text(read_plan_document(plan, json_out->empty() ? "the plan" : json_out->string())).c_str());
             if (!json_out->empty()) {
                 write_file_atomic(*json_out, plan.dump(1) + "\n");
             }

@@ -35,6 +35,10 @@ void add_run(CLI::App & app, Action & action) {
     sub->add_option("--cache-shares", c->cache_shares, "Per-layer cache sizes as shares of K")->delimiter(',');
     sub->add_option("--lambda", c->lambdas, "Cache-aware routing strengths (0: unbiased)")->delimiter(',');
     sub->add_option("--max-kld", *max_kld, "Recommend the fastest option within this mean KLD");
+    sub->add_option("--runs-on", c->runs_on,
+                    "Recommend among what stock llama.cpp runs, or any option (the simulated expert caches too)")
+        ->check(CLI::IsMember({"llama.cpp", "any"}));
+    sub->add_option("--llama-bin", c->llama_bin, "The folder of llama.cpp's tools the printed commands name");
     sub->add_option("--tokens", *tokens, "Calib tokens shared by weighted corpus sources");
     sub->add_option("-c,--ctx-size", c->ctx, "Context of collect and eval windows");
     sub->add_option("-t,--threads", c->threads, "Threads (0: one per core)")->check(thread_count());

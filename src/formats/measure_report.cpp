@@ -206,6 +206,13 @@ MeasureReport read_report(const json & doc, const std::string & file) {
     m.text = optional_json(r, "text");
     m.settings = optional_json(r, "settings");
     m.system = optional_json(r, "system");
+    if (r.has("system") && r.object("system").has("storage")) {
+        const JsonFields storage = r.object("system").object("storage");
+        m.storage_device = storage.has("device") ? storage.string("device") : "";
+        if (storage.has("read_ahead_kb")) {
+            m.read_ahead_kb = uint64_t(storage.integer("read_ahead_kb", 0, int64_t(1) << 40));
+        }
+    }
     m.busy = r.has("busy") ? r.string("busy") : "";
     m.trace = r.has("trace") ? r.string("trace") : "";
     m.resident = read_run(r.object("resident"), false);

@@ -74,6 +74,10 @@ struct ProbeFigures {
 
 struct MeasureReport {
     nlohmann::json model, text, settings, system;
+    // The model's block device and its read-ahead when measured (system.storage), where
+    // sysfs names them.
+    std::string storage_device;
+    std::optional<uint64_t> read_ahead_kb;
     uint64_t routed_expert_bytes = 0;    // of the layers a decode routes through
     uint64_t resident_weight_bytes = 0;  // every weight outside the routed experts
     uint64_t process_bytes = 0;          // the resident run's own memory (KV cache, buffers, code)

@@ -177,45 +177,47 @@ PlanInputFigures read_plan_inputs(const PlanFile & plan) {
 
 namespace {
 
-PlanOptionFigures option_of(const JsonFields & o, const json & fields) {
-    PlanOptionFigures out;
-    out.place = o.place();
-    out.fields = fields;
-    out.k = o.integer("k", 1, 65536);
-    out.criterion = o.string("criterion");
-    out.policy = o.string("policy");
-    if (o.has("cache_experts")) {
-        out.cache_experts = o.integer("cache_experts", 1, std::numeric_limits<int64_t>::max());
-    }
-    out.resident_bytes = optional_number(o, "resident_bytes", 0, kInf);
-    out.tok_per_s = optional_number(o, "tok_per_s", 0, kInf);
-    if (o.has("mtp_draft")) {
-        const JsonFields d = o.object("mtp_draft");
-        out.mtp_draft = PlanDraftFigures{optional_number(d, "acceptance", 0, 1), optional_number(d, "tok_per_s", 0, kInf)};
-    }
-    return out;
-}
-
 } // namespace
 
 PlanFile read_plan_report(const std::filesystem::path & path) {
-    const json r = read_report(path, "moeprune-plan", "a moeprune-plan report");
-    const JsonFields report(r, path.string());
+    return read_plan_document(read_report(path, "moeprune-plan", "a moeprune-plan report"), path.string());
+}
+
+PlanFile read_plan_document(const json & r, const std::string & origin) {
+    if (!r.is_object() || r.value("format", json()) != "moeprune-plan") {
+        fail_file(origin, "is not a moeprune-plan report (\"format\")");
+    }
+    const JsonFields report(r, origin);
     PlanFile out;
-    out.path = path.string();
+    out.path = origin;
     out.document = r;
     out.n_expert = report.object("inputs").object("geometry").integer("experts", 1, 65536);
     out.inputs = r.at("inputs");
-    const std::vector<JsonFields> options = report.objects("options");
-    for (size_t i = 0; i < options.size(); ++i) {
-        out.options.push_back(option_of(options[i], r.at("options").at(i)));
+    if (report.object("inputs").has("runs_on")) {
+        out.runs_on = report.object("inputs").string("runs_on");
     }
-    const int64_t last = int64_t(options.size()) - 1;
+    for (const JsonFields & o : report.objects("options")) {
+        out.options.push_back(read_plan_option(o));
+    }
+    const int64_t last = int64_t(out.options.size()) - 1;
     for (const int64_t i : report.integers("pareto", 0, last)) {
         out.pareto.push_back(size_t(i));
     }
+    if (report.has("pareto_runs_on")) {
+        for (const int64_t i : report.integers("pareto_runs_on", 0, last)) {
+            out.pareto_runs_on.push_back(size_t(i));
+        }
+    } else {
+        out.pareto_runs_on = out.pareto;
+    }
     if (report.has("recommended")) {
         out.recommended = size_t(report.integer("recommended", 0, last));
+    }
+    if (report.has("commands")) {
+        out.commands = read_plan_commands(report.object("commands"));
+    }
+    if (report.has("infeasible")) {
+        out.infeasible = uint64_t(report.integer("infeasible", 0, std::numeric_limits<int64_t>::max()));
     }
     out.why = report.string("why");
     return out;

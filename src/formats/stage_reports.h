@@ -4,6 +4,7 @@
 // the JSON by key. (The stages' own EvalReport and ReplayReport are what they write.) A record keeps its place in the file, so a reader that knows more (the
 // model's expert count, its layers) refuses a value by file and field.
 #include "core/json.h"
+#include "formats/plan_option.h"
 
 #include <nlohmann/json.hpp>
 
@@ -108,23 +109,6 @@ struct SelectFile {
 // A moeprune-select report; refuses another format and impossible values by field.
 SelectFile read_select_report(const std::filesystem::path & path);
 
-// An option priced with one MTP draft token per step (a model with an MTP head).
-struct PlanDraftFigures {
-    std::optional<double> acceptance, tok_per_s;   // none: not measured, or unknown
-};
-
-// One option of a plan: what run and report act on, typed; `fields` is the option as
-// the plan wrote it, for the report's tables that show every column.
-struct PlanOptionFigures {
-    JsonPlace place;                   // "options[3]"
-    nlohmann::json fields;
-    int64_t k = 0;
-    std::string criterion, policy;
-    std::optional<int64_t> cache_experts;
-    std::optional<double> resident_bytes, tok_per_s;
-    std::optional<PlanDraftFigures> mtp_draft;
-};
-
 // The throughput model's settings as a plan or a replay recorded them.
 struct ThroughputFigures {
     double ssd_gbps = 0, read_latency_us = 0, compute_ms = 0;
@@ -148,17 +132,23 @@ struct PlanFile {
     nlohmann::json document;           // the whole file as written (the run's report carries it)
     nlohmann::json inputs;             // geometry, RAM, throughput, measured: as written (read_plan_inputs)
     int64_t n_expert = 0;              // inputs.geometry.experts
-    std::vector<PlanOptionFigures> options;
-    std::vector<size_t> pareto;        // indices into options
+    std::vector<PlanOption> options;
+    std::vector<size_t> pareto;        // indices into options: the front of all of them
+    std::vector<size_t> pareto_runs_on;   // the front of those the recommendation was chosen from
+    std::string runs_on = "any";       // what the recommendation was chosen among (older plans: any)
     std::optional<size_t> recommended;
+    std::optional<PlanCommands> commands;   // the recommendation's
     std::string why;
+    uint64_t infeasible = 0;
 
-    const PlanOptionFigures * recommendation() const { return recommended ? &options[*recommended] : nullptr; }
+    const PlanOption * recommendation() const { return recommended ? &options[*recommended] : nullptr; }
 };
 
 // A moeprune-plan report; refuses another format, impossible values and indices that
 // name no option, by field.
 PlanFile read_plan_report(const std::filesystem::path & path);
+// The same, of a plan already parsed; `origin` names it in refusals.
+PlanFile read_plan_document(const nlohmann::json & document, const std::string & origin);
 
 // The plan's inputs typed, every field the report shows required; refused by field of
 // the plan's file.

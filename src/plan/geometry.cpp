@@ -8,8 +8,27 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <set>
 
 namespace moeprune {
+
+namespace {
+
+// ggml_repack_get_optimal_repack_type at the pin: q4_0, q4_K, iq4_nl and mxfp4 with AVX2,
+// q2_K with AVX-512, and q5_K, q6_K, q8_0 on ARM with dot products.
+std::vector<std::string> repacked_expert_types(const GgufModel & model) {
+    static const std::set<ggml_type> repacked{GGML_TYPE_Q4_0, GGML_TYPE_Q4_K, GGML_TYPE_IQ4_NL, GGML_TYPE_MXFP4,
+                                              GGML_TYPE_Q2_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0};
+    std::set<std::string> found;
+    for (const TensorEntry & t : model.tensors()) {
+        if (t.cls.role == TensorRole::Expert && repacked.count(t.type)) {
+            found.insert(ggml_type_name(t.type));
+        }
+    }
+    return {found.begin(), found.end()};
+}
+
+} // namespace
 
 Geometry geometry(const PlanOptions & opt) {
     Geometry g;
@@ -33,6 +52,7 @@ Geometry geometry(const PlanOptions & opt) {
         if (g.bytes.empty()) {
             fail_file(opt.model.string(), "has no routed experts to plan for");
         }
+        g.repacked_expert_types = repacked_expert_types(model);
         g.n_expert = r.n_expert;
         g.used = r.n_expert_used;
         g.other = double(r.other_bytes);
@@ -63,6 +83,9 @@ Geometry geometry(const PlanOptions & opt) {
 }
 
 void check_plan_options(const PlanOptions & opt) {
+    if (opt.runs_on != "llama.cpp" && opt.runs_on != "any") {
+        throw Error(fmt::format("--runs-on is llama.cpp or any, not \"{}\"", opt.runs_on));
+    }
     if (!std::isfinite(opt.ram_bytes) || opt.ram_bytes < 0 || opt.ram_bytes >= 0x1p64) {
         throw Error(fmt::format("--ram {} bytes is not a RAM size (0 < size < 2^64 bytes)", opt.ram_bytes));
     }

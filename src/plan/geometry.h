@@ -17,6 +17,9 @@ struct Geometry {
     std::vector<double> mtp_bytes;  // one routed expert, per MTP (nextn) layer
     double other = 0;
     bool other_known = false;
+    // The experts' tensor types llama.cpp's CPU backend repacks into anonymous memory on
+    // some CPU (ggml-cpu/repack.cpp): mapped, they cannot stream from disk unless --no-repack.
+    std::vector<std::string> repacked_expert_types;
     double sum() const {
         double s = 0;
         for (const double b : bytes) {

@@ -5,8 +5,10 @@
 #include "core/json.h"
 #include "formats/keep_map.h"
 #include "formats/measure_report.h"
+#include "formats/plan_option.h"
 #include "formats/stage_reports.h"
 #include "plan/calibration.h"
+#include "plan/commands.h"
 #include "plan/geometry.h"
 #include "model/model_file.h"
 #include "model/inspect.h"
@@ -43,29 +45,8 @@ std::pair<std::string, int64_t> map_identity(const std::string & path, const std
     return {n.criterion, n.k};
 }
 
-json tok_per_s(double seconds) {
-    return seconds > 0 ? json(1.0 / seconds) : json(nullptr);
-}
-
-// The fastest an option decodes: null tokens/s is unbounded.
-double speed(const json & o) {
-    return o["tok_per_s"].is_null() ? std::numeric_limits<double>::infinity() : o["tok_per_s"].get<double>();
-}
-
-std::string describe(const json & o) {
-    const std::string cache = o["policy"] == "resident" ? "all kept experts resident"
-                              : o["cache_experts"].is_null()
-                                  ? std::string(o["policy"].get<std::string>())
-                                  : fmt::format("{} cache of {} experts{}, λ {}", o["policy"].get<std::string>(),
-                                                o["cache_experts"].get<int64_t>(), o["cache_scope"] == "global" ? " (global)" : " per layer",
-                                                o["lambda"].get<double>());
-    if (o.contains("measured_ram")) {
-        return fmt::format("all {} experts mapped under a {} limit (llama.cpp, measured): {:.2f} tokens/s", o["k"].get<int64_t>(),
-                           o["measured_ram"].get<std::string>(), o["tok_per_s"].get<double>());
-    }
-    const std::string speed_text = o["tok_per_s"].is_null() ? "unbounded tokens/s (no time per token in the model)"
-                                                            : fmt::format("{:.2f} tokens/s", o["tok_per_s"].get<double>());
-    return fmt::format("K {} by {}, {}: {}", o["k"].get<int64_t>(), o["criterion"].get<std::string>(), cache, speed_text);
+std::optional<double> tok_per_s(double seconds) {
+    return seconds > 0 ? std::optional(1.0 / seconds) : std::nullopt;
 }
 
 // One plan in the making: the options priced so far and the quality measured for them.
@@ -126,6 +107,9 @@ public:
                                                          k, g.n_expert, g.used));
                     }
                     kld[{criterion, k}] = measured_kld(c);
+                    if (!c.source.empty()) {
+                        keep_maps.emplace(std::pair{criterion, k}, c.source);
+                    }
                     read_acceptance(c.all, {criterion, k}, path);
                 }
             }
@@ -206,8 +190,11 @@ public:
                                             g.n_expert, g.used));
             }
             planned.insert({criterion, k});
+            if (report.keep) {
+                keep_maps.emplace(std::pair{criterion, k}, *report.keep);
+            }
             for (const ReplayRecordFigures & rec : report.records) {
-                add_replayed_option(rec, criterion, k, report.global, with_mtp, path);
+                add_replayed_option(rec, criterion, k, report.global, with_mtp, path, report.keep);
             }
             replay_inputs.push_back({{"file", path.string()}, {"digest", report.digest}});
         }
@@ -215,7 +202,8 @@ public:
 
     // One replayed cache of the map (criterion, K), priced.
     void add_replayed_option(const ReplayRecordFigures & rec, const std::string & criterion, int64_t k, bool global,
-                             bool with_mtp, const std::filesystem::path & path) {
+                             bool with_mtp, const std::filesystem::path & path,
+                             const std::optional<std::string> & keep_map) {
         const auto & known = policy_names();
         if (std::find(known.begin(), known.end(), rec.policy) == known.end()) {
             rec.place.fail("policy", fmt::format("is \"{}\", not a cache policy of this moeprune", rec.policy));
@@ -275,20 +263,22 @@ public:
         for (size_t m = 0; m < M; ++m) {
             mtp_resident += double(rec.slots.size() == 1 ? rec.slots[0] : rec.slots[L + m]) * g.mtp_bytes[m];
         }
-        json o = {{"k", k},
-                  {"criterion", criterion},
-                  {"cache_experts", rec.cache ? *rec.cache : rec.slots[0]},
-                  {"cache_scope", global ? "global" : "per-layer"},
-                  {"policy", rec.policy},
-                  {"lambda", rec.lambda},
-                  {"routed_bytes", double(k) * g.sum()},
-                  {"resident_bytes", resident},
-                  {"misses_per_token", misses},
-                  {"read_bytes_per_token", bytes},
-                  {"tok_per_s", tok_per_s(token_seconds({bytes, rounds, 0}, L, tp))},
-                  {"source", "replay " + path.string()}};
+        PlanOption o;
+        o.k = k;
+        o.criterion = criterion;
+        o.cache_experts = rec.cache ? *rec.cache : rec.slots[0];
+        o.cache_scope = global ? "global" : "per-layer";
+        o.policy = rec.policy;
+        o.lambda = rec.lambda;
+        o.routed_bytes = double(k) * g.sum();
+        o.resident_bytes = resident;
+        o.misses_per_token = misses;
+        o.read_bytes_per_token = bytes;
+        o.tok_per_s = tok_per_s(token_seconds({bytes, rounds, 0}, L, tp));
+        o.source = "replay " + path.string();
+        o.keep_map = keep_map;
         if (rec.cliff) {
-            o["note"] = "global cache smaller than one token's experts";
+            o.note = "global cache smaller than one token's experts";
         }
         add(std::move(o), {bytes, rounds, 0},
             with_mtp ? DraftTraffic{mtp, resident + mtp_resident, ""}
@@ -329,42 +319,47 @@ public:
                 criteria.insert(k == g.n_expert ? "none" : "any");
             }
             for (const std::string & c : criteria) {
-                add({{"k", k},
-                     {"criterion", c},
-                     {"cache_experts", k},
-                     {"cache_scope", "per-layer"},
-                     {"policy", "resident"},
-                     {"lambda", 0.0},
-                     {"routed_bytes", double(k) * g.sum()},
-                     {"resident_bytes", g.other + double(k) * g.sum()},
-                     {"misses_per_token", 0.0},
-                     {"read_bytes_per_token", 0.0},
-                     {"tok_per_s", tok_per_s(token_seconds({}, L, tp))},
-                     {"source", "every kept expert in RAM"}},
-                    {}, DraftTraffic{{}, g.other + double(k) * (g.sum() + mtp_sum()), ""});
+                PlanOption resident = option_of(k, c);
+                resident.cache_experts = k;
+                resident.policy = "resident";
+                resident.resident_bytes = g.other + double(k) * g.sum();
+                resident.misses_per_token = 0.0;
+                resident.read_bytes_per_token = 0.0;
+                resident.tok_per_s = tok_per_s(token_seconds({}, L, tp));
+                resident.source = "every kept expert in RAM";
+                add(std::move(resident), {}, DraftTraffic{{}, g.other + double(k) * (g.sum() + mtp_sum()), ""});
                 for (size_t i = 0; i < opt.misses_per_token.size(); ++i) {
                     const double m = opt.misses_per_token[i];
                     const double bytes = m * g.mean();
                     const double rounds = m > 0 ? read_rounds_spread(m, L, tp.queue_depth) : 0;
-                    const json cache = opt.cache_experts.empty() ? json(nullptr) : json(opt.cache_experts[i]);
-                    add({{"k", k},
-                         {"criterion", c},
-                         {"cache_experts", cache},
-                         {"cache_scope", "per-layer"},
-                         {"policy", "given"},
-                         {"lambda", 0.0},
-                         {"routed_bytes", double(k) * g.sum()},
-                         {"resident_bytes",
-                          cache.is_null() ? json(nullptr) : json(g.other + double(opt.cache_experts[i]) * g.sum())},
-                         {"misses_per_token", m},
-                         {"read_bytes_per_token", bytes},
-                         {"tok_per_s", tok_per_s(token_seconds({bytes, rounds, 0}, L, tp))},
-                         {"source", "--misses-per-token"}},
-                        {bytes, rounds, 0}, DraftTraffic{{}, std::nullopt,
+                    PlanOption given = option_of(k, c);
+                    given.policy = "given";
+                    if (!opt.cache_experts.empty()) {
+                        given.cache_experts = opt.cache_experts[i];
+                        given.resident_bytes = g.other + double(opt.cache_experts[i]) * g.sum();
+                    }
+                    given.misses_per_token = m;
+                    given.read_bytes_per_token = bytes;
+                    given.tok_per_s = tok_per_s(token_seconds({bytes, rounds, 0}, L, tp));
+                    given.source = "--misses-per-token";
+                    add(std::move(given), {bytes, rounds, 0},
+                        DraftTraffic{{}, std::nullopt,
                                      "--misses-per-token counts the trunk's misses: the draft's expert traffic is unknown"});
                 }
             }
         }
+    }
+
+    // An option of (K, criterion) with the keep map it was read from, when one was.
+    PlanOption option_of(int64_t k, const std::string & criterion) const {
+        PlanOption o;
+        o.k = k;
+        o.criterion = criterion;
+        o.routed_bytes = double(k) * g.sum();
+        if (const auto it = keep_maps.find({criterion, k}); it != keep_maps.end()) {
+            o.keep_map = it->second;
+        }
+        return o;
     }
 
     // Every limit measure ran the whole model under: an option measured, not modelled.
@@ -379,129 +374,123 @@ public:
         }
         for (const MeasuredRun & r : report.runs) {
             const double limit = double(r.limit_bytes);
-            json o = {{"k", g.n_expert},
-                      {"criterion", "none"},
-                      {"cache_experts", nullptr},
-                      {"cache_scope", "global"},
-                      {"policy", "page-cache"},
-                      {"lambda", 0.0},
-                      {"routed_bytes", double(g.n_expert) * g.sum()},
-                      {"resident_bytes", std::max(0.0, limit - double(report.process_bytes))},
-                      {"misses_per_token", nullptr},
-                      {"major_faults_per_token", r.decode.major_faults_per_token},
-                      {"read_bytes_per_token", r.decode.read_bytes_per_token < 0 ? json(nullptr)
-                                                                                 : json(r.decode.read_bytes_per_token)},
-                      {"tok_per_s", r.decode.tokens_per_second},
-                      {"measured_ram", r.ram},
-                      {"predicted_tok_per_s", r.predicted ? json(r.prediction.tokens_per_second) : json(nullptr)},
-                      {"source", fmt::format("measured: llama.cpp under a {:.3f} GB memory limit ({})", gb(limit),
-                                             measured->file.path)}};
+            PlanOption o = option_of(g.n_expert, "none");
+            o.cache_scope = "global";
+            o.policy = "page-cache";
+            o.resident_bytes = std::max(0.0, limit - double(report.process_bytes));
+            if (r.decode.read_bytes_per_token >= 0) {
+                o.read_bytes_per_token = r.decode.read_bytes_per_token;
+            }
+            o.tok_per_s = r.decode.tokens_per_second;
+            o.measured = PlanMeasuredFigures{r.ram, limit, r.decode.major_faults_per_token,
+                                             r.predicted ? std::optional(r.prediction.tokens_per_second) : std::nullopt};
+            o.source = fmt::format("measured: llama.cpp under a {:.3f} GB memory limit ({})", gb(limit), measured->file.path);
             if (!g.mtp_bytes.empty()) {
-                o["mtp_draft"] = {{"draft_tokens", 1},          {"acceptance", nullptr},
-                                  {"acceptance_source", nullptr}, {"tokens_per_step", nullptr},
-                                  {"tok_per_s", nullptr},         {"note", "measured: llama.cpp decoded without a draft"}};
+                o.mtp_draft = PlanDraft{.note = "measured: llama.cpp decoded without a draft"};
             }
             add(std::move(o));
         }
     }
 
-    // Pareto front of tokens/s (higher; null is unbounded) against KLD (lower).
-    json pareto_front() const {
+    // Whether the recommendation may be `o`: with --runs-on llama.cpp, only what stock
+    // llama.cpp runs.
+    bool eligible(const PlanOption & o) const { return opt.runs_on == "any" || o.runs_on == kRunsOnLlamaCpp; }
+
+    // Pareto front of tokens/s (higher; unknown is unbounded) against KLD (lower), of every
+    // option or of the eligible ones.
+    std::vector<size_t> pareto_front(bool eligible_only) const {
         std::vector<size_t> order;
         for (size_t i = 0; i < options.size(); ++i) {
-            if (!options[i]["kld_mean"].is_null() && !options[i]["bound"].get<bool>()) {
+            if (options[i].kld_mean && !options[i].bound && (!eligible_only || eligible(options[i]))) {
                 order.push_back(i);
             }
         }
         std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-            if (speed(options[a]) != speed(options[b])) {
-                return speed(options[a]) > speed(options[b]);
+            if (options[a].speed() != options[b].speed()) {
+                return options[a].speed() > options[b].speed();
             }
-            return options[a]["kld_mean"].get<double>() < options[b]["kld_mean"].get<double>();
+            return *options[a].kld_mean < *options[b].kld_mean;
         });
-        json pareto = json::array();
+        std::vector<size_t> pareto;
         double best_kld = std::numeric_limits<double>::infinity();
         for (const size_t i : order) {
-            if (options[i]["kld_mean"].get<double>() < best_kld) {
-                best_kld = options[i]["kld_mean"].get<double>();
+            if (*options[i].kld_mean < best_kld) {
+                best_kld = *options[i].kld_mean;
                 pareto.push_back(i);
             }
         }
         return pareto;
     }
 
-    std::pair<json, std::string> recommend(const json & pareto) const {
-        json recommended = nullptr;
+    // From the front of the eligible options: the fastest within --max-kld, else the most
+    // accurate within --speed-share of the fastest; without quality, the fastest.
+    std::pair<std::optional<size_t>, std::string> recommend(const std::vector<size_t> & pareto) const {
+        std::optional<size_t> recommended;
         std::string why;
+        const auto kld_text = [](const PlanOption & o) {
+            return fmt::format("{:.4g}{}", *o.kld_mean, o.kld_measured.value_or(false) ? "" : ", interpolated");
+        };
         if (!pareto.empty()) {
             if (opt.max_kld) {
-                for (const json & i : pareto) {
-                    const json & o = options[i.get<size_t>()];
-                    if (o["kld_mean"].get<double>() <= *opt.max_kld) {
+                for (const size_t i : pareto) {
+                    if (*options[i].kld_mean <= *opt.max_kld) {
                         recommended = i;
-                        why = fmt::format("the fastest option with mean KLD within --max-kld {}: {}, mean KLD {:.4g}{}",
-                                          *opt.max_kld, describe(o), o["kld_mean"].get<double>(),
-                                          o["kld_measured"].get<bool>() ? "" : " (interpolated)");
+                        why = fmt::format("the fastest option with mean KLD within --max-kld {}: {}, mean KLD {}",
+                                          *opt.max_kld, options[i].describe(), kld_text(options[i]));
                         break;
                     }
                 }
-                if (recommended.is_null()) {
-                    why = fmt::format("no feasible option has mean KLD within --max-kld {}", *opt.max_kld);
+                if (!recommended) {
+                    why = fmt::format("no feasible option{} has mean KLD within --max-kld {}", runs_on_words(),
+                                      *opt.max_kld);
                 }
             } else {
-                const double fastest = speed(options[pareto[0].get<size_t>()]);
-                for (const json & i : pareto) {
-                    const json & o = options[i.get<size_t>()];
+                const double fastest = options[pareto[0]].speed();
+                for (const size_t i : pareto) {
                     // The front is in falling speed and falling KLD: keep the last that is fast enough.
-                    if (speed(o) >= opt.speed_share * fastest) {
+                    if (options[i].speed() >= opt.speed_share * fastest) {
                         recommended = i;
                     }
                 }
-                const json & o = options[recommended.get<size_t>()];
-                why = fmt::format(
-                    "the lowest mean KLD ({:.4g}{}) among options within {:.0f}% of the fastest feasible speed: {}",
-                    o["kld_mean"].get<double>(), o["kld_measured"].get<bool>() ? "" : ", interpolated",
-                    100 * opt.speed_share, describe(o));
+                const PlanOption & o = options[*recommended];
+                why = fmt::format("the lowest mean KLD ({}) among options{} within {:.0f}% of the fastest feasible speed: {}",
+                                  kld_text(o), runs_on_words(), 100 * opt.speed_share, o.describe());
             }
-        } else if (!options.empty()) {
-            size_t best = 0;
-            for (size_t i = 1; i < options.size(); ++i) {
-                if (options[i]["bound"].get<bool>()) {
+        } else {
+            for (size_t i = 0; i < options.size(); ++i) {
+                const PlanOption & o = options[i];
+                if (o.bound || !eligible(o)) {
                     continue;
                 }
-                if (options[best]["bound"].get<bool>() || speed(options[i]) > speed(options[best]) ||
-                    (speed(options[i]) == speed(options[best]) &&
-                     options[i]["k"].get<int64_t>() > options[best]["k"].get<int64_t>())) {
-                    best = i;
+                if (!recommended || o.speed() > options[*recommended].speed() ||
+                    (o.speed() == options[*recommended].speed() && o.k > options[*recommended].k)) {
+                    recommended = i;
                 }
             }
-            recommended = best;
-            why = "no quality was measured (no --eval): the fastest option that fits, " + describe(options[best]) +
-                  "; measure its KLD before trusting it";
-        } else {
-            why = "no option fits in the RAM budget";
-        }
-        if (!recommended.is_null() && budget > 0) {
-            const json & o = options[recommended.get<size_t>()];
-            if (!o["resident_bytes"].is_null()) {
-                why += fmt::format("; {:.2f} GB resident of the {:.2f} GB budget",
-                                   gb(o["resident_bytes"].get<double>()), gb(budget));
+            if (recommended) {
+                why = "no quality was measured (no --eval): the fastest option" + runs_on_words() + " that fits, " +
+                      options[*recommended].describe() + "; measure its KLD before trusting it";
+            } else if (!options.empty()) {
+                why = "no option that stock llama.cpp runs (every kept expert resident, or a limit --measured) fits in "
+                      "the RAM budget; the expert-cache options need a runtime that implements them (--runs-on any "
+                      "recommends among them)";
+            } else {
+                why = "no option fits in the RAM budget";
             }
         }
-        if (!recommended.is_null()) {
-            const json & o = options[recommended.get<size_t>()];
-            if (o.contains("mtp_draft") && !o["mtp_draft"]["tok_per_s"].is_null()) {
-                why += fmt::format("; with the MTP head drafting one token ({:.1f}% accepted, {}): {:.2f} tokens/s",
-                                   100 * o["mtp_draft"]["acceptance"].get<double>(),
-                                   o["mtp_draft"]["acceptance_source"].get<std::string>(),
-                                   o["mtp_draft"]["tok_per_s"].get<double>());
-            }
+        if (recommended) {
+            why += recommendation_details(options[*recommended]);
         }
         why += "; " + timing_source(opt, measured);
         return {recommended, why};
     }
 
-    json to_plan_json(const json & pareto, const json & recommended, const std::string & why) const {
+    json to_plan_json(const std::vector<size_t> & pareto, const std::vector<size_t> & pareto_eligible,
+                      const std::optional<size_t> & recommended, const std::string & why) const {
+        json options_json = json::array();
+        for (const PlanOption & o : options) {
+            options_json.push_back(to_json(o));
+        }
         json layer_bytes = json::array();
         for (const double b : g.bytes) {
             layer_bytes.push_back(b);
@@ -539,15 +528,49 @@ public:
                   {"misses_per_token", opt.misses_per_token},
                   {"cache_experts", opt.cache_experts},
                   {"max_kld", opt.max_kld ? json(*opt.max_kld) : json(nullptr)},
-                  {"speed_share", opt.speed_share}}},
-                {"options", options},
+                  {"speed_share", opt.speed_share},
+                  {"runs_on", opt.runs_on}}},
+                {"options", options_json},
                 {"infeasible", infeasible},
                 {"pareto", pareto},
-                {"recommended", recommended},
+                {"pareto_runs_on", pareto_eligible},
+                {"recommended", recommended ? json(*recommended) : json(nullptr)},
+                {"commands", recommended ? to_json(commands_of(options[*recommended], opt, g, measured)) : json(nullptr)},
                 {"why", why}};
     }
 
 private:
+    std::string runs_on_words() const { return opt.runs_on == "any" ? "" : " that stock llama.cpp runs"; }
+
+    // What the recommendation's sentence adds: its RAM, its draft, and what runs it.
+    std::string recommendation_details(const PlanOption & o) const {
+        std::string out;
+        if (budget > 0 && o.resident_bytes) {
+            out += fmt::format("; {:.2f} GB resident of the {:.2f} GB budget", gb(*o.resident_bytes), gb(budget));
+        }
+        if (o.mtp_draft && o.mtp_draft->tok_per_s) {
+            out += fmt::format("; with the MTP head drafting one token ({:.1f}% accepted, {}): {:.2f} tokens/s",
+                               100 * *o.mtp_draft->acceptance, *o.mtp_draft->acceptance_source, *o.mtp_draft->tok_per_s);
+        }
+        if (o.runs_on == kRunsOnExpertCache) {
+            out += "; " + o.runs_on_note;
+        }
+        return out;
+    }
+
+    // Which runtime would run a simulated cache.
+    static std::string runs_on_note(const PlanOption & o) {
+        if (o.runs_on != kRunsOnExpertCache) {
+            return "";
+        }
+        std::string note = "simulated, unmeasured: no llama.cpp release at moeprune's pin runs an expert cache";
+        if (o.policy == "lru" && o.cache_scope == "per-layer" && o.lambda == 0) {
+            note += "; a per-layer LRU of expert slots in GPU memory is proposed for llama.cpp (pull request 27861, "
+                    "--moe-expert-cache N slots per layer, not merged when this was written)";
+        }
+        return note;
+    }
+
     json measured_inputs() const {
         const Measured & m = *measured;
         const MeasureReport & r = m.report();
@@ -616,7 +639,7 @@ private:
 
     // Measured KLD of (criterion, K), or interpolated linearly in K between the nearest
     // measured Ks of the same criterion; the flag says which.
-    std::pair<json, bool> kld_of(const std::string & criterion, int64_t k) const {
+    std::pair<std::optional<double>, bool> kld_of(const std::string & criterion, int64_t k) const {
         if (k == g.n_expert) {
             return {0.0, true}; // nothing removed: the base itself
         }
@@ -643,7 +666,7 @@ private:
             const double f = double(k - lo->first) / double(hi->first - lo->first);
             return {lo->second + f * (hi->second - lo->second), false};
         }
-        return {nullptr, false};
+        return {std::nullopt, false};
     }
 
     // What an option's speculative decoding with the MTP head reads beyond the trunk.
@@ -662,80 +685,81 @@ private:
     }
 
     // The option with one draft token per step (sim/throughput.h), beside it without.
-    json draft_option(const json & o, const TokenTraffic & trunk, const DraftTraffic & d) const {
+    PlanDraft draft_option(const PlanOption & o, const TokenTraffic & trunk, const DraftTraffic & d) const {
         std::optional<std::pair<double, std::string>> a;
         if (opt.mtp_acceptance) {
             a = {*opt.mtp_acceptance, "--mtp-acceptance"};
         } else {
-            const int64_t k = o["k"].get<int64_t>();
-            const auto it = acceptance.find({k == g.n_expert ? "none" : o["criterion"].get<std::string>(), k});
+            const auto it = acceptance.find({o.k == g.n_expert ? "none" : o.criterion, o.k});
             if (it != acceptance.end()) {
                 a = it->second;
             }
         }
-        json out = {{"draft_tokens", 1},
-                    {"acceptance", a ? json(a->first) : json(nullptr)},
-                    {"acceptance_source", a ? json(a->second) : json(nullptr)},
-                    {"tokens_per_step", a ? json(tokens_per_step(a->first, 1)) : json(nullptr)},
-                    {"mtp_read_bytes_per_token", d.unknown.empty() ? json(d.mtp.exposed_bytes) : json(nullptr)},
-                    {"resident_bytes", d.resident_bytes ? json(*d.resident_bytes) : json(nullptr)},
-                    {"feasible", budget <= 0 || !d.resident_bytes || *d.resident_bytes <= budget},
-                    {"step_ms", nullptr},
-                    {"tok_per_s", nullptr},
-                    {"speedup", nullptr}};
+        PlanDraft out;
+        if (a) {
+            out.acceptance = a->first;
+            out.acceptance_source = a->second;
+            out.tokens_per_step = tokens_per_step(a->first, 1);
+        }
+        if (d.unknown.empty()) {
+            out.mtp_read_bytes_per_token = d.mtp.exposed_bytes;
+        }
+        out.resident_bytes = d.resident_bytes;
+        out.feasible = budget <= 0 || !d.resident_bytes || *d.resident_bytes <= budget;
         if (!d.unknown.empty()) {
-            out["note"] = d.unknown;
+            out.note = d.unknown;
         } else if (!a) {
-            out["note"] = "no draft acceptance measured for this keep map (eval it with the MTP head, or give "
-                          "--mtp-acceptance)";
+            out.note = "no draft acceptance measured for this keep map (eval it with the MTP head, or give "
+                       "--mtp-acceptance)";
         } else {
             const DraftStep step{a->first, 1, g.mtp_bytes.size(), d.mtp};
             const double seconds = speculative_step_seconds(trunk, L, step, tp);
             if (seconds > 0) {
-                out["step_ms"] = seconds * 1e3;
-                out["tok_per_s"] = speculative_tokens_per_second(trunk, L, step, tp);
-                if (!o["tok_per_s"].is_null()) {
-                    out["speedup"] = out["tok_per_s"].get<double>() / o["tok_per_s"].get<double>();
+                out.step_ms = seconds * 1e3;
+                out.tok_per_s = speculative_tokens_per_second(trunk, L, step, tp);
+                if (o.tok_per_s) {
+                    out.speedup = *out.tok_per_s / *o.tok_per_s;
                 }
             }
         }
         return out;
     }
 
-    void add(json o, const TokenTraffic & trunk, const DraftTraffic & d) {
+    void add(PlanOption o, const TokenTraffic & trunk, const DraftTraffic & d) {
         if (!g.mtp_bytes.empty()) {
-            o["mtp_draft"] = draft_option(o, trunk, d);
+            o.mtp_draft = draft_option(o, trunk, d);
         }
         add(std::move(o));
     }
 
-    void add(json o) {
-        const json & resident = o["resident_bytes"];
-        o["feasible"] = budget <= 0 || resident.is_null() || resident.get<double>() <= budget;
-        if (!o["feasible"].get<bool>()) {
+    void add(PlanOption o) {
+        o.feasible = budget <= 0 || !o.resident_bytes || *o.resident_bytes <= budget;
+        if (!o.feasible) {
             ++infeasible;
             return;
         }
+        o.runs_on = runs_on_of(o.policy);
+        o.runs_on_note = runs_on_note(o);
         // Belady needs the future: a bound to compare with, never a choice.
-        o["bound"] = policy_reads_future(o["policy"].get<std::string>());
-        const double lambda = o["lambda"].get<double>();
-        if (lambda > 0) {
-            const ClosedKey key{o["criterion"].get<std::string>(), o["k"].get<int64_t>(),
-                                o["policy"].get<std::string>(),
-                                o["cache_experts"].is_null() ? -1 : o["cache_experts"].get<int64_t>(), lambda};
-            const auto it = o["cache_scope"] == "per-layer" ? closed_kld.find(key) : closed_kld.end();
-            o["kld_mean"] = it == closed_kld.end() ? json(nullptr) : json(it->second);
-            o["kld_measured"] = it == closed_kld.end() ? json(nullptr) : json(true);
-            o["kld_loop"] = "closed";
-            if (it == closed_kld.end()) {
-                o["kld_note"] = "unmeasured: cache-aware routing (λ > 0) changes the output; only the closed loop "
-                                "(eval --cache-policy --cache --lambda) measures its KLD";
+        o.bound = policy_reads_future(o.policy);
+        if (o.lambda > 0) {
+            const ClosedKey key{o.criterion, o.k, o.policy, o.cache_experts.value_or(-1), o.lambda};
+            const auto it = o.cache_scope == "per-layer" ? closed_kld.find(key) : closed_kld.end();
+            o.kld_loop = "closed";
+            if (it != closed_kld.end()) {
+                o.kld_mean = it->second;
+                o.kld_measured = true;
+            } else {
+                o.kld_note = "unmeasured: cache-aware routing (λ > 0) changes the output; only the closed loop "
+                             "(eval --cache-policy --cache --lambda) measures its KLD";
             }
         } else {
-            const auto [k_mean, measured] = kld_of(o["criterion"].get<std::string>(), o["k"].get<int64_t>());
-            o["kld_mean"] = k_mean;
-            o["kld_measured"] = k_mean.is_null() ? json(nullptr) : json(measured);
-            o["kld_loop"] = "open";
+            const auto [k_mean, measured] = kld_of(o.criterion, o.k);
+            o.kld_mean = k_mean;
+            if (k_mean) {
+                o.kld_measured = measured;
+            }
+            o.kld_loop = "open";
         }
         options.push_back(std::move(o));
     }
@@ -752,7 +776,8 @@ private:
     using ClosedKey = std::tuple<std::string, int64_t, std::string, int64_t, double>;
     std::map<ClosedKey, double> closed_kld;
     std::set<std::pair<std::string, int64_t>> planned;
-    json options = json::array();
+    std::map<std::pair<std::string, int64_t>, std::string> keep_maps;   // the file each (criterion, K) was read from
+    std::vector<PlanOption> options;
     uint64_t infeasible = 0;
     json eval_inputs = json::array(), replay_inputs = json::array();
 };
@@ -773,9 +798,9 @@ json make_plan(const PlanOptions & given) {
     planner.read_replays();
     planner.add_given_options();
     planner.add_measured_options();
-    const json pareto = planner.pareto_front();
-    const auto [recommended, why] = planner.recommend(pareto);
-    return planner.to_plan_json(pareto, recommended, why);
+    const std::vector<size_t> pareto_eligible = planner.pareto_front(true);
+    const auto [recommended, why] = planner.recommend(pareto_eligible);
+    return planner.to_plan_json(planner.pareto_front(false), pareto_eligible, recommended, why);
 }
 
 } // namespace moeprune

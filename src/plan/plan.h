@@ -4,6 +4,7 @@
 // with its bytes, misses, tokens/s and KLD, the Pareto front of speed against quality,
 // and one recommendation with the reason. Unknown numbers stay null, never invented.
 // With a measurement (`--measured`), time per token comes from what llama.cpp really did.
+#include "formats/stage_reports.h"
 #include "sim/throughput.h"
 
 #include <nlohmann/json.hpp>
@@ -41,6 +42,14 @@ struct PlanOptions {
     // RAM limit becomes an option of its own. What is in `by_hand` stays as given.
     std::filesystem::path measured;
     std::vector<std::string> by_hand;      // "--ssd", "--compute-ms", "--read-latency-us", "--reserve" given on the command line
+    // "llama.cpp": recommend only what stock llama.cpp runs; "any": the simulated expert
+    // caches too.
+    std::string runs_on = "llama.cpp";
+    // The recommendation's commands: where its sliced model goes (moeprune slice's output),
+    // where llama.cpp's tools are (empty: on the PATH), and their -t and -c (0: llama.cpp's default).
+    std::filesystem::path sliced_dir;
+    std::filesystem::path llama_bin;
+    int threads = 0, ctx = 0;
 };
 
 nlohmann::json make_plan(const PlanOptions & opt);
@@ -50,6 +59,7 @@ nlohmann::json make_plan(const PlanOptions & opt);
 // the same way (run's replay).
 ThroughputParams measured_throughput(const std::filesystem::path & measure_json, const ThroughputParams & guesses,
                                      const std::vector<std::string> & by_hand);
-std::string plan_text(const nlohmann::json & plan);
+// The plan as a table for a terminal, its recommendation and the commands that run it.
+std::string plan_text(const PlanFile & plan);
 
 } // namespace moeprune

@@ -1,16 +1,18 @@
 // `moeprune plan`'s text: the plan.json it wrote, as a table for a terminal.
+#include "formats/stage_reports.h"
 #include "plan/plan.h"
 
 #include <fmt/format.h>
 
+#include <map>
 #include <set>
 
 namespace moeprune {
 
 using nlohmann::json;
 
-std::string plan_text(const json & plan) {
-    const json & in = plan["inputs"];
+std::string plan_text(const PlanFile & plan) {
+    const json & in = plan.inputs;
     const json & g = in["geometry"];
     std::string out = fmt::format("model: {} ({} MoE layers, {} experts, {} used; one expert {:.4f} MB", g["source"].get<std::string>(),
                                   g["moe_layers"].get<int>(), g["experts"].get<int64_t>(), g["used"].get<int64_t>(),
@@ -33,28 +35,23 @@ std::string plan_text(const json & plan) {
     out += fmt::format("{:>2} {:>5} {:<14} {:<18} {:>8} {:>6} {:>10} {:>10} {:>9} {:>10} {:>10}{}\n", "", "K", "criterion", "policy",
                        "cache", "λ", "routed GB", "RAM GB", "miss/tok", "tok/s", "KLD",
                        mtp ? fmt::format(" {:>8} {:>10}", "accept", "tok/s MTP") : std::string());
-    std::set<size_t> front;
-    for (const json & i : plan["pareto"]) {
-        front.insert(i.get<size_t>());
-    }
-    const json & opts = plan["options"];
-    std::vector<size_t> order(opts.size());
-    for (size_t i = 0; i < order.size(); ++i) {
-        order[i] = i;
-    }
-    const auto num = [](const json & v, const char * f) { return v.is_null() ? std::string("-") : fmt::format(fmt::runtime(f), v.get<double>()); };
-    // A long table shows the front, the recommendation and the fastest option of every
+    const std::set<size_t> front(plan.pareto.begin(), plan.pareto.end());
+    const std::set<size_t> front_runs_on(plan.pareto_runs_on.begin(), plan.pareto_runs_on.end());
+    const std::vector<PlanOption> & opts = plan.options;
+    const auto num = [](const std::optional<double> & v, const char * f) {
+        return v ? fmt::format(fmt::runtime(f), *v) : std::string("-");
+    };
+    // A long table shows the fronts, the recommendation and the fastest option of every
     // (K, criterion); the JSON has them all.
     std::set<size_t> shown_rows;
     if (opts.size() > 40) {
         std::map<std::pair<int64_t, std::string>, size_t> fastest;
         for (size_t i = 0; i < opts.size(); ++i) {
-            if (opts[i].value("bound", false)) {
+            if (opts[i].bound) {
                 continue;
             }
-            const auto key = std::pair{opts[i]["k"].get<int64_t>(), opts[i]["criterion"].get<std::string>()};
-            const auto speed = [&](size_t j) { return opts[j]["tok_per_s"].is_null() ? 1e300 : opts[j]["tok_per_s"].get<double>(); };
-            if (!fastest.count(key) || speed(i) > speed(fastest[key])) {
+            const auto key = std::pair{opts[i].k, opts[i].criterion};
+            if (!fastest.count(key) || opts[i].speed() > opts[fastest[key]].speed()) {
                 fastest[key] = i;
             }
         }
@@ -63,41 +60,55 @@ std::string plan_text(const json & plan) {
         }
     }
     size_t shown = 0;
-    for (const size_t i : order) {
-        const json & o = opts[i];
-        const bool rec = !plan["recommended"].is_null() && plan["recommended"].get<size_t>() == i;
-        if (opts.size() > 40 && !front.count(i) && !rec && !shown_rows.count(i)) {
+    for (size_t i = 0; i < opts.size(); ++i) {
+        const PlanOption & o = opts[i];
+        const bool rec = plan.recommended == i;
+        if (opts.size() > 40 && !front.count(i) && !front_runs_on.count(i) && !rec && !shown_rows.count(i)) {
             continue;
         }
         ++shown;
-        std::string kld = num(o["kld_mean"], "{:.4f}");
-        if (!o["kld_measured"].is_null() && !o["kld_measured"].get<bool>()) {
+        std::string kld = num(o.kld_mean, "{:.4f}");
+        if (o.kld_measured && !*o.kld_measured) {
             kld += "~";
         }
         std::string draft;
         if (mtp) {
-            const json d = o.value("mtp_draft", json::object());
-            const json a = d.value("acceptance", json()), t = d.value("tok_per_s", json());
-            draft = fmt::format(" {:>8} {:>10}", a.is_null() ? std::string("-") : fmt::format("{:.1f}%", 100 * a.get<double>()),
-                                num(t, "{:.2f}"));
+            const std::optional<double> a = o.mtp_draft ? o.mtp_draft->acceptance : std::nullopt;
+            draft = fmt::format(" {:>8} {:>10}", a ? fmt::format("{:.1f}%", 100 * *a) : std::string("-"),
+                                num(o.mtp_draft ? o.mtp_draft->tok_per_s : std::nullopt, "{:.2f}"));
         }
-        out += fmt::format("{:>2} {:>5} {:<14} {:<18} {:>8} {:>6} {:>10.3f} {:>10} {:>9} {:>10} {:>10}{}\n",
-                           rec ? ">" : front.count(i) ? "*" : "", o["k"].get<int64_t>(), o["criterion"].get<std::string>(),
-                           o["policy"].get<std::string>(), o["cache_experts"].is_null() ? "-" : std::to_string(o["cache_experts"].get<int64_t>()),
-                           fmt::format("{:g}", o["lambda"].get<double>()), o["routed_bytes"].get<double>() / 1e9,
-                           o["resident_bytes"].is_null() ? std::string("-") : fmt::format("{:.3f}", o["resident_bytes"].get<double>() / 1e9),
-                           num(o["misses_per_token"], "{:.2f}"), num(o["tok_per_s"], "{:.2f}"), kld, draft);
+        out += fmt::format("{:>2} {:>5} {:<14} {:<18} {:>8} {:>6} {:>10.3f} {:>10} {:>9} {:>10} {:>10}{}{}\n",
+                           rec ? ">" : front_runs_on.count(i) ? "*" : front.count(i) ? "+" : "", o.k, o.criterion,
+                           o.policy, o.cache_experts ? std::to_string(*o.cache_experts) : "-", fmt::format("{:g}", o.lambda),
+                           o.routed_bytes / 1e9,
+                           o.resident_bytes ? fmt::format("{:.3f}", *o.resident_bytes / 1e9) : std::string("-"),
+                           num(o.misses_per_token, "{:.2f}"), num(o.tok_per_s, "{:.2f}"), kld, draft,
+                           o.runs_on == kRunsOnLlamaCpp ? "" : "  (simulated)");
     }
+    const std::string legend = plan.runs_on == "any"
+                                   ? "* Pareto front, > recommended, ~ interpolated KLD, (simulated) an expert cache no "
+                                     "llama.cpp release runs"
+                                   : "* Pareto front of what llama.cpp runs, + on the front only with the simulated "
+                                     "expert caches, > recommended, ~ interpolated KLD";
     if (shown < opts.size()) {
-        out += fmt::format("({} more options in the JSON; * Pareto front, > recommended, ~ interpolated KLD; belady is the "
-                           "offline bound, never recommended)\n", opts.size() - shown);
+        out += fmt::format("({} more options in the JSON; {}; belady is the offline bound, never recommended)\n",
+                           opts.size() - shown, legend);
     } else {
-        out += "(* Pareto front, > recommended, ~ interpolated KLD)\n";
+        out += "(" + legend + ")\n";
     }
-    if (plan["infeasible"].get<uint64_t>() > 0) {
-        out += fmt::format("{} options do not fit in the RAM budget\n", plan["infeasible"].get<uint64_t>());
+    if (plan.infeasible > 0) {
+        out += fmt::format("{} options do not fit in the RAM budget\n", plan.infeasible);
     }
-    out += "recommended: " + plan["why"].get<std::string>() + "\n";
+    out += "recommended: " + plan.why + "\n";
+    if (plan.commands) {
+        out += "to run it:\n";
+        for (const std::string & line : plan.commands->lines) {
+            out += "  " + line + "\n";
+        }
+        for (const std::string & note : plan.commands->notes) {
+            out += "  # " + note + "\n";
+        }
+    }
     return out;
 }
 

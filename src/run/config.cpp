@@ -111,6 +111,8 @@ const std::vector<ConfigKey> & config_keys() {
         list("cache_shares", &RunConfig::cache_shares, "   # per-layer caches as shares of K"),
         list("lambdas", &RunConfig::lambdas),
         maybe("max_kld", &RunConfig::max_kld),
+        one("runs_on", &RunConfig::runs_on, "          # recommend among \"llama.cpp\" options or \"any\""),
+        one("llama_bin", &RunConfig::llama_bin, "        # llama.cpp's tools for the printed commands; empty: the PATH"),
         one("ctx", &RunConfig::ctx),
         one("threads", &RunConfig::threads),
         maybe("seed", &RunConfig::seed, "", "# corpus settings given here override the manifest's\n"),

@@ -29,6 +29,8 @@ struct RunConfig {
     std::vector<double> cache_shares{0.125, 0.25, 0.5};  // per-layer cache sizes as shares of K
     std::vector<double> lambdas{0.0};
     std::optional<double> max_kld;
+    std::string runs_on = "llama.cpp";    // what the plan recommends among: "llama.cpp" or "any"
+    std::string llama_bin;                 // llama.cpp's tools, for the recommendation's commands; empty: the PATH
     int ctx = 512;
     int threads = 0;
     // Corpus settings: unset, a manifest's own values (or the corpus defaults) hold.

@@ -204,6 +204,9 @@ InspectReport check_run_options(const RunOptions & opt) {
     if (!opt.from.empty() && std::find(run_stages().begin(), run_stages().end(), opt.from) == run_stages().end()) {
         throw Error(fmt::format("--from {}: the stages are {}", opt.from, fmt::join(run_stages(), ", ")));
     }
+    if (c.runs_on != "llama.cpp" && c.runs_on != "any") {
+        throw Error(fmt::format("runs_on is \"llama.cpp\" or \"any\", not \"{}\"", c.runs_on));
+    }
     if (c.slice != "" && c.slice != "best" && c.slice != "all") {
         throw Error(fmt::format("--slice is best or all, not \"{}\"", c.slice));
     }
@@ -523,7 +526,8 @@ void plan_stage(Runner & run, const RunConfig & c, const RunPaths & at, const Ru
     plan_inputs.insert(plan_inputs.end(), m.closed_evals.begin(), m.closed_evals.end());
     plan_inputs.insert(plan_inputs.end(), m.replays.begin(), m.replays.end());
     run.stage("plan", {{"k", c.ks}, {"ram", c.ram}, {"reserve", c.reserve}, {"throughput", to_json(throughput_of(c))},
-                       {"max_kld", c.max_kld ? json(*c.max_kld) : json(nullptr)}},
+                       {"max_kld", c.max_kld ? json(*c.max_kld) : json(nullptr)}, {"runs_on", c.runs_on},
+                       {"llama_bin", c.llama_bin}, {"threads", c.threads}, {"ctx", c.ctx}},
               plan_inputs, [&] {
                   PlanOptions o;
                   o.model = c.model;
@@ -541,9 +545,14 @@ void plan_stage(Runner & run, const RunConfig & c, const RunPaths & at, const Ru
                   o.evals = {at.eval_json};
                   o.evals.insert(o.evals.end(), m.closed_evals.begin(), m.closed_evals.end());
                   o.max_kld = c.max_kld;
+                  o.runs_on = c.runs_on;
+                  o.sliced_dir = at.dir / "slice";
+                  o.threads = c.threads;
+                  o.ctx = c.ctx;
+                  o.llama_bin = c.llama_bin;
                   const json plan = make_plan(o);
                   write_file_atomic(at.plan_json, plan.dump(1) + "\n");
-                  write_file_atomic(at.dir / "plan" / "plan.txt", plan_text(plan));
+                  write_file_atomic(at.dir / "plan" / "plan.txt", plan_text(read_plan_document(plan, at.plan_json.string())));
                   return std::vector<fs::path>{at.plan_json, at.dir / "plan" / "plan.txt"};
               });
 }
@@ -574,7 +583,7 @@ std::string slice_stage(Runner & run, const RunConfig & c, const RunPaths & at, 
     std::vector<fs::path> chosen;
     if (c.slice == "all") {
         chosen = m.maps;
-    } else if (const PlanOptionFigures * o = plan.recommendation()) {
+    } else if (const PlanOption * o = plan.recommendation()) {
         const fs::path map = at.maps_dir / keep_map_file_name(o->criterion, o->k);
         if (fs::exists(map)) {
             chosen.push_back(map);
@@ -601,7 +610,7 @@ std::string slice_stage(Runner & run, const RunConfig & c, const RunPaths & at, 
 // every expert) measured at --ram, next to the tokens/s the plan predicted for it.
 std::string verify_stage(Runner & run, const RunOptions & opt, const RunPaths & at, const PlanFile & plan) {
     const RunConfig & c = opt.config;
-    const PlanOptionFigures * o = plan.recommendation();
+    const PlanOption * o = plan.recommendation();
     if (!o) {
         return "\nverify: the plan recommends nothing to verify";
     }
@@ -619,7 +628,7 @@ std::string verify_stage(Runner & run, const RunOptions & opt, const RunPaths & 
                   const MeasuredRun & measured = verified.report.runs.at(0);
                   VerifySummary v;
                   v.plan = at.plan_json.string();
-                  v.option = o->fields;
+                  v.option = to_json(*o);
                   v.model = model.string();
                   v.ram = c.ram;
                   v.predicted_tok_per_s = o->tok_per_s;
@@ -672,6 +681,12 @@ std::string run_pipeline(const RunOptions & opt) {
 
     const PlanFile plan = read_plan_report(at.plan_json);
     std::string summary = "recommended: " + plan.why;
+    if (plan.commands) {
+        summary += "\nto run it:";
+        for (const std::string & line : plan.commands->lines) {
+            summary += "\n  " + line;
+        }
+    }
     if (!slice.empty()) {
         RunConfig sliced = c;
         sliced.slice = slice;

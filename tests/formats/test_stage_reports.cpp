@@ -229,7 +229,8 @@ TEST(StageReports, PlanOptionsAndItsRecommendationAreTypedAndIndicesMustNameAnOp
     EXPECT_EQ(p.n_expert, 16);
     EXPECT_EQ(p.inputs.at("budget_bytes"), 3e9);
     ASSERT_EQ(p.options.size(), 2u);
-    EXPECT_EQ(p.options[0].fields, option_a);
+    EXPECT_EQ(p.options[0].kld_mean, 0.1);
+    EXPECT_EQ(p.options[0].runs_on, kRunsOnExpertCache) << "a plan written before runs_on: from the policy";
     EXPECT_EQ(p.options[0].cache_experts, 4);
     EXPECT_EQ(p.options[0].tok_per_s, 12.5);
     EXPECT_FALSE(p.options[1].cache_experts.has_value());
@@ -251,6 +252,55 @@ TEST(StageReports, PlanOptionsAndItsRecommendationAreTypedAndIndicesMustNameAnOp
     bad = doc;
     bad["options"][1]["k"] = 0;
     expect_refused(read_plan_report, write(dir, "bad3.json", bad), "options[1].k: is 0");
+}
+
+TEST(StageReports, APlanOptionAndItsCommandsSurviveTheRoundTripWithEveryFieldSet) {
+    PlanOption o;
+    o.k = 12;
+    o.criterion = "freq";
+    o.cache_experts = 6;
+    o.cache_scope = "global";
+    o.policy = "page-cache";
+    o.lambda = 0.5;
+    o.routed_bytes = 3e9;
+    o.resident_bytes = 2e9;
+    o.misses_per_token = 4.5;
+    o.read_bytes_per_token = 7e6;
+    o.tok_per_s = 21.5;
+    o.source = "measured";
+    o.note = "a note";
+    o.runs_on = kRunsOnLlamaCpp;
+    o.runs_on_note = "runs";
+    o.keep_map = "maps/freq-k12.json";
+    o.measured = PlanMeasuredFigures{"25%", 1.5e9, 3.25, 20.0};
+    o.bound = true;
+    o.kld_mean = 0.02;
+    o.kld_measured = false;
+    o.kld_loop = "closed";
+    o.kld_note = "interpolated";
+    o.mtp_draft = PlanDraft{0.75, "eval", 1.75, 1e6, 2.5e9, false, 40.0, 30.0, 1.4, "drafted"};
+    const json written = to_json(o);
+    const json again = to_json(read_plan_option(JsonFields(written, "plan.json", "options[0]")));
+    EXPECT_EQ(again, written);
+    for (const char * key : {"runs_on", "keep_map", "measured_limit_bytes", "kld_note", "note", "runs_on_note"}) {
+        EXPECT_TRUE(written.contains(key)) << key;
+    }
+
+    PlanCommands c;
+    c.model = "slice/freq-k12.gguf";
+    c.slice = {"moeprune", "slice", "-m", "m.gguf", "--keep", "maps/freq-k12.json", "-o", c.model};
+    c.memory_limit = {"systemd-run", "--scope", "-p", "MemoryMax=1000", "--"};
+    c.llama_completion = {"llama-completion", "-m", c.model, "--no-repack"};
+    c.llama_server = {"llama-server", "-m", c.model};
+    c.lines = {"a line"};
+    c.notes = {"a note"};
+    const json cw = to_json(c);
+    EXPECT_EQ(to_json(read_plan_commands(JsonFields(cw, "plan.json", "commands"))), cw);
+    json bad = cw;
+    bad["llama_completion"] = json::array();
+    EXPECT_THROW(read_plan_commands(JsonFields(bad, "plan.json", "commands")), Error);
+    EXPECT_EQ(shell_line({"llama-completion", "-m", "my model.gguf", "-p", "it's"}),
+              "llama-completion -m 'my model.gguf' -p 'it'\\''s'");
 }
 
 namespace {

@@ -132,8 +132,10 @@ TEST(Plan, ParetoFrontAndRecommendationFromMeasurements) {
         const bool on_front = std::find(p["pareto"].begin(), p["pareto"].end(), json(i)) != p["pareto"].end();
         EXPECT_EQ(on_front, !dominated) << opts[i].dump();
     }
-    // Recommendation: with --max-kld 0.2 the fastest option within it.
+    // Recommendation: with --max-kld 0.2 the fastest option within it, the simulated
+    // caches included.
     o.max_kld = 0.2;
+    o.runs_on = "any";
     const json q = make_plan(o);
     const json & r = q["options"][q["recommended"].get<size_t>()];
     EXPECT_LE(r["kld_mean"].get<double>(), 0.2);
@@ -143,6 +145,67 @@ TEST(Plan, ParetoFrontAndRecommendationFromMeasurements) {
         }
     }
     EXPECT_NE(q["why"].get<std::string>().find("max-kld"), std::string::npos);
+}
+
+TEST(Plan, RecommendsWhatStockLlamaCppRunsUnlessAskedForAnyAndSaysHowToRunIt) {
+    test::TempDir dir;
+    test::write_text(dir / "r224.json", replay_result("maps/reap-k224.json", 224, {{"lru", 64, 60}, {"lru", 128, 30}}).dump());
+    test::write_text(dir / "eval.json", eval_report({{"reap-k224", 0.30}, {"reap-k320", 0.10}}).dump());
+    PlanOptions o = seed_geometry();
+    o.other_gb = 3.0;
+    o.reserve_bytes = 2e9;
+    o.throughput.ssd_gbps = 6.8;
+    o.throughput.compute_ms = 12;
+    o.replays = {dir / "r224.json"};
+    o.evals = {dir / "eval.json"};
+    o.sliced_dir = dir / "sliced";
+    o.llama_bin = "/opt/llama/bin";
+    o.threads = 8;
+    o.ctx = 4096;
+    const auto runs_on = [](const json & p, size_t i) { return p["options"][i]["runs_on"].get<std::string>(); };
+
+    // 13 GB: K 224 resident (17.9 GB) does not fit, its LRU caches do; nothing that stock
+    // llama.cpp runs fits.
+    o.ram_bytes = 15e9;
+    const json cached_only = make_plan(o);
+    EXPECT_TRUE(cached_only["recommended"].is_null());
+    EXPECT_TRUE(cached_only["commands"].is_null());
+    EXPECT_NE(cached_only["why"].get<std::string>().find("--runs-on any"), std::string::npos) << cached_only["why"];
+    EXPECT_TRUE(cached_only["pareto_runs_on"].empty());
+    EXPECT_FALSE(cached_only["pareto"].empty()) << "the front of every option is still there";
+    o.runs_on = "any";
+    const json any = make_plan(o);
+    ASSERT_FALSE(any["recommended"].is_null());
+    const size_t cached = any["recommended"].get<size_t>();
+    EXPECT_EQ(runs_on(any, cached), "expert-cache runtime");
+    EXPECT_EQ(any["options"][cached]["policy"], "lru");
+    EXPECT_NE(any["options"][cached]["runs_on_note"].get<std::string>().find("simulated"), std::string::npos);
+    EXPECT_NE(any["why"].get<std::string>().find("simulated"), std::string::npos);
+
+    // 18 GB: K 224 resident fits, and is what llama.cpp runs.
+    o.ram_bytes = 20e9;
+    o.runs_on = "llama.cpp";
+    const json p = make_plan(o);
+    ASSERT_FALSE(p["recommended"].is_null()) << p["why"];
+    const size_t r = p["recommended"].get<size_t>();
+    EXPECT_EQ(runs_on(p, r), "llama.cpp");
+    EXPECT_EQ(p["options"][r]["policy"], "resident");
+    EXPECT_EQ(p["options"][r]["k"], 224);
+    for (const json & i : p["pareto_runs_on"]) {
+        EXPECT_EQ(runs_on(p, i.get<size_t>()), "llama.cpp");
+    }
+    EXPECT_EQ(p["inputs"]["runs_on"], "llama.cpp");
+    // The commands: slice the keep map eval measured, then run the sliced model under the RAM given.
+    const json & c = p["commands"];
+    const std::string sliced = (dir / "sliced" / "reap-k224.gguf").string();
+    EXPECT_EQ(c["model"], sliced);
+    EXPECT_EQ(c["slice"], json({"moeprune", "slice", "-m", "MODEL.gguf", "--keep", "maps/reap-k224.json", "-o", sliced}));
+    EXPECT_EQ(c["llama_completion"], json({"/opt/llama/bin/llama-completion", "-m", sliced, "-t", "8", "-c", "4096"}));
+    EXPECT_EQ(c["llama_server"][0], "/opt/llama/bin/llama-server");
+    EXPECT_EQ(c["memory_limit"], json({"systemd-run", "--scope", "-p", "MemoryMax=20000000000", "--"}));
+    ASSERT_EQ(c["lines"].size(), 3u);
+    EXPECT_EQ(c["lines"][1].get<std::string>().rfind("systemd-run --scope -p MemoryMax=20000000000 -- /opt/llama/bin/llama-completion -m ", 0), 0u)
+        << c["lines"][1];
 }
 
 TEST(Plan, RefusesWhatCannotBePlanned) {

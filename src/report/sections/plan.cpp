@@ -16,8 +16,8 @@ json plan_rows(const PlanFile & plan) {
     json plan_rows = json::array();
     const std::set<size_t> front(plan.pareto.begin(), plan.pareto.end());
     for (size_t i = 0; i < plan.options.size(); ++i) {
-        const PlanOptionFigures & o = plan.options[i];
-        json row = o.fields;
+        const PlanOption & o = plan.options[i];
+        json row = to_json(o);
         row["option"] = i;
         row["resident_gb"] = o.resident_bytes ? json(*o.resident_bytes / 1e9) : json(nullptr);
         row["pareto"] = front.count(i) > 0;

@@ -1,0 +1,97 @@
+#pragma once
+// One option of a moeprune plan (docs/plan.md, docs/formats.md "Plan"): the record plan
+// builds, prices and writes, and run and report read back. Its reader refuses impossible
+// values by field.
+#include "core/json.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace moeprune {
+
+// What can run an option. Stock llama.cpp runs a model mapped from disk with the kernel's
+// page cache as its only expert cache, or a sliced model resident in RAM; the policies
+// with slots of experts are simulated for a runtime that would implement them.
+inline constexpr const char * kRunsOnLlamaCpp = "llama.cpp";
+inline constexpr const char * kRunsOnExpertCache = "expert-cache runtime";
+// `policy`: "resident", "page-cache" (measured), "given" (misses by hand) or a cache policy.
+const char * runs_on_of(const std::string & policy);
+
+// An option priced with one MTP draft token per step (a model with an MTP head).
+struct PlanDraft {
+    std::optional<double> acceptance;          // none: not measured
+    std::optional<std::string> acceptance_source;
+    std::optional<double> tokens_per_step;
+    std::optional<double> mtp_read_bytes_per_token;   // none: the head's traffic is unknown
+    std::optional<double> resident_bytes;      // the option's RAM with the head's experts
+    bool feasible = true;
+    std::optional<double> step_ms, tok_per_s, speedup;
+    std::string note;                          // why a figure is missing; empty when none is
+};
+
+// What llama.cpp did under a memory limit, for an option measured rather than modelled.
+struct PlanMeasuredFigures {
+    std::string ram;                           // the limit as measure was given it
+    double limit_bytes = 0;
+    double major_faults_per_token = 0;
+    std::optional<double> predicted_tok_per_s;   // measure's own prediction of that run
+};
+
+struct PlanOption {
+    int64_t k = 0;                             // experts kept per layer
+    std::string criterion;                     // "none" for the unpruned model
+    std::optional<int64_t> cache_experts;      // none: no cache size (the page cache, misses by hand)
+    std::string cache_scope = "per-layer";     // or "global"
+    std::string policy;
+    double lambda = 0;                         // cache-aware routing strength
+    double routed_bytes = 0;
+    std::optional<double> resident_bytes;      // none: unknown
+    std::optional<double> misses_per_token;
+    std::optional<double> read_bytes_per_token;
+    std::optional<double> tok_per_s;           // none: unbounded (no time per token known)
+    std::string source;                        // where the figures come from, in words
+    std::string note;
+    std::string runs_on;                       // kRunsOnLlamaCpp or kRunsOnExpertCache
+    std::string runs_on_note;                  // which runtime would run a simulated one
+    std::optional<std::string> keep_map;       // the keep map's file, when the plan saw it
+    std::optional<PlanMeasuredFigures> measured;
+    bool feasible = true;
+    bool bound = false;                        // an offline bound (Belady): never recommended
+    std::optional<double> kld_mean;
+    std::optional<bool> kld_measured;          // false: interpolated in K
+    std::string kld_loop = "open";             // "closed": measured with the cache in the loop
+    std::string kld_note;
+    std::optional<PlanDraft> mtp_draft;
+
+    // The fastest an option decodes: an unknown time per token is unbounded.
+    double speed() const;
+    // One line for a person: K, criterion, cache and tokens/s.
+    std::string describe() const;
+};
+
+nlohmann::json to_json(const PlanOption & o);
+// `o`: one element of a plan's "options".
+PlanOption read_plan_option(const JsonFields & o);
+
+// The commands that run a plan's recommendation with stock llama.cpp (plan.json's
+// "commands"): each an argv, and `lines`, the whole sequence as a person types it.
+struct PlanCommands {
+    std::string model;                         // the GGUF llama.cpp loads
+    std::vector<std::string> slice;            // makes `model` from the original; empty when none is needed
+    std::vector<std::string> memory_limit;     // the prefix that runs a command under the RAM given; empty without one
+    std::vector<std::string> llama_completion; // llama.cpp's single-shot tool, without prompt or length
+    std::vector<std::string> llama_server;
+    std::vector<std::string> lines;
+    std::vector<std::string> notes;            // what the flags are for, and what is not measured
+};
+
+nlohmann::json to_json(const PlanCommands & c);
+PlanCommands read_plan_commands(const JsonFields & c);
+// One argv as a POSIX shell reads it back.
+std::string shell_line(const std::vector<std::string> & argv);
+
+} // namespace moeprune

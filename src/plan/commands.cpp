@@ -1,0 +1,100 @@
+#include "plan/commands.h"
+
+#include "formats/keep_map.h"
+
+#include <fmt/format.h>
+
+#include <cstdint>
+
+namespace moeprune {
+
+namespace {
+
+std::string tool(const PlanOptions & opt, const char * name) {
+    return opt.llama_bin.empty() ? std::string(name) : (opt.llama_bin / name).string();
+}
+
+// The flags llama-completion and llama-server share for this option.
+std::vector<std::string> model_flags(const PlanOption & o, const PlanOptions & opt, const Geometry & g,
+                                     const std::string & model, std::vector<std::string> & notes) {
+    std::vector<std::string> flags{"-m", model};
+    if (opt.threads > 0) {
+        flags.insert(flags.end(), {"-t", std::to_string(opt.threads)});
+    }
+    if (opt.ctx > 0) {
+        flags.insert(flags.end(), {"-c", std::to_string(opt.ctx)});
+    }
+    const bool streams = o.policy != "resident";
+    if (!g.repacked_expert_types.empty()) {
+        const std::string types = fmt::format("{}", fmt::join(g.repacked_expert_types, ", "));
+        if (streams) {
+            flags.push_back("--no-repack");
+            notes.push_back(fmt::format("--no-repack: llama.cpp's CPU backend copies {} experts into anonymous memory "
+                                        "(repacking), which cannot stream from disk; with it they stay mapped",
+                                        types));
+        } else {
+            notes.push_back(fmt::format("every kept expert is resident, so the {} experts are left to llama.cpp's "
+                                        "repacking (faster in RAM); add --no-repack to stream them instead", types));
+        }
+    }
+    if (!streams) {
+        notes.push_back("--mlock and --no-mmap are left out: neither was measured faster here");
+    }
+    return flags;
+}
+
+} // namespace
+
+PlanCommands commands_of(const PlanOption & o, const PlanOptions & opt, const Geometry & g,
+                         const std::optional<Measured> & measured) {
+    PlanCommands c;
+    const std::string original = opt.model.empty() ? std::string("MODEL.gguf") : opt.model.string();
+    if (opt.model.empty()) {
+        c.notes.push_back("planned by hand: MODEL.gguf stands for the model of this geometry");
+    }
+    c.model = original;
+    if (o.k < g.n_expert) {
+        const std::string label = keep_map_label(o.criterion, o.k);
+        c.model = (opt.sliced_dir / (label + ".gguf")).string();
+        const std::string map = o.keep_map ? *o.keep_map : keep_map_file_name(o.criterion, o.k);
+        if (!o.keep_map) {
+            c.notes.push_back(fmt::format("{}: the plan read no keep map of {} at K {}; give select's", map, o.criterion,
+                                          o.k));
+        }
+        c.slice = {"moeprune", "slice", "-m", original, "--keep", map, "-o", c.model};
+    }
+    if (opt.ram_bytes > 0 || o.measured) {
+        const double limit = o.measured ? o.measured->limit_bytes : opt.ram_bytes;
+        c.memory_limit = {"systemd-run", "--scope", "-p", fmt::format("MemoryMax={}", uint64_t(limit)), "--"};
+        c.notes.push_back(fmt::format(
+            "systemd-run holds llama.cpp, its page cache included, to the {:.3f} GB {} (a normal user adds --user, "
+            "with the memory controller delegated)",
+            limit / 1e9, o.measured ? "limit it was measured under" : "--ram the plan was made for"));
+    }
+    std::vector<std::string> flags = model_flags(o, opt, g, c.model, c.notes);
+    c.llama_completion = {tool(opt, "llama-completion")};
+    c.llama_completion.insert(c.llama_completion.end(), flags.begin(), flags.end());
+    c.llama_server = {tool(opt, "llama-server")};
+    c.llama_server.insert(c.llama_server.end(), flags.begin(), flags.end());
+    if (measured && measured->report().read_ahead_kb && o.policy != "resident") {
+        const MeasureReport & r = measured->report();
+        c.notes.push_back(fmt::format("the speed streams from {} at its read-ahead when measured, {} KB (blockdev "
+                                      "--getra /dev/{} shows it in 512-byte sectors); another setting changes it",
+                                      r.storage_device.empty() ? "the model's device" : "/dev/" + r.storage_device,
+                                      *r.read_ahead_kb, r.storage_device.empty() ? "DEVICE" : r.storage_device));
+    }
+    if (!c.slice.empty()) {
+        c.lines.push_back(shell_line(c.slice));
+    }
+    std::vector<std::string> prompt = c.llama_completion;
+    prompt.insert(prompt.end(), {"-p", "Hello", "-n", "64", "-no-cnv"});
+    std::vector<std::string> limited = c.memory_limit;
+    limited.insert(limited.end(), prompt.begin(), prompt.end());
+    c.lines.push_back(shell_line(limited));
+    limited = c.memory_limit;
+    limited.insert(limited.end(), c.llama_server.begin(), c.llama_server.end());
+    c.lines.push_back(shell_line(limited));
+    return c;
+}
+
+} // namespace moeprune
