@@ -54,7 +54,9 @@ configure-check: llama
 	    $(CMAKE_ARGS); \
 	fi
 
-demo: build
+# The demo prints the llama-completion command that runs its recommendation: built beside moeprune.
+demo: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target moeprune llama-completion
 	@bash scripts/demo.sh $(BUILD_DIR) $(DEMO_DIR)
 
 peers: configure

@@ -73,4 +73,4 @@ if ! "$bin" measure --check; then
   timing=(--reserve 10MB --ssd 3.9 --compute-ms 2)
 fi
 "$bin" run -m "$model" --corpus "$demo/corpus.toml" -k 12,16,24 --ram 32MB "${timing[@]}" \
-  --criteria reap,reap-lcb,freq,random -o "$demo/run"
+  --criteria reap,reap-lcb,freq,random --llama-bin "$build/bin" -o "$demo/run"

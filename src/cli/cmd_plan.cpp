@@ -111,6 +111,7 @@ void add_plan(CLI::App & app, Action & action) {
             if (!json_out->empty()) {
                 refuse_output_clashes({*json_out}, inputs);
             }
+            opt->moeprune_bin = this_program();
             const nlohmann::json plan = make_plan(*opt);
             std::printf("%s", plan_text(read_plan_document(plan, json_out->empty() ? "the plan" : json_out->string())).c_str());
             if (!json_out->empty()) {

@@ -88,6 +88,7 @@ void add_run(CLI::App & app, Action & action) {
             if (given("--measure-tokens")) merged.measure_tokens = c->measure_tokens;
             if (given("--verify")) merged.verify = c->verify;
             opt->config = merged;
+            opt->moeprune_bin = this_program();
             init_llama({});
             std::printf("%s\n", run_pipeline(*opt).c_str());
             return 0;

@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <filesystem>
 #include <functional>
 #include <string>
 
@@ -49,5 +50,12 @@ inline CLI::Validator thread_count() {
 
 void add_cache_model_flags(CLI::App & sub, PolicyParams & params, ThroughputParams & throughput, std::string & ssd);
 void apply_ssd_preset(const std::string & ssd, ThroughputParams & throughput);
+
+// This program's path, for the commands a plan prints; "moeprune" where /proc cannot say.
+inline std::filesystem::path this_program() {
+    std::error_code ec;
+    const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+    return ec ? std::filesystem::path("moeprune") : self;
+}
 
 } // namespace moeprune::cli

@@ -61,7 +61,7 @@ PlanCommands commands_of(const PlanOption & o, const PlanOptions & opt, const Ge
             c.notes.push_back(fmt::format("{}: the plan read no keep map of {} at K {}; give select's", map, o.criterion,
                                           o.k));
         }
-        c.slice = {"moeprune", "slice", "-m", original, "--keep", map, "-o", c.model};
+        c.slice = {opt.moeprune_bin.string(), "slice", "-m", original, "--keep", map, "-o", c.model};
     }
     if (opt.ram_bytes > 0 || o.measured) {
         const double limit = o.measured ? o.measured->limit_bytes : opt.ram_bytes;

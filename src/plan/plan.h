@@ -49,6 +49,7 @@ struct PlanOptions {
     // where llama.cpp's tools are (empty: on the PATH), and their -t and -c (0: llama.cpp's default).
     std::filesystem::path sliced_dir;
     std::filesystem::path llama_bin;
+    std::filesystem::path moeprune_bin = "moeprune";   // the slice command's
     int threads = 0, ctx = 0;
 };
 

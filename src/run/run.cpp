@@ -518,7 +518,8 @@ void measure_stage(Runner & run, const RunOptions & opt, const RunPaths & at) {
               {c.model, at.eval_text}, [&] { return measure_to(opt, c.model, at.eval_text, c.measure, at.measure_json); });
 }
 
-void plan_stage(Runner & run, const RunConfig & c, const RunPaths & at, const RunMaps & m) {
+void plan_stage(Runner & run, const RunOptions & opt, const RunPaths & at, const RunMaps & m) {
+    const RunConfig & c = opt.config;
     std::vector<fs::path> plan_inputs{c.model, at.eval_json};
     if (!c.measure.empty()) {
         plan_inputs.push_back(at.measure_json);
@@ -550,6 +551,7 @@ void plan_stage(Runner & run, const RunConfig & c, const RunPaths & at, const Ru
                   o.threads = c.threads;
                   o.ctx = c.ctx;
                   o.llama_bin = c.llama_bin;
+                  o.moeprune_bin = opt.moeprune_bin;
                   const json plan = make_plan(o);
                   write_file_atomic(at.plan_json, plan.dump(1) + "\n");
                   write_file_atomic(at.dir / "plan" / "plan.txt", plan_text(read_plan_document(plan, at.plan_json.string())));
@@ -676,7 +678,7 @@ std::string run_pipeline(const RunOptions & opt) {
     const RunMaps maps = run_maps(c, at);
     eval_stage(run, opt, model, at, maps);
     replay_stage(run, c, model, at, maps, throughput);
-    plan_stage(run, c, at, maps);
+    plan_stage(run, opt, at, maps);
     report_stage(run, c, at, maps);
 
     const PlanFile plan = read_plan_report(at.plan_json);

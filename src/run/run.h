@@ -21,6 +21,7 @@ struct RunOptions {
     std::filesystem::path run_dir;
     std::string from;                      // re-run this stage and every later one
     bool progress = true;
+    std::filesystem::path moeprune_bin = "moeprune";   // this program, as the plan's commands name it
 };
 
 const std::vector<std::string> & run_stages();

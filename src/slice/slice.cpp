@@ -459,6 +459,10 @@ SliceResult slice_model(const SliceOptions & opt) {
     if (opt.dry_run) {
         return r;
     }
+    // A plan's printed slice command names a folder of sliced models that need not exist yet.
+    for (const fs::path & out : outputs) {
+        create_output_dir(fs::absolute(out).parent_path());
+    }
     r.outputs = write_gguf_streamed(req);
     if (imatrix) {
         r.imatrix_outputs = write_gguf_streamed(imatrix->req);

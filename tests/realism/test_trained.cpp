@@ -380,3 +380,33 @@ TEST_F(TrainedRealism, CompactBaseBoundIsTight) {
     EXPECT_LE(kld_bound, kld_exact * (1 + 1e-6));
     EXPECT_GE(kld_bound, 0.85 * kld_exact);
 }
+
+// The plan's answer runs as printed: its recommendation (the lowest-KLD keep map, every kept
+// expert resident) is sliced by the printed moeprune command, and the printed
+// llama-completion command, with exactly its flags plus a prompt and a length, loads the
+// sliced model and generates.
+TEST_F(TrainedRealism, ThePlansPrintedCommandsSliceAndRunTheRecommendation) {
+    const fs::path d = dir->path();
+    const fs::path plan_json = d / "plan.json";
+    run_ok(moeprune_cmd(fmt::format("plan -m {} --eval {} --ram 8G --sliced-dir {} --llama-bin {} -t 2 -c 256 --json {}",
+                                    trained_model.string(), (d / "eval.json").string(), (d / "sliced").string(),
+                                    MOEPRUNE_BIN_DIR, plan_json.string())));
+    const json plan = read_json(plan_json);
+    ASSERT_FALSE(plan["recommended"].is_null()) << plan["why"];
+    const json & option = plan["options"][plan["recommended"].get<size_t>()];
+    EXPECT_EQ(option["runs_on"], "llama.cpp");
+    ASSERT_LT(option["k"].get<int>(), 32) << "the recommendation keeps fewer experts, so it is sliced";
+    const json & commands = plan["commands"];
+    const auto shell = [](const json & argv) {
+        std::vector<std::string> args = argv.get<std::vector<std::string>>();
+        std::string line;
+        for (const std::string & a : args) line += (line.empty() ? "'" : " '") + a + "'";
+        return line;
+    };
+    ASSERT_FALSE(commands["slice"].empty());
+    run_ok(shell(commands["slice"]));
+    ASSERT_TRUE(fs::exists(commands["model"].get<std::string>()));
+    const auto r = test::run_command(shell(commands["llama_completion"]) + " -n 8 -p 'The river' -no-cnv 2>&1");
+    EXPECT_EQ(r.exit_code, 0) << shell(commands["llama_completion"]) << "\n" << r.output;
+    EXPECT_NE(r.output.find("The river"), std::string::npos) << r.output;
+}

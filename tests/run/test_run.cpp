@@ -412,7 +412,7 @@ TEST_F(RunTest, MeasuredRunCalibratesThePlanAndVerifiesTheRecommendation) {
 TEST(RunConfigKeys, EveryKeyIsDocumentedAndReadsBackAsWritten) {
     const std::string docs = test::read_bytes(fs::path(MOEPRUNE_SOURCE_DIR) / "docs" / "run.md");
     const std::vector<std::string> keys = run_config_keys();
-    ASSERT_EQ(keys.size(), 28u) << "one key per RunConfig member";
+    ASSERT_EQ(keys.size(), 30u) << "one key per RunConfig member";
     for (const std::string & k : keys) {
         EXPECT_NE(docs.find("`" + k + "`"), std::string::npos) << k << " is not in docs/run.md";
     }
@@ -434,6 +434,8 @@ TEST(RunConfigKeys, EveryKeyIsDocumentedAndReadsBackAsWritten) {
     c.cache_shares = {0.5};
     c.lambdas = {0, 0.5};
     c.max_kld = 0.05;
+    c.runs_on = "any";
+    c.llama_bin = "/opt/llama/bin";
     c.ctx = 256;
     c.threads = 2;
     c.seed = 7;

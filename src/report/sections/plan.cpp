@@ -59,7 +59,7 @@ ReportSection plan_section() {
     return {.id = "plan",
             .csv_columns = {"option", "k", "criterion", "policy", "cache_experts", "cache_scope", "lambda", "routed_bytes",
                             "resident_bytes", "misses_per_token", "tok_per_s", "kld_mean", "kld_measured", "pareto",
-                            "recommended", "mtp_acceptance", "mtp_tok_per_s"},
+                            "recommended", "mtp_acceptance", "mtp_tok_per_s", "runs_on"},
             .csv_when_empty = true,
             .rows = [](ReportData & d) {
                 d.report["plan"] = d.plan.document;

@@ -1,0 +1,79 @@
+// What runs today in llama.cpp, apart from what a simulated expert cache would add.
+#include "report/html.h"
+#include "report/section.h"
+
+#include <fmt/format.h>
+
+#include <set>
+
+namespace moeprune {
+
+using nlohmann::json;
+
+namespace {
+
+std::string option_row(const PlanOption & o, const std::string & label, const std::optional<double> & base_speed) {
+    const std::string measured = o.measured ? "measured under " + o.measured->ram
+                                 : o.policy == "resident" ? "modelled (every kept expert in RAM)"
+                                                          : "simulated";
+    const json speedup = base_speed && o.tok_per_s && *base_speed > 0 ? json(*o.tok_per_s / *base_speed) : json();
+    return "<tr><td>" + html_escape(label) + "</td><td>" + cell(or_null(o.tok_per_s)) + "</td><td>" +
+           html_escape(measured) + "</td><td>" + cell(or_null(o.resident_bytes ? std::optional(*o.resident_bytes / 1e9)
+                                                                                 : std::nullopt)) +
+           "</td><td>" + cell(or_null(o.kld_mean)) + "</td><td>" + cell(speedup) + "</td></tr>";
+}
+
+std::string label_of(const PlanOption & o) {
+    if (o.measured) {
+        return fmt::format("all {} experts, page cache", o.k);
+    }
+    return o.policy == "resident" ? fmt::format("K {} by {}, resident", o.k, o.criterion)
+                                  : fmt::format("K {} by {}, {} of {} experts{}", o.k, o.criterion, o.policy,
+                                                o.cache_experts.value_or(0), o.cache_scope == "global" ? " (global)" : "");
+}
+
+std::string runs_on_html(const PlanFile & plan) {
+    const std::string head = "<tr><th>option</th><th>tokens/s</th><th>figure</th><th>RAM GB</th><th>mean KLD</th>"
+                             "<th>× the recommendation</th></tr>";
+    const PlanOption * rec = plan.recommendation();
+    const std::optional<double> base = rec ? rec->tok_per_s : std::nullopt;
+    std::string today, cache;
+    std::set<size_t> shown(plan.pareto.begin(), plan.pareto.end());
+    shown.insert(plan.pareto_runs_on.begin(), plan.pareto_runs_on.end());
+    if (plan.recommended) {
+        shown.insert(*plan.recommended);
+    }
+    const PlanOption * bound = nullptr;
+    for (size_t i = 0; i < plan.options.size(); ++i) {
+        const PlanOption & o = plan.options[i];
+        if (o.bound && (!bound || o.speed() > bound->speed())) {
+            bound = &o;
+        }
+        if (!shown.count(i) && !o.measured) {
+            continue;
+        }
+        const std::string label = label_of(o) + (plan.recommended == i ? " (recommended)" : "");
+        (o.runs_on == kRunsOnLlamaCpp ? today : cache) += option_row(o, label, base);
+    }
+    std::string body = "<h2>Runs today in llama.cpp</h2>\n<p>What a stock llama.cpp release runs: a sliced model in "
+                       "RAM, or the model mapped from disk with the kernel's page cache as its only expert cache. "
+                       "These are the options on the front and the limits measured.</p>\n<table>" + head + today +
+                       "</table>\n";
+    body += "<h2>What an expert cache would add</h2>\n<p>The simulated policies: an expert cache of N slots that no "
+            "llama.cpp release at moeprune's pin runs (plan.json's runs_on). Their tokens/s are the replay's "
+            "prediction, not a measurement; they show which cache a runtime should implement.</p>\n<table>" + head +
+            cache + "</table>\n";
+    if (bound) {
+        body += "<p>Belady's offline optimum, the most any cache could do: " + html_escape(label_of(*bound)) + ", " +
+                cell(or_null(bound->tok_per_s)) + " tokens/s.</p>\n";
+    }
+    return body;
+}
+
+} // namespace
+
+ReportSection runs_on_section() {
+    return {.id = "runs_on", .html = [](const ReportData & d) { return runs_on_html(d.plan); }};
+}
+
+} // namespace moeprune
