@@ -72,6 +72,11 @@ void add_plan(CLI::App & app, Action & action) {
                     "simulated expert caches included")
         ->check(CLI::IsMember({"llama.cpp", "any"}))
         ->capture_default_str();
+    sub->add_option("--shortlist", opt->shortlist,
+                    "moeprune-verify summaries of options llama.cpp ran (run --measure's plan/shortlist/): their "
+                    "measured tokens/s replace the predicted ones")
+        ->delimiter(',')
+        ->check(CLI::ExistingFile);
     sub->add_option("--sliced-dir", opt->sliced_dir,
                     "Where the recommendation's commands put its sliced model (default: the current folder)");
     sub->add_option("--llama-bin", opt->llama_bin,

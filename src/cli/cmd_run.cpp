@@ -51,6 +51,10 @@ void add_run(CLI::App & app, Action & action) {
                     "held-out text; the plan's timing then comes from the measurement")
         ->delimiter(',');
     sub->add_option("--measure-tokens", c->measure_tokens, "Timed tokens per measured run")->check(CLI::PositiveNumber);
+    sub->add_option("--measure-shortlist", c->measure_shortlist,
+                    "With --measure and --ram: the plan's most promising llama.cpp options measured under --ram, at "
+                    "most this many (0: none); the recommendation is made from what they measured")
+        ->check(CLI::Range(0, 64));
     sub->add_flag("--verify", c->verify,
                   "Measure the recommendation for real at --ram (its sliced model) and print predicted vs measured");
     sub->add_option("--from", opt->from, "Re-run this stage and every later one");

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <limits>
 
 namespace moeprune {
@@ -58,6 +59,13 @@ PlanDraft read_draft(const JsonFields & d) {
 
 } // namespace
 
+std::optional<double> PlanShortlistFigures::error() const {
+    if (!predicted_tok_per_s || !(measured_tok_per_s > 0)) {
+        return std::nullopt;
+    }
+    return std::abs(*predicted_tok_per_s - measured_tok_per_s) / measured_tok_per_s;
+}
+
 const char * runs_on_of(const std::string & policy) {
     return policy == "resident" || policy == "page-cache" ? kRunsOnLlamaCpp : kRunsOnExpertCache;
 }
@@ -73,8 +81,11 @@ std::string PlanOption::describe() const {
                               : !cache_experts      ? policy
                                                     : fmt::format("{} cache of {} experts{}, λ {}", policy, *cache_experts,
                                                                   cache_scope == "global" ? " (global)" : " per layer", lambda);
-    const std::string speed_text = tok_per_s ? fmt::format("{:.2f} tokens/s", *tok_per_s)
-                                             : "unbounded tokens/s (no time per token in the model)";
+    std::string speed_text = tok_per_s ? fmt::format("{:.2f} tokens/s", *tok_per_s)
+                                       : "unbounded tokens/s (no time per token in the model)";
+    if (shortlist) {
+        speed_text += fmt::format(" measured by llama.cpp under {}", shortlist->ram);
+    }
     return fmt::format("K {} by {}, {}: {}", k, criterion, cache, speed_text);
 }
 
@@ -111,6 +122,15 @@ json to_json(const PlanOption & o) {
         out["measured_limit_bytes"] = o.measured->limit_bytes;
         out["major_faults_per_token"] = o.measured->major_faults_per_token;
         out["predicted_tok_per_s"] = or_null(o.measured->predicted_tok_per_s);
+    }
+    if (o.shortlist) {
+        const PlanShortlistFigures & s = *o.shortlist;
+        out["shortlist"] = {{"ram", s.ram},
+                            {"model", s.model},
+                            {"measure", s.measure},
+                            {"measured_tok_per_s", s.measured_tok_per_s},
+                            {"predicted_tok_per_s", or_null(s.predicted_tok_per_s)},
+                            {"error", or_null(s.error())}};
     }
     if (!o.kld_note.empty()) {
         out["kld_note"] = o.kld_note;
@@ -157,6 +177,15 @@ PlanOption read_plan_option(const JsonFields & f) {
                                          f.has("measured_limit_bytes") ? f.number("measured_limit_bytes", 0, kInf) : 0.0,
                                          f.has("major_faults_per_token") ? f.number("major_faults_per_token", 0, kInf) : 0.0,
                                          optional_number(f, "predicted_tok_per_s", 0, kInf)};
+    }
+    if (f.has("shortlist")) {
+        const JsonFields s = f.object("shortlist");
+        o.shortlist = PlanShortlistFigures{s.string("ram"), s.string("model"), s.string("measure"),
+                                           s.number("measured_tok_per_s", 0, kInf),
+                                           optional_number(s, "predicted_tok_per_s", 0, kInf)};
+        if (o.tok_per_s != o.shortlist->measured_tok_per_s) {
+            f.fail("tok_per_s", "is not shortlist.measured_tok_per_s: a measured option's speed is what was measured");
+        }
     }
     o.feasible = !f.has("feasible") || f.boolean("feasible");
     o.bound = f.has("bound") && f.boolean("bound");

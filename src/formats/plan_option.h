@@ -41,6 +41,18 @@ struct PlanMeasuredFigures {
     std::optional<double> predicted_tok_per_s;   // measure's own prediction of that run
 };
 
+// An option of the shortlist `moeprune run --measure` measured: the model that runs it
+// (sliced where K is less than all) decoded by llama.cpp under the RAM budget.
+struct PlanShortlistFigures {
+    std::string ram;                           // the limit it was measured under
+    std::string model;
+    std::string measure;                       // the measure report
+    double measured_tok_per_s = 0;
+    std::optional<double> predicted_tok_per_s; // the plan's before the measurement; none: unbounded
+    // |predicted - measured| / measured.
+    std::optional<double> error() const;
+};
+
 struct PlanOption {
     int64_t k = 0;                             // experts kept per layer
     std::string criterion;                     // "none" for the unpruned model
@@ -59,6 +71,7 @@ struct PlanOption {
     std::string runs_on_note;                  // which runtime would run a simulated one
     std::optional<std::string> keep_map;       // the keep map's file, when the plan saw it
     std::optional<PlanMeasuredFigures> measured;
+    std::optional<PlanShortlistFigures> shortlist;   // measured: tok_per_s is the measured figure
     bool feasible = true;
     bool bound = false;                        // an offline bound (Belady): never recommended
     std::optional<double> kld_mean;

@@ -1,5 +1,6 @@
 #include "formats/verify_summary.h"
 
+#include "core/digest.h"
 #include "core/errors.h"
 #include "core/atomic_file.h"
 #include "core/json.h"
@@ -36,7 +37,8 @@ json to_json(const VerifySummary & v) {
 
 VerifySummary read_verify_summary(const std::filesystem::path & path) {
     const std::string file = path.string();
-    const json doc = parse_json(read_text_file(path), file);
+    const std::string bytes = read_text_file(path);
+    const json doc = parse_json(bytes, file);
     if (!doc.is_object() || doc.value("format", json()) != "moeprune-verify") {
         fail_file(file, "is not a moeprune-verify summary (\"format\")");
     }
@@ -48,6 +50,7 @@ VerifySummary read_verify_summary(const std::filesystem::path & path) {
         return f.has(key) ? std::optional(f.number(key, 0, most)) : std::nullopt;
     };
     VerifySummary v;
+    v.digest = content_digest(bytes);
     v.plan = f.string("plan");
     (void)f.object("option");   // an object, or refused by name
     v.option = f.any("option");

@@ -20,6 +20,7 @@ struct VerifySummary {
     std::optional<double> measured_read_bytes_per_token;   // none where the kernel keeps no I/O counts
     double measured_major_faults_per_token = 0;
     std::string measure;                      // the measure report beside it
+    std::string digest;                       // read back: of the bytes read (not in the file)
 
     // |predicted - measured| / measured, when the plan predicted a speed.
     std::optional<double> error() const;

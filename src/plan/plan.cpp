@@ -7,6 +7,7 @@
 #include "formats/measure_report.h"
 #include "formats/plan_option.h"
 #include "formats/stage_reports.h"
+#include "formats/verify_summary.h"
 #include "plan/calibration.h"
 #include "plan/commands.h"
 #include "plan/geometry.h"
@@ -392,6 +393,31 @@ public:
         }
     }
 
+    // The shortlist's measurements replace the predictions of the options they ran.
+    void apply_shortlist() {
+        for (const auto & path : opt.shortlist) {
+            const VerifySummary v = read_verify_summary(path);
+            const PlanOption ran = with_json_errors(path.string(), [&] {
+                return read_plan_option(JsonFields(v.option, path.string(), "option"));
+            });
+            const auto same = [&](const PlanOption & o) {
+                return o.k == ran.k && o.criterion == ran.criterion && o.policy == ran.policy &&
+                       o.cache_experts == ran.cache_experts && o.cache_scope == ran.cache_scope && o.lambda == ran.lambda &&
+                       !o.measured;
+            };
+            const auto it = std::find_if(options.begin(), options.end(), same);
+            if (it == options.end()) {
+                fail_file(path.string(), fmt::format("measured {}, which is not an option of this plan (planned "
+                                                     "with other inputs or another budget?)",
+                                                     ran.describe()));
+            }
+            it->shortlist = PlanShortlistFigures{v.ram, v.model, v.measure, v.measured_tok_per_s, it->tok_per_s};
+            it->tok_per_s = v.measured_tok_per_s;
+            it->source += fmt::format("; measured by llama.cpp under {} ({})", v.ram, path.string());
+            shortlist_inputs.push_back({{"file", path.string()}, {"digest", v.digest}});
+        }
+    }
+
     // Whether the recommendation may be `o`: with --runs-on llama.cpp, only what stock
     // llama.cpp runs.
     bool eligible(const PlanOption & o) const { return opt.runs_on == "any" || o.runs_on == kRunsOnLlamaCpp; }
@@ -529,7 +555,8 @@ public:
                   {"cache_experts", opt.cache_experts},
                   {"max_kld", opt.max_kld ? json(*opt.max_kld) : json(nullptr)},
                   {"speed_share", opt.speed_share},
-                  {"runs_on", opt.runs_on}}},
+                  {"runs_on", opt.runs_on},
+                  {"shortlist", shortlist_inputs}}},
                 {"options", options_json},
                 {"infeasible", infeasible},
                 {"pareto", pareto},
@@ -554,6 +581,14 @@ private:
         }
         if (o.runs_on == kRunsOnExpertCache) {
             out += "; " + o.runs_on_note;
+        }
+        if (o.shortlist) {
+            out += o.shortlist->predicted_tok_per_s
+                       ? fmt::format("; predicted {:.2f} tokens/s before it was measured (error {:.0f}%)",
+                                     *o.shortlist->predicted_tok_per_s, 100 * *o.shortlist->error())
+                       : "; predicted unbounded before it was measured";
+        } else if (!o.measured && !opt.shortlist.empty()) {
+            out += "; predicted, not measured";
         }
         return out;
     }
@@ -779,7 +814,7 @@ private:
     std::map<std::pair<std::string, int64_t>, std::string> keep_maps;   // the file each (criterion, K) was read from
     std::vector<PlanOption> options;
     uint64_t infeasible = 0;
-    json eval_inputs = json::array(), replay_inputs = json::array();
+    json eval_inputs = json::array(), replay_inputs = json::array(), shortlist_inputs = json::array();
 };
 
 } // namespace
@@ -798,6 +833,7 @@ json make_plan(const PlanOptions & given) {
     planner.read_replays();
     planner.add_given_options();
     planner.add_measured_options();
+    planner.apply_shortlist();
     const std::vector<size_t> pareto_eligible = planner.pareto_front(true);
     const auto [recommended, why] = planner.recommend(pareto_eligible);
     return planner.to_plan_json(planner.pareto_front(false), pareto_eligible, recommended, why);

@@ -45,6 +45,10 @@ struct PlanOptions {
     // "llama.cpp": recommend only what stock llama.cpp runs; "any": the simulated expert
     // caches too.
     std::string runs_on = "llama.cpp";
+    // Options llama.cpp was measured running (`moeprune run --measure`'s shortlist, each a
+    // moeprune-verify summary): their measured tokens/s replace the predicted ones, which
+    // stay beside them, and rank.
+    std::vector<std::filesystem::path> shortlist;
     // The recommendation's commands: where its sliced model goes (moeprune slice's output),
     // where llama.cpp's tools are (empty: on the PATH), and their -t and -c (0: llama.cpp's default).
     std::filesystem::path sliced_dir;

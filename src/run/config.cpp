@@ -124,6 +124,7 @@ const std::vector<ConfigKey> & config_keys() {
         one("slice", &RunConfig::slice, "                # \"\", \"best\" or \"all\""),
         list("measure", &RunConfig::measure, "      # RAM limits llama.cpp's decode is measured under; empty: none"),
         one("measure_tokens", &RunConfig::measure_tokens),
+        one("measure_shortlist", &RunConfig::measure_shortlist, "   # with measure and ram: options measured; 0: none"),
         one("verify", &RunConfig::verify),
     };
     return keys;

@@ -45,6 +45,9 @@ struct RunConfig {
     // the held-out text; the plan then takes its timing from the measurement. Empty: none.
     std::vector<std::string> measure;
     int measure_tokens = 128;
+    // With `measure` and `ram`: the plan's most promising llama.cpp options measured under
+    // `ram`, at most this many; the recommendation is made from their measured tokens/s.
+    int measure_shortlist = 4;
     // Measure the recommended option for real at --ram (its sliced model, slicing it if
     // --slice is not given) and compare with the plan's tokens/s.
     bool verify = false;

@@ -22,6 +22,7 @@
 #include "sim/policy.h"
 #include "replay/replay.h"
 #include "report/report.h"
+#include "run/shortlist.h"
 #include "select/select.h"
 #include "slice/slice.h"
 
@@ -244,6 +245,9 @@ InspectReport check_run_options(const RunOptions & opt) {
     corpus_spec(c, corpus_inputs);
     if (c.verify && c.ram.empty()) {
         throw Error("--verify measures the recommendation at --ram: give --ram");
+    }
+    if (c.measure_shortlist < 0 || c.measure_shortlist > 64) {
+        throw Error(fmt::format("measure_shortlist is {}: 0 (none) to 64 options", c.measure_shortlist));
     }
     if (c.measure_tokens < 1) {
         throw Error(fmt::format("measure_tokens {} must be at least 1", c.measure_tokens));
@@ -518,6 +522,48 @@ void measure_stage(Runner & run, const RunOptions & opt, const RunPaths & at) {
               {c.model, at.eval_text}, [&] { return measure_to(opt, c.model, at.eval_text, c.measure, at.measure_json); });
 }
 
+// Whether the plan stage measures its shortlist: llama.cpp is measured (--measure), under a
+// budget to measure it in (--ram).
+bool shortlisting(const RunConfig & c) { return !c.measure.empty() && !c.ram.empty() && c.measure_shortlist > 0; }
+
+// The shortlist of the plan made from predictions, each option's model (sliced where it
+// keeps fewer experts, then deleted) measured under --ram; returns their summaries, which
+// `out` gets with the measure reports and the predicted plan.
+std::vector<fs::path> measure_shortlist(const RunOptions & opt, const RunPaths & at, const json & predicted,
+                                        std::vector<fs::path> & out) {
+    const RunConfig & c = opt.config;
+    const fs::path dir = at.dir / "plan" / "shortlist";
+    create_output_dir(dir);
+    const fs::path predicted_json = at.dir / "plan" / "predicted.json";
+    write_file_atomic(predicted_json, predicted.dump(1) + "\n");
+    out.push_back(predicted_json);
+    const PlanFile plan = read_plan_document(predicted, predicted_json.string());
+    std::vector<fs::path> summaries;
+    for (const size_t i : shortlist_of(plan, c.measure_shortlist)) {
+        const PlanOption & o = plan.options[i];
+        const std::string label = keep_map_label(o.criterion, o.k) + (o.policy == "resident" ? "" : "-" + o.policy);
+        fs::path model = c.model;
+        if (o.k < plan.n_expert) {
+            SliceOptions s;
+            s.model = c.model;
+            s.keep = o.keep_map ? fs::path(*o.keep_map) : at.maps_dir / keep_map_file_name(o.criterion, o.k);
+            s.output = model = dir / (label + ".gguf");
+            slice_model(s);
+        }
+        const fs::path measure_json = dir / (label + ".measure.json");
+        const std::vector<fs::path> measured = measure_to(opt, model, at.eval_text, {c.ram}, measure_json);
+        if (model != c.model) {
+            fs::remove(model);   // a model's worth of disk per option; the measure report says what it was
+        }
+        const fs::path summary = dir / (label + ".json");
+        write_file_atomic(summary, to_json(measured_option(o, predicted_json.string(), model, c.ram, measure_json)).dump(1) + "\n");
+        out.insert(out.end(), measured.begin(), measured.end());
+        out.push_back(summary);
+        summaries.push_back(summary);
+    }
+    return summaries;
+}
+
 void plan_stage(Runner & run, const RunOptions & opt, const RunPaths & at, const RunMaps & m) {
     const RunConfig & c = opt.config;
     std::vector<fs::path> plan_inputs{c.model, at.eval_json};
@@ -528,7 +574,8 @@ void plan_stage(Runner & run, const RunOptions & opt, const RunPaths & at, const
     plan_inputs.insert(plan_inputs.end(), m.replays.begin(), m.replays.end());
     run.stage("plan", {{"k", c.ks}, {"ram", c.ram}, {"reserve", c.reserve}, {"throughput", to_json(throughput_of(c))},
                        {"max_kld", c.max_kld ? json(*c.max_kld) : json(nullptr)}, {"runs_on", c.runs_on},
-                       {"llama_bin", c.llama_bin}, {"threads", c.threads}, {"ctx", c.ctx}},
+                       {"llama_bin", c.llama_bin}, {"threads", c.threads}, {"ctx", c.ctx},
+                       {"measure_shortlist", shortlisting(c) ? c.measure_shortlist : 0}, {"measure_tokens", c.measure_tokens}},
               plan_inputs, [&] {
                   PlanOptions o;
                   o.model = c.model;
@@ -552,10 +599,16 @@ void plan_stage(Runner & run, const RunOptions & opt, const RunPaths & at, const
                   o.ctx = c.ctx;
                   o.llama_bin = c.llama_bin;
                   o.moeprune_bin = opt.moeprune_bin;
-                  const json plan = make_plan(o);
+                  std::vector<fs::path> out;
+                  json plan = make_plan(o);
+                  if (shortlisting(c)) {
+                      o.shortlist = measure_shortlist(opt, at, plan, out);
+                      plan = make_plan(o);
+                  }
                   write_file_atomic(at.plan_json, plan.dump(1) + "\n");
                   write_file_atomic(at.dir / "plan" / "plan.txt", plan_text(read_plan_document(plan, at.plan_json.string())));
-                  return std::vector<fs::path>{at.plan_json, at.dir / "plan" / "plan.txt"};
+                  out.insert(out.end(), {at.plan_json, at.dir / "plan" / "plan.txt"});
+                  return out;
               });
 }
 
@@ -626,20 +679,7 @@ std::string verify_stage(Runner & run, const RunOptions & opt, const RunPaths & 
     run.stage("verify", {{"ram", c.ram}, {"tokens", c.measure_tokens}, {"threads", c.threads}},
               {model, at.eval_text, at.plan_json}, [&] {
                   std::vector<fs::path> out = measure_to(opt, model, at.eval_text, {c.ram}, at.verify_json);
-                  const MeasureFile verified = read_measure_report(at.verify_json);
-                  const MeasuredRun & measured = verified.report.runs.at(0);
-                  VerifySummary v;
-                  v.plan = at.plan_json.string();
-                  v.option = to_json(*o);
-                  v.model = model.string();
-                  v.ram = c.ram;
-                  v.predicted_tok_per_s = o->tok_per_s;
-                  v.measured_tok_per_s = measured.decode.tokens_per_second;
-                  if (measured.decode.read_bytes_per_token >= 0) {
-                      v.measured_read_bytes_per_token = measured.decode.read_bytes_per_token;
-                  }
-                  v.measured_major_faults_per_token = measured.decode.major_faults_per_token;
-                  v.measure = at.verify_json.string();
+                  const VerifySummary v = measured_option(*o, at.plan_json.string(), model, c.ram, at.verify_json);
                   const fs::path summary = at.dir / "verify" / "summary.json";
                   write_file_atomic(summary, to_json(v).dump(1) + "\n");
                   out.push_back(summary);

@@ -3,6 +3,7 @@
 // recommendation; refusals name what is wrong.
 #include "core/sizes.h"
 #include "core/errors.h"
+#include "formats/verify_summary.h"
 #include "plan/plan.h"
 #include "support/test_support.h"
 
@@ -206,6 +207,64 @@ TEST(Plan, RecommendsWhatStockLlamaCppRunsUnlessAskedForAnyAndSaysHowToRunIt) {
     ASSERT_EQ(c["lines"].size(), 3u);
     EXPECT_EQ(c["lines"][1].get<std::string>().rfind("systemd-run --scope -p MemoryMax=20000000000 -- /opt/llama/bin/llama-completion -m ", 0), 0u)
         << c["lines"][1];
+}
+
+// The shortlist: what llama.cpp measured replaces what was predicted, and ranks.
+TEST(Plan, AShortlistsMeasuredSpeedsReplaceThePredictedOnesInTheRanking) {
+    test::TempDir dir;
+    test::write_text(dir / "eval.json", eval_report({{"reap-k224", 0.30}, {"reap-k320", 0.10}}).dump());
+    PlanOptions o = seed_geometry();
+    o.other_gb = 3.0;
+    o.ram_bytes = 40e9;
+    o.reserve_bytes = 2e9;
+    o.throughput.compute_ms = 12;
+    o.evals = {dir / "eval.json"};
+    const json predicted = make_plan(o);
+    // Both resident: the same predicted speed, so the lower KLD (K 320) is recommended.
+    ASSERT_FALSE(predicted["recommended"].is_null());
+    EXPECT_EQ(predicted["options"][predicted["recommended"].get<size_t>()]["k"], 320);
+    const auto summary = [&](int64_t k, double measured) {
+        for (const json & opt : predicted["options"]) {
+            if (opt["k"] == k && opt["policy"] == "resident") {
+                VerifySummary v;
+                v.plan = "predicted.json";
+                v.option = opt;
+                v.model = fmt::format("reap-k{}.gguf", k);
+                v.ram = "40GB";
+                v.predicted_tok_per_s = opt["tok_per_s"].get<double>();
+                v.measured_tok_per_s = measured;
+                v.measure = fmt::format("reap-k{}.measure.json", k);
+                const fs::path path = dir / fmt::format("k{}.json", k);
+                test::write_text(path, to_json(v).dump());
+                return path;
+            }
+        }
+        throw std::runtime_error("no resident option");
+    };
+    // Measured, K 320 runs at 50 tokens/s and K 224 at 80: K 320 is no longer within 90%
+    // of the fastest, and K 224 is recommended, at its measured speed.
+    o.shortlist = {summary(224, 80), summary(320, 50)};
+    const json p = make_plan(o);
+    ASSERT_FALSE(p["recommended"].is_null()) << p["why"];
+    const json & r = p["options"][p["recommended"].get<size_t>()];
+    EXPECT_EQ(r["k"], 224);
+    EXPECT_EQ(r["tok_per_s"], 80.0);
+    EXPECT_NEAR(r["shortlist"]["predicted_tok_per_s"].get<double>(), 1 / 0.012, 1e-9);
+    EXPECT_NEAR(r["shortlist"]["error"].get<double>(), (1 / 0.012 - 80) / 80, 1e-9);
+    const std::string why = p["why"].get<std::string>();
+    EXPECT_NE(why.find("80.00 tokens/s measured by llama.cpp under 40GB"), std::string::npos) << why;
+    EXPECT_NE(why.find("predicted 83.33 tokens/s before it was measured (error 4%)"), std::string::npos) << why;
+    EXPECT_EQ(p["inputs"]["shortlist"].size(), 2u);
+
+    // A summary of an option this plan does not have is refused by file.
+    o.shortlist = {summary(224, 80)};
+    o.ram_bytes = 15e9;   // K 224 resident no longer fits
+    try {
+        make_plan(o);
+        FAIL() << "a measurement of an option the plan does not have";
+    } catch (const Error & e) {
+        EXPECT_NE(std::string(e.what()).find("k224.json: measured K 224 by reap"), std::string::npos) << e.what();
+    }
 }
 
 TEST(Plan, RefusesWhatCannotBePlanned) {

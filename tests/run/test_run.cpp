@@ -385,8 +385,35 @@ TEST_F(RunTest, MeasuredRunCalibratesThePlanAndVerifiesTheRecommendation) {
     EXPECT_TRUE(fs::exists(run / "report" / "measured.csv"));
 
     ASSERT_FALSE(plan["recommended"].is_null()) << plan["why"];
+    // The shortlist: the recommendation, and the front of what llama.cpp runs, measured
+    // under --ram; the final plan ranks the measured figures, the predicted beside them.
+    const json predicted = read_json(run / "plan" / "predicted.json");
+    const json & recommended = plan["options"][plan["recommended"].get<size_t>()];
+    EXPECT_TRUE(recommended.contains("shortlist") || recommended.contains("measured_ram"))
+        << "the recommendation was measured: " << plan["why"];
+    EXPECT_EQ(recommended["runs_on"], "llama.cpp");
+    size_t measured_options = 0;
+    for (const json & o : plan["options"]) {
+        if (!o.contains("shortlist")) {
+            continue;
+        }
+        ++measured_options;
+        const json & s = o["shortlist"];
+        EXPECT_EQ(s["ram"], "0.3GB");
+        EXPECT_EQ(o["tok_per_s"], s["measured_tok_per_s"]);
+        const json m = read_json(s["measure"].get<std::string>());
+        EXPECT_EQ(s["measured_tok_per_s"], m["runs"][0]["decode"]["tokens_per_second"]);
+        EXPECT_FALSE(fs::exists(s["model"].get<std::string>()) && o["k"] != predicted["inputs"]["geometry"]["experts"])
+            << "a sliced model is deleted once measured";
+    }
+    // K 6 and 8 of reap and freq, each resident: four options, the shortlist's default.
+    EXPECT_EQ(measured_options, 4u);
+    if (recommended.contains("shortlist")) {
+        EXPECT_NE(plan["why"].get<std::string>().find("before it was measured"), std::string::npos) << plan["why"];
+    }
     const json verify = read_json(run / "verify" / "summary.json");
-    EXPECT_EQ(verify["predicted_tok_per_s"], plan["options"][plan["recommended"].get<size_t>()]["tok_per_s"]);
+    EXPECT_EQ(verify["predicted_tok_per_s"],
+              recommended.contains("shortlist") ? recommended["shortlist"]["predicted_tok_per_s"] : recommended["tok_per_s"]);
     EXPECT_GT(verify["measured_tok_per_s"].get<double>(), 0);
     EXPECT_EQ(read_json(run / "verify" / "verify.json")["runs"].size(), 1u);
     EXPECT_NE(r.output.find("verify: "), std::string::npos) << r.output;
@@ -412,7 +439,7 @@ TEST_F(RunTest, MeasuredRunCalibratesThePlanAndVerifiesTheRecommendation) {
 TEST(RunConfigKeys, EveryKeyIsDocumentedAndReadsBackAsWritten) {
     const std::string docs = test::read_bytes(fs::path(MOEPRUNE_SOURCE_DIR) / "docs" / "run.md");
     const std::vector<std::string> keys = run_config_keys();
-    ASSERT_EQ(keys.size(), 30u) << "one key per RunConfig member";
+    ASSERT_EQ(keys.size(), 31u) << "one key per RunConfig member";
     for (const std::string & k : keys) {
         EXPECT_NE(docs.find("`" + k + "`"), std::string::npos) << k << " is not in docs/run.md";
     }
@@ -447,6 +474,7 @@ TEST(RunConfigKeys, EveryKeyIsDocumentedAndReadsBackAsWritten) {
     c.slice = "best";
     c.measure = {"25%", "50%"};
     c.measure_tokens = 32;
+    c.measure_shortlist = 2;
     c.verify = true;
     const std::string text = run_config_toml(c);
     for (const std::string & k : keys) {
