@@ -91,6 +91,9 @@ void add_run(CLI::App & app, Action & action) {
             if (given("--measure")) merged.measure = c->measure;
             if (given("--measure-tokens")) merged.measure_tokens = c->measure_tokens;
             if (given("--verify")) merged.verify = c->verify;
+            if (given("--measure-shortlist")) merged.measure_shortlist = c->measure_shortlist;
+            if (given("--runs-on")) merged.runs_on = c->runs_on;
+            if (given("--llama-bin")) merged.llama_bin = std::filesystem::absolute(c->llama_bin).lexically_normal().string();
             opt->config = merged;
             opt->moeprune_bin = this_program();
             init_llama({});

@@ -27,6 +27,7 @@ json to_json(const DecodeFigures & f) {
 
 json to_json(const StreamPrediction & p) {
     return {{"page_cache_bytes", p.page_cache_bytes},
+            {"outside_model", p.outside_model.empty() ? json(nullptr) : json(p.outside_model)},
             {"tokens_per_second", p.tokens_per_second},
             {"ms_per_token", p.ms_per_token},
             {"read_bytes_per_token", p.read_bytes_per_token},
@@ -158,6 +159,7 @@ MeasuredRun read_run(const JsonFields & run, bool limited) {
         s.other_read_bytes_per_token = optional_number(p, "other_read_bytes_per_token", 0, kMostBytes, 0);
         s.faults_per_token = optional_number(p, "faults_per_token", 0, 1e12, 0);
         s.expert_faults_per_token = optional_number(p, "expert_faults_per_token", 0, 1e12, 0);
+        s.outside_model = p.has("outside_model") ? p.string("outside_model") : "";
         r.error = run.number("error", 0, 1e12);
     }
     return r;

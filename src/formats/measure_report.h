@@ -30,6 +30,8 @@ struct StreamPrediction {
     double read_bytes_per_token = 0;       // pages faulted in, readahead included
     double expert_read_bytes_per_token = 0, other_read_bytes_per_token = 0;   // by the range that faulted
     double faults_per_token = 0, expert_faults_per_token = 0;                 // read-arounds started
+    // Why this limit is outside what the predictor models, in words; empty when it is not.
+    std::string outside_model;
     // Not in the file (its agreement with mincore() is, as the run's residency): after each
     // sampled timed token, the experts (routed_expert_slabs order) every page of which the
     // simulated cache holds.

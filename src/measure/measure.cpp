@@ -560,6 +560,11 @@ std::string to_text(const MeasureReport & r) {
         out += fmt::format("predicted from the resident run, the probe and the trace: median error {:.1f}%, max {:.1f}%\n",
                            100 * r.median_error, 100 * r.max_error);
     }
+    for (const MeasuredRun & m : r.runs) {
+        if (m.predicted && !m.prediction.outside_model.empty()) {
+            out += fmt::format("at {}, the prediction is not an answer: {}\n", m.ram, m.prediction.outside_model);
+        }
+    }
     return out;
 }
 

@@ -86,6 +86,17 @@ std::string timing_source(const PlanOptions & opt, const std::optional<Measured>
         out += fmt::format("; that calibration predicted the measured limits with median error {:.0f}% (max {:.0f}%)",
                            100 * m->report().median_error, 100 * m->report().max_error);
     }
+    std::vector<std::string> outside;
+    for (const MeasuredRun & r : m->report().runs) {
+        if (r.predicted && !r.prediction.outside_model.empty()) {
+            outside.push_back(r.ram);
+        }
+    }
+    if (!outside.empty()) {
+        out += fmt::format("; at {} the predictor is outside what it models (a read-around window over half the page "
+                           "cache): there, only measured speeds are answers",
+                           fmt::join(outside, ", "));
+    }
     std::vector<std::string> hand;
     for (const auto & [flag, p] : {std::pair{"--compute-ms", "compute_ms"}, {"--ssd", "ssd_gbps"},
                                    {"--read-latency-us", "read_latency_us"}, {"--reserve", "reserve_bytes"}}) {

@@ -386,6 +386,9 @@ public:
             o.measured = PlanMeasuredFigures{r.ram, limit, r.decode.major_faults_per_token,
                                              r.predicted ? std::optional(r.prediction.tokens_per_second) : std::nullopt};
             o.source = fmt::format("measured: llama.cpp under a {:.3f} GB memory limit ({})", gb(limit), measured->file.path);
+            if (r.predicted && !r.prediction.outside_model.empty()) {
+                o.note = "measure's prediction of this limit is not an answer: " + r.prediction.outside_model;
+            }
             if (!g.mtp_bytes.empty()) {
                 o.mtp_draft = PlanDraft{.note = "measured: llama.cpp decoded without a draft"};
             }

@@ -112,7 +112,11 @@ const std::vector<ConfigKey> & config_keys() {
         list("lambdas", &RunConfig::lambdas),
         maybe("max_kld", &RunConfig::max_kld),
         one("runs_on", &RunConfig::runs_on, "          # recommend among \"llama.cpp\" options or \"any\""),
-        one("llama_bin", &RunConfig::llama_bin, "        # llama.cpp's tools for the printed commands; empty: the PATH"),
+        {"llama_bin", [](RunConfig & c, const toml::node & n, const std::string & where, const fs::path & base) {
+             const std::string dir = value<std::string>(n, where, "llama_bin");
+             c.llama_bin = dir.empty() ? dir : from_base(dir, base).string();
+         }, [](const RunConfig & c) -> std::optional<std::string> { return toml_value(c.llama_bin); },
+         "        # llama.cpp's tools for the printed commands; empty: the PATH"},
         one("ctx", &RunConfig::ctx),
         one("threads", &RunConfig::threads),
         maybe("seed", &RunConfig::seed, "", "# corpus settings given here override the manifest's\n"),

@@ -348,7 +348,8 @@ MeasureReport full_measure_report() {
     limited.predicted = true;
     limited.prediction = {.page_cache_bytes = 40 << 20, .tokens_per_second = 110, .ms_per_token = 9.1,
                           .read_bytes_per_token = 5e5, .expert_read_bytes_per_token = 4e5,
-                          .other_read_bytes_per_token = 1e5, .faults_per_token = 3, .expert_faults_per_token = 2};
+                          .other_read_bytes_per_token = 1e5, .faults_per_token = 3, .expert_faults_per_token = 2,
+                          .outside_model = "a read-around window over half the page cache"};
     limited.error = 0.12;
     limited.residency = {{"agreement", 0.9}};
     r.runs = {limited};

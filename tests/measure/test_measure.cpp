@@ -91,6 +91,10 @@ TEST(Measure, DecodesUnderLimitsPredictsAndTracesTheTimedTokens) {
         EXPECT_GT(run.at("decode").at("tokens_per_second").get<double>(), 0);
         EXPECT_GT(run.at("predicted").at("tokens_per_second").get<double>(), 0);
         EXPECT_GE(run.at("error").get<double>(), 0);
+        // The prediction says when it is outside its model: a read-around window over half the page cache.
+        const uint64_t window = m.at("calibration").at("readaround_bytes").get<uint64_t>();
+        const uint64_t cache = run.at("predicted").at("page_cache_bytes").get<uint64_t>();
+        EXPECT_EQ(run.at("predicted").at("outside_model").is_string(), 2 * window > cache) << run.at("predicted");
         // Which experts the kernel held, by mincore() after every timed token, against the simulation.
         const json & residency = run.at("residency");
         EXPECT_EQ(residency.at("samples"), 16) << residency;

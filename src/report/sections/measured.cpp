@@ -13,7 +13,7 @@ namespace {
 
 const std::vector<std::string> kMeasuredColumns = {
     "ram", "limit_bytes", "predicted_tok_per_s", "measured_tok_per_s", "error", "predicted_read_bytes_per_token",
-    "measured_read_bytes_per_token", "predicted_faults_per_token", "measured_major_faults_per_token"};
+    "measured_read_bytes_per_token", "predicted_faults_per_token", "measured_major_faults_per_token", "outside_model"};
 
 // Every limit `measure` ran llama.cpp under, its prediction beside it.
 json measured_rows(const MeasureReport & m) {
@@ -30,7 +30,9 @@ json measured_rows(const MeasureReport & m) {
                         {"measured_read_bytes_per_token",
                          d.read_bytes_per_token < 0 ? json(nullptr) : json(d.read_bytes_per_token)},
                         {"predicted_faults_per_token", predicted(r.prediction.faults_per_token)},
-                        {"measured_major_faults_per_token", d.major_faults_per_token}});
+                        {"measured_major_faults_per_token", d.major_faults_per_token},
+                        {"outside_model", r.predicted && !r.prediction.outside_model.empty()
+                                              ? json(r.prediction.outside_model) : json(nullptr)}});
     }
     return rows;
 }
@@ -48,7 +50,15 @@ std::string measured_html(const json & rows, const PlanInputFigures & plan) {
         body += fmt::format(": median {:.0f}%, max {:.0f}%", 100 * *plan.measured_median_error,
                             100 * *plan.measured_max_error);
     }
-    return body + ".</p>\n" + rows_table(rows, kMeasuredColumns);
+    body += ".</p>\n";
+    for (const json & row : rows) {
+        if (!row["outside_model"].is_null()) {
+            body += "<p class=\"warning\"><b>At " + html_escape(row["ram"].get<std::string>()) +
+                    ", the prediction is not an answer:</b> " + html_escape(row["outside_model"].get<std::string>()) +
+                    "</p>\n";
+        }
+    }
+    return body + rows_table(rows, kMeasuredColumns);
 }
 
 } // namespace
