@@ -411,6 +411,14 @@ TEST_F(RunTest, MeasuredRunCalibratesThePlanAndVerifiesTheRecommendation) {
     if (recommended.contains("shortlist")) {
         EXPECT_NE(plan["why"].get<std::string>().find("before it was measured"), std::string::npos) << plan["why"];
     }
+    // The report's first screen: what to run, measured how fast, at what cost, under what.
+    const json & answer = report["recommendation"]["answer"];
+    ASSERT_EQ(answer.size(), 4u) << answer;
+    EXPECT_EQ(answer[1].get<std::string>().rfind("It decoded ", 0), 0u) << answer;
+    EXPECT_NE(answer[1].get<std::string>().find("measured by llama.cpp"), std::string::npos) << answer;
+    EXPECT_EQ(answer[3].get<std::string>().rfind("Conditions: a memory limit of ", 0), 0u) << answer;
+    EXPECT_EQ(report["recommendation"]["commands"], plan["commands"]);
+    EXPECT_NE(test::read_bytes(run / "report.html").find("Runs today in llama.cpp"), std::string::npos);
     const json verify = read_json(run / "verify" / "summary.json");
     EXPECT_EQ(verify["predicted_tok_per_s"],
               recommended.contains("shortlist") ? recommended["shortlist"]["predicted_tok_per_s"] : recommended["tok_per_s"]);
