@@ -74,7 +74,12 @@ PlanCommands commands_of(const PlanOption & o, const PlanOptions & opt, const Ge
     std::vector<std::string> flags = model_flags(o, opt, g, c.model, c.notes);
     c.llama_completion = {tool(opt, "llama-completion")};
     c.llama_completion.insert(c.llama_completion.end(), flags.begin(), flags.end());
-    c.llama_server = {tool(opt, "llama-server")};
+    // moeprune builds llama.cpp without its server: where --llama-bin has none, the PATH's.
+    const bool server_there = !opt.llama_bin.empty() && std::filesystem::exists(opt.llama_bin / "llama-server");
+    c.llama_server = {server_there ? tool(opt, "llama-server") : std::string("llama-server")};
+    if (!opt.llama_bin.empty() && !server_there) {
+        c.notes.push_back(fmt::format("{} has no llama-server: the command names the one on the PATH", opt.llama_bin.string()));
+    }
     c.llama_server.insert(c.llama_server.end(), flags.begin(), flags.end());
     if (measured && measured->report().read_ahead_kb && o.policy != "resident") {
         const MeasureReport & r = measured->report();

@@ -202,7 +202,7 @@ TEST(Plan, RecommendsWhatStockLlamaCppRunsUnlessAskedForAnyAndSaysHowToRunIt) {
     EXPECT_EQ(c["model"], sliced);
     EXPECT_EQ(c["slice"], json({"moeprune", "slice", "-m", "MODEL.gguf", "--keep", "maps/reap-k224.json", "-o", sliced}));
     EXPECT_EQ(c["llama_completion"], json({"/opt/llama/bin/llama-completion", "-m", sliced, "-t", "8", "-c", "4096"}));
-    EXPECT_EQ(c["llama_server"][0], "/opt/llama/bin/llama-server");
+    EXPECT_EQ(c["llama_server"][0], "llama-server") << "no llama-server in --llama-bin: the PATH's";
     EXPECT_EQ(c["memory_limit"], json({"systemd-run", "--scope", "-p", "MemoryMax=20000000000", "--"}));
     ASSERT_EQ(c["lines"].size(), 3u);
     EXPECT_EQ(c["lines"][1].get<std::string>().rfind("systemd-run --scope -p MemoryMax=20000000000 -- /opt/llama/bin/llama-completion -m ", 0), 0u)
