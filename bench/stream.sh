@@ -9,8 +9,10 @@
 # memory-cgroup limits of what stays resident plus 25, 50, 75 and 100% of the expert
 # bytes (llama.cpp's --no-repack: q8_0 is not repacked on x86 anyway). Each limit's
 # tokens/s is predicted from the resident run, the storage probe and the trace alone.
-# Needs root or a delegated memory cgroup; about 3 minutes here.
-# Last line: stream: points=N median_err=M max_err=E
+# As root, every limit is measured at the device's read-ahead and at 128 KB (measure
+# --read-ahead-kb puts the device's back); otherwise at the device's alone.
+# Needs root or a delegated memory cgroup; about 6 minutes here.
+# Last line (over every limit and read-ahead): stream: points=N median_err=M max_err=E
 #   err = |predicted - measured| / measured tokens/s (targets: M <= 0.10, E <= 0.25)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,8 +25,17 @@ model=$work/stream.gguf
 [ -f "$model" ] || "$bin/moeprune" synth --layers 8 --experts 64 --used 4 --embd 1024 --ff 1024 --type q8_0 \
     --seed 7 -o "$model" >/dev/null
 cat "$root"/README.md "$root"/docs/*.md > "$work/text.txt"
+read_ahead=()
+source=$(findmnt -no SOURCE -T "$work" 2>/dev/null || true)
+disk=$(lsblk -no PKNAME "$source" 2>/dev/null | head -1 || true)
+disk=${disk:-$(basename "${source:-none}")}
+if [ "$(id -u)" = 0 ] && [ -r "/sys/block/$disk/queue/read_ahead_kb" ]; then
+  read_ahead=(--read-ahead-kb "$(cat "/sys/block/$disk/queue/read_ahead_kb"),128")
+else
+  echo "stream: not root, or no block device under $work: measured at the device's read-ahead alone" >&2
+fi
 "$bin/moeprune" measure -m "$model" -f "$work/text.txt" --ram 25%,50%,75%,100% --tokens "$tokens" --no-repack \
-    --json "$work/measure.json" --trace "$work/measure.mptrace"
+    "${read_ahead[@]}" --json "$work/measure.json" --trace "$work/measure.mptrace"
 python3 - "$work/measure.json" <<'PY'
 import json, sys
 m = json.load(open(sys.argv[1]))

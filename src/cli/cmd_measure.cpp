@@ -33,6 +33,11 @@ void add_measure(CLI::App & app, Action & action) {
     sub->add_option("--probe-mib", opt->probe_mib, "Storage probe: MiB of random experts read cold (0: none)")
         ->capture_default_str();
     sub->add_option("--seed", opt->seed, "The probe's order of experts")->capture_default_str();
+    sub->add_option("--read-ahead-kb", opt->read_ahead_kb,
+                    "Measure every limit at each of these read-aheads of the model's device, in KB (root only); "
+                    "the device's own is put back afterwards, and by the next measure after a kill -9")
+        ->delimiter(',')
+        ->check(CLI::Range(uint64_t(0), uint64_t(1) << 20));
     sub->add_flag("!--no-repack", opt->repack,
                   "As llama.cpp's --no-repack: weights it would repack (q4_0, q4_K, iq4_nl on x86) stay mapped");
     sub->add_option("--llama-bench", opt->llama_bench,

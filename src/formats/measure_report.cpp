@@ -42,6 +42,7 @@ json to_json(const MeasuredRun & r) {
             {"limit_bytes", r.limit_bytes},
             {"cache_bytes", r.cache_bytes},
             {"peak_bytes", r.peak_bytes},
+            {"read_ahead_kb", r.read_ahead_kb ? json(*r.read_ahead_kb) : json(nullptr)},
             {"decode", to_json(r.decode)},
             {"predicted", r.predicted ? to_json(r.prediction) : json()},
             {"error", r.predicted ? json(r.error) : json()},
@@ -146,6 +147,9 @@ MeasuredRun read_run(const JsonFields & run, bool limited) {
     r.decode = read_decode(run, 1e-3);
     r.detail = optional_json(run, "detail");
     r.llama_bench = optional_json(run, "llama_bench");
+    if (run.has("read_ahead_kb")) {
+        r.read_ahead_kb = uint64_t(run.integer("read_ahead_kb", 0, int64_t(1) << 40));
+    }
     r.residency = optional_json(run, "residency");
     if (run.has("predicted")) {
         const JsonFields p = run.object("predicted");

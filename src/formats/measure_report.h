@@ -52,6 +52,7 @@ struct MeasuredRun {
     uint64_t limit_bytes = 0;        // 0: no limit
     uint64_t cache_bytes = 0;        // the limit less what stays resident: the experts' share
     uint64_t peak_bytes = 0;         // the cgroup's most memory charged at once
+    std::optional<uint64_t> read_ahead_kb;   // the model's device's read-ahead during the run, where sysfs says
     DecodeFigures decode;
     nlohmann::json detail;           // load, per-token series, the process's resident set
     bool predicted = false;          // a limited run, with a storage probe to calibrate reads

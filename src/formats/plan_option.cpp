@@ -74,7 +74,9 @@ double PlanOption::speed() const { return tok_per_s ? *tok_per_s : std::numeric_
 
 std::string PlanOption::describe() const {
     if (measured) {
-        return fmt::format("all {} experts mapped under a {} limit (llama.cpp, measured): {:.2f} tokens/s", k, measured->ram,
+        return fmt::format("all {} experts mapped under a {} limit{} (llama.cpp, measured): {:.2f} tokens/s", k,
+                           measured->ram,
+                           measured->read_ahead_kb ? fmt::format(" at a read-ahead of {} KB", *measured->read_ahead_kb) : "",
                            tok_per_s.value_or(0));
     }
     const std::string cache = policy == "resident" ? "all kept experts resident"
@@ -122,6 +124,7 @@ json to_json(const PlanOption & o) {
         out["measured_limit_bytes"] = o.measured->limit_bytes;
         out["major_faults_per_token"] = o.measured->major_faults_per_token;
         out["predicted_tok_per_s"] = or_null(o.measured->predicted_tok_per_s);
+        out["measured_read_ahead_kb"] = o.measured->read_ahead_kb ? json(*o.measured->read_ahead_kb) : json(nullptr);
     }
     if (o.shortlist) {
         const PlanShortlistFigures & s = *o.shortlist;
@@ -177,6 +180,9 @@ PlanOption read_plan_option(const JsonFields & f) {
                                          f.has("measured_limit_bytes") ? f.number("measured_limit_bytes", 0, kInf) : 0.0,
                                          f.has("major_faults_per_token") ? f.number("major_faults_per_token", 0, kInf) : 0.0,
                                          optional_number(f, "predicted_tok_per_s", 0, kInf)};
+        if (f.has("measured_read_ahead_kb")) {
+            o.measured->read_ahead_kb = uint64_t(f.integer("measured_read_ahead_kb", 0, int64_t(1) << 40));
+        }
     }
     if (f.has("shortlist")) {
         const JsonFields s = f.object("shortlist");
@@ -205,6 +211,7 @@ json to_json(const PlanCommands & c) {
     return {{"model", c.model},
             {"slice", c.slice},
             {"memory_limit", c.memory_limit},
+            {"read_ahead", c.read_ahead},
             {"llama_completion", c.llama_completion},
             {"llama_server", c.llama_server},
             {"lines", c.lines},
@@ -227,6 +234,9 @@ PlanCommands read_plan_commands(const JsonFields & c) {
     out.model = c.string("model");
     out.slice = strings("slice");
     out.memory_limit = strings("memory_limit");
+    if (c.has("read_ahead")) {
+        out.read_ahead = strings("read_ahead");
+    }
     out.llama_completion = strings("llama_completion");
     out.llama_server = strings("llama_server");
     out.lines = strings("lines");

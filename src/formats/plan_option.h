@@ -39,6 +39,7 @@ struct PlanMeasuredFigures {
     double limit_bytes = 0;
     double major_faults_per_token = 0;
     std::optional<double> predicted_tok_per_s;   // measure's own prediction of that run
+    std::optional<uint64_t> read_ahead_kb;     // the model's device's read-ahead then
 };
 
 // An option of the shortlist `moeprune run --measure` measured: the model that runs it
@@ -96,6 +97,7 @@ struct PlanCommands {
     std::string model;                         // the GGUF llama.cpp loads
     std::vector<std::string> slice;            // makes `model` from the original; empty when none is needed
     std::vector<std::string> memory_limit;     // the prefix that runs a command under the RAM given; empty without one
+    std::vector<std::string> read_ahead;       // sets the device's read-ahead it was measured at; empty: leave it
     std::vector<std::string> llama_completion; // llama.cpp's single-shot tool, without prompt or length
     std::vector<std::string> llama_server;
     std::vector<std::string> lines;

@@ -66,6 +66,7 @@ json storage_of(const fs::path & file) {
         const std::string ra = read_first_line(disk / "queue" / "read_ahead_kb");
         if (!ra.empty()) {
             out["read_ahead_kb"] = std::stoull(ra);
+            out["read_ahead_file"] = (disk / "queue" / "read_ahead_kb").string();
         }
         out["device_model"] = read_first_line(disk / "device" / "model");
     }

@@ -13,6 +13,7 @@
 #include "measure/child.h"
 #include "measure/figures.h"
 #include "measure/predict.h"
+#include "measure/read_ahead.h"
 #include "measure/worker.h"
 #include "model/inspect.h"
 #include "model/model_file.h"
@@ -68,6 +69,9 @@ public:
     explicit Measurement(const MeasureOptions & opt) : opt_(opt) {}
 
     MeasureReport run() {
+        for (const std::string & line : restore_left_read_ahead(read_ahead_state_dir())) {
+            std::fprintf(stderr, "moeprune: %s\n", line.c_str());
+        }
         check_options();
         read_model();
         read_text();
@@ -95,6 +99,7 @@ private:
     void resolve_limits();
     void probe_storage();
     void limited_runs();
+    void limited_run(size_t i, size_t n, std::optional<uint64_t> read_ahead_kb);
     void predict();
     MeasureReport finish();
     WorkerSpec decode_spec(const std::string & label) const;
@@ -119,9 +124,13 @@ private:
     json storage_;
     uint64_t readaround_bytes_ = 0;
     std::vector<uint64_t> limits_;
+    std::optional<ReadAhead> read_ahead_;   // with --read-ahead-kb; puts the device's back when destroyed
 };
 
 void Measurement::check_options() {
+    if (!opt_.read_ahead_kb.empty() && ::geteuid() != 0) {
+        throw Error("--read-ahead-kb changes the read-ahead of the model's device, which needs root (nothing was changed)");
+    }
     constexpr int kMostTokens = 1 << 20;  // a context llama.cpp can hold; their sum must fit an int
     if (opt_.tokens < 1 || opt_.tokens > kMostTokens || opt_.warmup < 0 || opt_.warmup > kMostTokens || opt_.ctx < 0 ||
         opt_.ctx > 2 * kMostTokens) {
@@ -172,6 +181,13 @@ void Measurement::read_model() {
     // llama.cpp advises POSIX_FADV_SEQUENTIAL, which doubles the file's readahead window.
     storage_ = storage_of(gguf_->shard_paths().front());
     readaround_bytes_ = storage_.value("read_ahead_kb", uint64_t(128)) * 1024 * 2;
+    if (!opt_.read_ahead_kb.empty()) {
+        if (!storage_.contains("read_ahead_file")) {
+            fail_file(opt_.model.string(), "is on a file system with no block device whose read-ahead can be set "
+                                           "(--read-ahead-kb; nothing was changed)");
+        }
+        read_ahead_.emplace(storage_.at("read_ahead_file").get<std::string>(), read_ahead_state_dir());
+    }
     const std::vector<double> per_expert = info_.routed_layer_expert_bytes();
     for (double b : per_expert) {
         rep_.routed_expert_bytes += uint64_t(b) * uint64_t(info_.n_expert);
@@ -423,26 +439,44 @@ void Measurement::probe_storage() {
 }
 
 void Measurement::limited_runs() {
-    for (size_t i = 0; i < limits_.size(); ++i) {
-        const std::string & ram = opt_.ram[i];
-        MeasuredRun r;
-        r.ram = ram;
-        r.limit_bytes = limits_[i];
-        r.cache_bytes = limits_[i] - rep_.resident_need_bytes;
-        bracketed(r, limits_[i], fmt::format("run{}", i), [&] {
-            drop_model_pages(gguf_->shard_paths());
-            MemoryCgroup cgroup(cgroups_, limits_[i], scratch_);
-            WorkerSpec spec = decode_spec(fmt::format("measure {} ({})", ram, mib(limits_[i])));
-            spec.residency_every = std::max(1, opt_.tokens / 16);
-            spec.residency_experts = routed_expert_slabs(*gguf_, info_);
-            spec.shards = gguf_->shard_paths();
-            const WorkerExit w = run_worker_in(spec, cgroup, fmt::format("run{}", i), fmt::format("--ram {}", ram));
-            r.peak_bytes = cgroup.peak_bytes();
-            r.detail = w.result;
-            r.decode = with_json_errors(fmt::format("the result of --ram {}", ram), [&] { return decode_figures(w.result); });
-        });
-        rep_.runs.push_back(std::move(r));
+    std::vector<std::optional<uint64_t>> read_aheads(opt_.read_ahead_kb.begin(), opt_.read_ahead_kb.end());
+    if (read_aheads.empty()) {
+        read_aheads.push_back(std::nullopt);   // the device's own
     }
+    size_t n = 0;
+    for (const std::optional<uint64_t> & kb : read_aheads) {
+        if (kb) {
+            read_ahead_->set(*kb);
+        }
+        for (size_t i = 0; i < limits_.size(); ++i, ++n) {
+            limited_run(i, n, kb ? kb : storage_.contains("read_ahead_kb")
+                                             ? std::optional(storage_.at("read_ahead_kb").get<uint64_t>())
+                                             : std::nullopt);
+        }
+    }
+    read_ahead_.reset();
+}
+
+void Measurement::limited_run(size_t i, size_t n, std::optional<uint64_t> read_ahead_kb) {
+    const std::string & ram = opt_.ram[i];
+    MeasuredRun r;
+    r.ram = ram;
+    r.limit_bytes = limits_[i];
+    r.cache_bytes = limits_[i] - rep_.resident_need_bytes;
+    r.read_ahead_kb = read_ahead_kb;
+    bracketed(r, limits_[i], fmt::format("run{}", n), [&] {
+        drop_model_pages(gguf_->shard_paths());
+        MemoryCgroup cgroup(cgroups_, limits_[i], scratch_);
+        WorkerSpec spec = decode_spec(fmt::format("measure {} ({})", ram, mib(limits_[i])));
+        spec.residency_every = std::max(1, opt_.tokens / 16);
+        spec.residency_experts = routed_expert_slabs(*gguf_, info_);
+        spec.shards = gguf_->shard_paths();
+        const WorkerExit w = run_worker_in(spec, cgroup, fmt::format("run{}", n), fmt::format("--ram {}", ram));
+        r.peak_bytes = cgroup.peak_bytes();
+        r.detail = w.result;
+        r.decode = with_json_errors(fmt::format("the result of --ram {}", ram), [&] { return decode_figures(w.result); });
+    });
+    rep_.runs.push_back(std::move(r));
 }
 
 // Each limited run predicted from the calibration alone (resident run and probe), never
@@ -466,7 +500,11 @@ void Measurement::predict() {
         for (const json & sample : samples) {
             after.push_back(sample.at("token").get<uint64_t>());
         }
-        r.prediction = predict_stream(*gguf_, trace, uint64_t(opt_.warmup), r.limit_bytes, c, after);
+        StreamCalibration at = c;
+        if (r.read_ahead_kb) {
+            at.readaround_bytes = *r.read_ahead_kb * 1024 * 2;   // doubled by POSIX_FADV_SEQUENTIAL, as above
+        }
+        r.prediction = predict_stream(*gguf_, trace, uint64_t(opt_.warmup), r.limit_bytes, at, after);
         r.predicted = true;
         r.residency = residency_agreement(samples, r.prediction.resident_experts,
                                           info_.routed_layers().size() * size_t(info_.n_expert));
@@ -485,7 +523,7 @@ MeasureReport Measurement::finish() {
     rep_.settings = {{"ram", opt_.ram},       {"tokens", opt_.tokens},       {"warmup", opt_.warmup},
                      {"ctx", ctx_},           {"threads", threads_},         {"probe_mib", opt_.probe_mib},
                      {"seed", opt_.seed},     {"batch", 1},                  {"mmap", true},
-                     {"repack", opt_.repack}, {"text_only", opt_.text_only}};
+                     {"repack", opt_.repack}, {"text_only", opt_.text_only}, {"read_ahead_kb", opt_.read_ahead_kb}};
     rep_.system = {{"kernel", fmt::format("{} {}", u.sysname, u.release)},
                    {"machine", u.machine},
                    {"cpus", std::thread::hardware_concurrency()},
@@ -520,17 +558,18 @@ std::string to_text(const MeasureReport & r) {
                                   mib(r.resident_weight_bytes), mib(r.process_bytes));
     const auto line = [](const MeasuredRun & m) {
         const DecodeFigures & d = m.decode;
-        return fmt::format("{:>12} {:>12} {:>12} {:>10.2f} {:>10.2f} {:>12.2f} {:>14} {:>12} {:>14} {:>8}\n", m.ram,
+        return fmt::format("{:>12} {:>12} {:>12} {:>10.2f} {:>10.2f} {:>12.2f} {:>14} {:>12} {:>14} {:>8} {:>8}\n", m.ram,
                            m.limit_bytes ? mib(m.limit_bytes) : "-", mib(m.cache_bytes), d.tokens_per_second,
                            d.ms_median, d.major_faults_per_token,
                            d.read_bytes_per_token < 0 ? "-" : mib(uint64_t(d.read_bytes_per_token)),
                            m.predicted ? fmt::format("{:.2f}", m.prediction.tokens_per_second) : "-",
                            m.predicted ? mib(uint64_t(m.prediction.read_bytes_per_token)) : "-",
-                           m.predicted ? fmt::format("{:.0f}%", 100 * m.error) : "-");
+                           m.predicted ? fmt::format("{:.0f}%", 100 * m.error) : "-",
+                           m.read_ahead_kb ? std::to_string(*m.read_ahead_kb) : "-");
     };
-    out += fmt::format("{:>12} {:>12} {:>12} {:>10} {:>10} {:>12} {:>14} {:>12} {:>14} {:>8}\n", "ram", "limit",
+    out += fmt::format("{:>12} {:>12} {:>12} {:>10} {:>10} {:>12} {:>14} {:>12} {:>14} {:>8} {:>8}\n", "ram", "limit",
                        "expert cache", "tok/s", "ms median", "faults/tok", "read/tok", "pred tok/s", "pred read/tok",
-                       "error");
+                       "error", "RA KB");
     out += line(r.resident);
     for (const MeasuredRun & m : r.runs) {
         out += line(m);

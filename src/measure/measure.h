@@ -28,6 +28,9 @@ struct MeasureOptions {
     int64_t probe_mib = 256;    // storage probe: MiB of random experts read; 0: no probe
     uint64_t seed = 1;          // the probe's order of experts
     bool repack = true;         // false: llama.cpp's --no-repack (weights stay mapped, as streaming needs)
+    // Every limit measured at each of these read-aheads of the model's device (KB; root
+    // only), which is put back afterwards. Empty: at the device's own.
+    std::vector<uint64_t> read_ahead_kb;
     bool text_only = false;     // leave out a corpus' documents with media instead of refusing them (run)
     std::filesystem::path json_out, trace_out;
     std::filesystem::path worker_exe = "/proc/self/exe";   // the program that runs `measure-worker`

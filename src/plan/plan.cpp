@@ -384,7 +384,8 @@ public:
             }
             o.tok_per_s = r.decode.tokens_per_second;
             o.measured = PlanMeasuredFigures{r.ram, limit, r.decode.major_faults_per_token,
-                                             r.predicted ? std::optional(r.prediction.tokens_per_second) : std::nullopt};
+                                             r.predicted ? std::optional(r.prediction.tokens_per_second) : std::nullopt,
+                                             r.read_ahead_kb};
             o.source = fmt::format("measured: llama.cpp under a {:.3f} GB memory limit ({})", gb(limit), measured->file.path);
             if (r.predicted && !r.prediction.outside_model.empty()) {
                 o.note = "measure's prediction of this limit is not an answer: " + r.prediction.outside_model;

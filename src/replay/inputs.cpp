@@ -1,6 +1,7 @@
 // The inputs checked against each other: k from the trace, the keep map renumbered per
 // trace layer, expert bytes from the model, and prefill tokens grouped into batches.
 #include "replay/internal.h"
+#include "formats/sliced_trace.h"
 #include "core/errors.h"
 #include "model/inspect.h"
 
@@ -12,46 +13,6 @@
 namespace moeprune::replay_impl {
 
 using nlohmann::json;
-
-namespace {
-
-// Trace layer l is the l-th MoE layer; a keep map names model layers, so its sorted
-// layers are matched to trace layers in order (or through meta.moe_layers when the
-// trace records them).
-std::vector<int> model_layers_of_trace(const TraceHeader & h, const std::vector<int> & fallback) {
-    if (h.meta.contains("moe_layers") && h.meta["moe_layers"].is_array()) {
-        return h.meta["moe_layers"].get<std::vector<int>>();
-    }
-    return fallback;
-}
-
-std::vector<const std::vector<int32_t> *> keep_per_trace_layer(const KeepMap & km, const TraceHeader & h,
-                                                               const std::string & origin) {
-    std::vector<int> keep_layers;
-    for (const auto & [layer, ids] : km.layers) {
-        keep_layers.push_back(layer);
-    }
-    const std::vector<int> model_layers = model_layers_of_trace(h, keep_layers);
-    if (model_layers.size() != h.n_layer) {
-        fail_file(origin, fmt::format("covers {} layers but the trace has {} MoE layers", model_layers.size(), h.n_layer));
-    }
-    for (const auto & [layer, ids] : km.layers) {
-        if (std::find(model_layers.begin(), model_layers.end(), layer) == model_layers.end()) {
-            fail_file(origin, fmt::format("names layer {}, which is not one of the trace's MoE layers", layer));
-        }
-    }
-    std::vector<const std::vector<int32_t> *> out;
-    for (int l : model_layers) {
-        const auto it = km.layers.find(l);
-        if (it == km.layers.end()) {
-            fail_file(origin, fmt::format("layer {} is missing; the trace records it", l));
-        }
-        out.push_back(&it->second);
-    }
-    return out;
-}
-
-} // namespace
 
 // Experts per token: --k, or the trace's meta.n_expert_used.
 int experts_per_token(const ReplayOptions & opt, const TraceHeader & h, const std::string & origin) {

@@ -394,3 +394,70 @@ TEST(Measure, WithoutACgroupSaysHowToGetOne) {
         EXPECT_NE(root.output.find(support.parent.string()), std::string::npos) << root.output;
     }
 }
+
+// --read-ahead-kb: every limit measured at each read-ahead of the model's device, which is
+// put back afterwards, and by the next measure after a kill -9; without root it is refused
+// and nothing changes.
+TEST(Measure, ReadAheadIsMeasuredAtEachSettingAndPutBackEvenAfterAKill) {
+    const CgroupSupport support = find_memory_cgroup();
+    if (support.version == 0) {
+        GTEST_SKIP() << support.problem;
+    }
+    test::TempDir dir;
+    make_inputs(dir);
+    const std::string env = "MOEPRUNE_STATE_DIR=" + (dir / "state").string() + " ";
+    const fs::path out = dir / "m.json";
+    if (::geteuid() != 0) {
+        const auto r = test::run_command(env + moeprune_cmd(measure_args(dir, "--ram 50% --read-ahead-kb 128")));
+        EXPECT_NE(r.exit_code, 0);
+        EXPECT_NE(r.output.find("needs root"), std::string::npos) << r.output;
+        GTEST_SKIP() << "not root: only the refusal is checked";
+    }
+    auto r = test::run_command(
+        env + moeprune_cmd(measure_args(dir, fmt::format("--ram 50% --read-ahead-kb 128,256 --json {}", out.string()))));
+    if (r.exit_code != 0 && r.output.find("no block device whose read-ahead") != std::string::npos) {
+        GTEST_SKIP() << "the temporary folder has no block device: " << r.output;
+    }
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const json m = json::parse(test::read_bytes(out));
+    ASSERT_EQ(m.at("runs").size(), 2u);
+    EXPECT_EQ(m.at("runs").at(0).at("read_ahead_kb"), 128);
+    EXPECT_EQ(m.at("runs").at(1).at("read_ahead_kb"), 256);
+    const json & storage = m.at("system").at("storage");
+    const fs::path setting = storage.at("read_ahead_file").get<std::string>();
+    const std::string original = std::to_string(storage.at("read_ahead_kb").get<uint64_t>());
+    const auto current = [&] {
+        std::string v = test::read_bytes(setting);
+        return v.substr(0, v.find('\n'));
+    };
+    EXPECT_EQ(current(), original) << "put back when the runs end";
+    EXPECT_EQ(count_named(dir / "state", "read-ahead"), 0u);
+
+    // Killed while the setting is changed: the next measure puts it back from the state file.
+    const std::string changed = original == "64" ? "96" : "64";
+    test::write_text(dir / "kill.sh",
+                     fmt::format("{}{} > {} 2>&1 & m=$!; for i in $(seq 3000); do ls {} 2>/dev/null | grep -q read-ahead "
+                                 "&& break; sleep 0.02; done; kill -9 $m; wait $m; true",
+                                 env, moeprune_cmd(measure_args(dir, "--ram 50% --read-ahead-kb " + changed, 1100)),
+                                 (dir / "log").string(), (dir / "state").string()));
+    test::run_command("bash " + (dir / "kill.sh").string());
+    ASSERT_EQ(count_named(dir / "state", "read-ahead"), 1u) << test::read_bytes(dir / "log");
+    EXPECT_EQ(current(), changed) << "left changed by the kill";
+    r = test::run_command(env + moeprune_cmd(measure_args(dir, "--ram 50%")));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("back to " + original + " KB, left changed by a measure that was killed"), std::string::npos)
+        << r.output;
+    EXPECT_EQ(current(), original);
+    EXPECT_EQ(count_named(dir / "state", "read-ahead"), 0u);
+
+    // Refused for a user who is not root, before anything is read or changed.
+    if (test::run_command("setpriv --reuid=65534 --regid=65534 --clear-groups true").exit_code == 0) {
+        r = test::run_command("setpriv --reuid=65534 --regid=65534 --clear-groups env " + env +
+                              moeprune_cmd(measure_args(dir, "--ram 50% --read-ahead-kb 128")));
+        if (r.output.find("Permission denied") == std::string::npos) {   // the build folder is closed to others
+            EXPECT_NE(r.exit_code, 0);
+            EXPECT_NE(r.output.find("needs root"), std::string::npos) << r.output;
+        }
+        EXPECT_EQ(current(), original);
+    }
+}
