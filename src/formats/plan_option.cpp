@@ -79,7 +79,8 @@ std::string PlanOption::describe() const {
                            measured->read_ahead_kb ? fmt::format(" at a read-ahead of {} KB", *measured->read_ahead_kb) : "",
                            tok_per_s.value_or(0));
     }
-    const std::string cache = policy == "resident" ? "all kept experts resident"
+    const std::string cache = policy == "resident"     ? "all kept experts resident"
+                              : policy == "page-cache" ? "sliced and mapped from disk, the page cache its only expert cache"
                               : !cache_experts      ? policy
                                                     : fmt::format("{} cache of {} experts{}, λ {}", policy, *cache_experts,
                                                                   cache_scope == "global" ? " (global)" : " per layer", lambda);

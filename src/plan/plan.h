@@ -4,6 +4,7 @@
 // with its bytes, misses, tokens/s and KLD, the Pareto front of speed against quality,
 // and one recommendation with the reason. Unknown numbers stay null, never invented.
 // With a measurement (`--measured`), time per token comes from what llama.cpp really did.
+#include "formats/measure_report.h"
 #include "formats/stage_reports.h"
 #include "sim/throughput.h"
 
@@ -16,6 +17,17 @@
 #include <vector>
 
 namespace moeprune {
+
+// A sliced model mapped from disk under a RAM limit, priced by measure's page-cache
+// predictor over the held-out trace as that model routes it (moeprune run makes these).
+struct StreamedSlice {
+    std::string criterion;
+    int64_t k = 0;
+    std::string keep_map;
+    std::string ram;                       // the limit, as given
+    double limit_bytes = 0;
+    StreamPrediction prediction;
+};
 
 struct PlanOptions {
     // Geometry: a model, or the numbers of one not at hand.
@@ -49,6 +61,9 @@ struct PlanOptions {
     // moeprune-verify summary): their measured tokens/s replace the predicted ones, which
     // stay beside them, and rank.
     std::vector<std::filesystem::path> shortlist;
+    // Sliced models that do not fit in RAM, streamed as llama.cpp streams them: options that
+    // run in llama.cpp, priced page by page rather than by the expert-cache formula.
+    std::vector<StreamedSlice> streamed;
     // The recommendation's commands: where its sliced model goes (moeprune slice's output),
     // where llama.cpp's tools are (empty: on the PATH), and their -t and -c (0: llama.cpp's default).
     std::filesystem::path sliced_dir;

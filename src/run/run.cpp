@@ -568,7 +568,7 @@ void plan_stage(Runner & run, const RunOptions & opt, const RunPaths & at, const
     const RunConfig & c = opt.config;
     std::vector<fs::path> plan_inputs{c.model, at.eval_json};
     if (!c.measure.empty()) {
-        plan_inputs.push_back(at.measure_json);
+        plan_inputs.insert(plan_inputs.end(), {at.measure_json, at.trace});
     }
     plan_inputs.insert(plan_inputs.end(), m.closed_evals.begin(), m.closed_evals.end());
     plan_inputs.insert(plan_inputs.end(), m.replays.begin(), m.replays.end());
@@ -600,6 +600,10 @@ void plan_stage(Runner & run, const RunOptions & opt, const RunPaths & at, const
                   o.llama_bin = c.llama_bin;
                   o.moeprune_bin = opt.moeprune_bin;
                   std::vector<fs::path> out;
+                  if (!c.measure.empty() && !c.ram.empty()) {
+                      o.streamed = price_streamed_slices(c.model, m.maps, at.trace, at.measure_json, c.ram,
+                                                         at.dir / "plan" / "streamed");
+                  }
                   json plan = make_plan(o);
                   if (shortlisting(c)) {
                       o.shortlist = measure_shortlist(opt, at, plan, out);

@@ -1,6 +1,14 @@
 #include "run/shortlist.h"
 
+#include "core/atomic_file.h"
+#include "core/sizes.h"
+#include "formats/keep_map.h"
 #include "formats/measure_report.h"
+#include "formats/sliced_trace.h"
+#include "measure/predict.h"
+#include "model/inspect.h"
+#include "model/model_file.h"
+#include "slice/slice.h"
 
 #include <algorithm>
 
@@ -48,6 +56,50 @@ VerifySummary measured_option(const PlanOption & o, const std::string & plan_pat
     v.measured_major_faults_per_token = run.decode.major_faults_per_token;
     v.measure = measure_json.string();
     return v;
+}
+
+std::vector<StreamedSlice> price_streamed_slices(const std::filesystem::path & model,
+                                                 const std::vector<std::filesystem::path> & maps,
+                                                 const std::filesystem::path & trace,
+                                                 const std::filesystem::path & measure_json, const std::string & ram,
+                                                 const std::filesystem::path & scratch) {
+    const MeasureFile measured = read_measure_report(measure_json);
+    const MeasureReport & r = measured.report;
+    if (!r.probed || r.calibration.read_gbps <= 0) {
+        return {};
+    }
+    const GgufModel original = GgufModel::open(model);
+    const InspectReport info = inspect_model(original, {});
+    double expert_sum = 0;
+    for (const double b : info.routed_layer_expert_bytes()) {
+        expert_sum += b;
+    }
+    const double limit = parse_size(ram, "ram");
+    const TraceReader heldout = TraceReader::open(trace);
+    constexpr uint64_t kWarmup = 32;   // measure's: the first tokens decode uncounted
+    std::vector<StreamedSlice> out;
+    for (const std::filesystem::path & map : maps) {
+        const KeepMap keep = read_keep_map(map);
+        const double need = double(r.process_bytes) + double(info.other_bytes) + double(keep.k) * expert_sum;
+        if (need <= limit || heldout.n_tokens() <= kWarmup) {
+            continue;   // every kept expert fits: the resident option is that model
+        }
+        create_output_dir(scratch);
+        SliceOptions s;
+        s.model = model;
+        s.keep = map;
+        s.output = scratch / (map.stem().string() + ".gguf");
+        slice_model(s);
+        StreamedSlice priced{keep.metric.empty() ? map.stem().string() : keep.metric, keep.k, map.string(), ram, limit, {}};
+        {
+            const GgufModel sliced = GgufModel::open(s.output);
+            const SlicedTrace routed(heldout, keep, uint32_t(info.n_expert_used), map.string());
+            priced.prediction = predict_stream(sliced, routed, kWarmup, uint64_t(limit), r.calibration);
+        }
+        std::filesystem::remove(s.output);   // a model's worth of disk per K
+        out.push_back(std::move(priced));
+    }
+    return out;
 }
 
 } // namespace moeprune

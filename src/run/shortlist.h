@@ -4,6 +4,7 @@
 // rests on measured tokens/s (docs/run.md).
 #include "formats/stage_reports.h"
 #include "formats/verify_summary.h"
+#include "plan/plan.h"
 
 #include <filesystem>
 #include <string>
@@ -20,5 +21,14 @@ std::vector<size_t> shortlist_of(const PlanFile & plan, int n);
 // report `measure_json` of `model` under `ram`; the prediction is the plan's.
 VerifySummary measured_option(const PlanOption & o, const std::string & plan_path, const std::filesystem::path & model,
                               const std::string & ram, const std::filesystem::path & measure_json);
+
+// Every keep map in `maps` whose model does not fit in `ram` with `measure_json`'s process
+// memory, sliced into `scratch` (then deleted) and priced by measure's page-cache predictor
+// over the held-out `trace` as the sliced model routes it. None without a storage probe.
+std::vector<StreamedSlice> price_streamed_slices(const std::filesystem::path & model,
+                                                 const std::vector<std::filesystem::path> & maps,
+                                                 const std::filesystem::path & trace,
+                                                 const std::filesystem::path & measure_json, const std::string & ram,
+                                                 const std::filesystem::path & scratch);
 
 } // namespace moeprune

@@ -1,4 +1,5 @@
 #include "core/errors.h"
+#include "formats/sliced_trace.h"
 #include "formats/trace.h"
 #include "support/test_support.h"
 
@@ -466,5 +467,49 @@ TEST(TraceInMemory, ARefusedTokenLeavesTheTraceAsItWas) {
         uint64_t seen = 0;
         mem.for_each_layer_chunk(l, [&](uint64_t, uint32_t n, const uint16_t *, const float *) { seen += n; });
         EXPECT_EQ(seen, 1u) << "layer " << l;
+    }
+}
+
+// A trace read as the sliced model routes it: each token's kept candidates, best first,
+// renumbered by their rank among the layer's kept experts, the best k of them.
+TEST(SlicedTrace, KeepsTheBestKeptCandidatesRenumberedAsTheSlicedModelNumbersThem) {
+    TraceHeader h;
+    h.n_layer = 2;
+    h.n_expert = 6;
+    h.top_m = 4;
+    TraceInMemory mem(h);
+    // Layer 0 then layer 1, candidates best first.
+    const std::vector<uint16_t> ids = {5, 0, 2, 3, /* layer 1 */ 1, 4, 0, 2};
+    const std::vector<float> logits = {4, 3, 2, 1, 8, 7, 6, 5};
+    mem.append(TraceTokenMeta{.token = 9}, ids.data(), logits.data());
+    KeepMap keep;
+    keep.n_expert = 6;
+    keep.k = 3;
+    keep.layers = {{0, {0, 3, 5}}, {1, {0, 2, 4}}};
+    const SlicedTrace sliced(mem, keep, 2, "keep.json");
+    EXPECT_EQ(sliced.header().n_expert, 3u);
+    EXPECT_EQ(sliced.header().top_m, 2u);
+    std::vector<std::vector<uint16_t>> got(2);
+    std::vector<std::vector<float>> got_logits(2);
+    for (uint32_t l = 0; l < 2; ++l) {
+        sliced.for_each_layer_chunk(l, [&](uint64_t, uint32_t n, const uint16_t * i, const float * z) {
+            got[l].assign(i, i + n * 2);
+            got_logits[l].assign(z, z + n * 2);
+        });
+    }
+    EXPECT_EQ(got[0], (std::vector<uint16_t>{2, 0})) << "experts 5 and 0 are the 3rd and 1st kept";
+    EXPECT_EQ(got_logits[0], (std::vector<float>{4, 3}));
+    EXPECT_EQ(got[1], (std::vector<uint16_t>{2, 0})) << "expert 1 is dropped; 4 and 0 come next";
+    EXPECT_EQ(got_logits[1], (std::vector<float>{7, 6}));
+
+    // Fewer kept candidates than the model routes to: refused by the keep map's name.
+    keep.layers = {{0, {1, 4, 5}}, {1, {0, 2, 4}}};
+    const SlicedTrace short_of(mem, keep, 2, "keep.json");
+    try {
+        short_of.for_each_layer_chunk(0, [](uint64_t, uint32_t, const uint16_t *, const float *) {});
+        FAIL() << "one kept candidate where two are routed to";
+    } catch (const Error & e) {
+        EXPECT_NE(std::string(e.what()).find("keep.json: keeps 1 of token 0's top 4 candidates in trace layer 0"),
+                  std::string::npos) << e.what();
     }
 }

@@ -174,6 +174,25 @@ TEST(Plan, RecommendsWhatStockLlamaCppRunsUnlessAskedForAnyAndSaysHowToRunIt) {
     EXPECT_NE(cached_only["why"].get<std::string>().find("--runs-on any"), std::string::npos) << cached_only["why"];
     EXPECT_TRUE(cached_only["pareto_runs_on"].empty());
     EXPECT_FALSE(cached_only["pareto"].empty()) << "the front of every option is still there";
+    // A sliced K 224 streamed from disk under the limit runs in llama.cpp: priced by the
+    // page-cache predictor, it is what is recommended.
+    StreamedSlice streamed{"reap", 224, "maps/reap-k224.json", "15GB", 15e9, {}};
+    streamed.prediction.tokens_per_second = 21.5;
+    streamed.prediction.read_bytes_per_token = 3e8;
+    streamed.prediction.outside_model = "a window over half the cache";
+    o.streamed = {streamed};
+    const json with_streamed = make_plan(o);
+    ASSERT_FALSE(with_streamed["recommended"].is_null()) << with_streamed["why"];
+    const json & s = with_streamed["options"][with_streamed["recommended"].get<size_t>()];
+    EXPECT_EQ(s["policy"], "page-cache");
+    EXPECT_EQ(s["runs_on"], "llama.cpp");
+    EXPECT_EQ(s["k"], 224);
+    EXPECT_EQ(s["tok_per_s"], 21.5);
+    EXPECT_EQ(s["keep_map"], "maps/reap-k224.json");
+    EXPECT_NE(s["note"].get<std::string>().find("not an answer: a window over half the cache"), std::string::npos);
+    EXPECT_NE(with_streamed["why"].get<std::string>().find("sliced and mapped from disk"), std::string::npos);
+    EXPECT_EQ(with_streamed["commands"]["slice"][5], "maps/reap-k224.json");
+    o.streamed.clear();
     o.runs_on = "any";
     const json any = make_plan(o);
     ASSERT_FALSE(any["recommended"].is_null());
