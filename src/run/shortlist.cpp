@@ -99,6 +99,8 @@ std::vector<StreamedSlice> price_streamed_slices(const std::filesystem::path & m
         std::filesystem::remove(s.output);   // a model's worth of disk per K
         out.push_back(std::move(priced));
     }
+    std::error_code ec;
+    std::filesystem::remove(scratch, ec);   // only when empty: nothing of this pass is left
     return out;
 }
 
