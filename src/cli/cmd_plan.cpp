@@ -10,6 +10,30 @@
 
 namespace moeprune::cli {
 
+namespace {
+
+// What the recommendation is chosen among, and what its commands name.
+void add_answer_flags(CLI::App & sub, PlanOptions & o) {
+    sub.add_option("--runs-on", o.runs_on,
+                   "Recommend among what stock llama.cpp runs (a mapped or sliced model), or among any option, the "
+                   "simulated expert caches included")
+        ->check(CLI::IsMember({"llama.cpp", "any"}))
+        ->capture_default_str();
+    sub.add_option("--shortlist", o.shortlist,
+                   "moeprune-verify summaries of options llama.cpp ran (run --measure's plan/shortlist/): their "
+                   "measured tokens/s replace the predicted ones")
+        ->delimiter(',')
+        ->check(CLI::ExistingFile);
+    sub.add_option("--sliced-dir", o.sliced_dir,
+                   "Where the recommendation's commands put its sliced model (default: the current folder)");
+    sub.add_option("--llama-bin", o.llama_bin,
+                   "The folder of llama.cpp's tools the commands name (default: found on the PATH)");
+    sub.add_option("-t,--threads", o.threads, "The commands' -t (default: llama.cpp's)")->check(CLI::Range(1, 4096));
+    sub.add_option("-c,--ctx", o.ctx, "The commands' -c (default: llama.cpp's)")->check(CLI::Range(1, 1 << 24));
+}
+
+} // namespace
+
 void add_plan(CLI::App & app, Action & action) {
     auto opt = std::make_shared<PlanOptions>();
     auto ram = std::make_shared<std::optional<std::string>>();
@@ -67,22 +91,7 @@ void add_plan(CLI::App & app, Action & action) {
                     "A moeprune-measure report of this model: compute time, storage and reserve from it instead of "
                     "--compute-ms/--ssd/--read-latency-us/--reserve (unless given), each measured limit an option")
         ->check(CLI::ExistingFile);
-    sub->add_option("--runs-on", opt->runs_on,
-                    "Recommend among what stock llama.cpp runs (a mapped or sliced model), or among any option, the "
-                    "simulated expert caches included")
-        ->check(CLI::IsMember({"llama.cpp", "any"}))
-        ->capture_default_str();
-    sub->add_option("--shortlist", opt->shortlist,
-                    "moeprune-verify summaries of options llama.cpp ran (run --measure's plan/shortlist/): their "
-                    "measured tokens/s replace the predicted ones")
-        ->delimiter(',')
-        ->check(CLI::ExistingFile);
-    sub->add_option("--sliced-dir", opt->sliced_dir,
-                    "Where the recommendation's commands put its sliced model (default: the current folder)");
-    sub->add_option("--llama-bin", opt->llama_bin,
-                    "The folder of llama.cpp's tools the commands name (default: found on the PATH)");
-    sub->add_option("-t,--threads", opt->threads, "The commands' -t (default: llama.cpp's)")->check(CLI::Range(1, 4096));
-    sub->add_option("-c,--ctx", opt->ctx, "The commands' -c (default: llama.cpp's)")->check(CLI::Range(1, 1 << 24));
+    add_answer_flags(*sub, *opt);
     sub->add_option("--json", *json_out, "Write the plan (moeprune-plan JSON, docs/formats.md)");
     sub->callback([=, &action] {
         action = [=] {

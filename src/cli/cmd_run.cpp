@@ -51,6 +51,10 @@ void add_run(CLI::App & app, Action & action) {
                     "held-out text; the plan's timing then comes from the measurement")
         ->delimiter(',');
     sub->add_option("--measure-tokens", c->measure_tokens, "Timed tokens per measured run")->check(CLI::PositiveNumber);
+    sub->add_option("--read-ahead-kb", c->read_ahead_kb,
+                    "With --measure: every limit at each of these read-aheads of the model's device, in KB (root); "
+                    "the plan then recommends the fastest")
+        ->delimiter(',');
     sub->add_option("--measure-shortlist", c->measure_shortlist,
                     "With --measure and --ram: the plan's most promising llama.cpp options measured under --ram, at "
                     "most this many (0: none); the recommendation is made from what they measured")
@@ -92,6 +96,7 @@ void add_run(CLI::App & app, Action & action) {
             if (given("--measure-tokens")) merged.measure_tokens = c->measure_tokens;
             if (given("--verify")) merged.verify = c->verify;
             if (given("--measure-shortlist")) merged.measure_shortlist = c->measure_shortlist;
+            if (given("--read-ahead-kb")) merged.read_ahead_kb = c->read_ahead_kb;
             if (given("--runs-on")) merged.runs_on = c->runs_on;
             if (given("--llama-bin")) merged.llama_bin = std::filesystem::absolute(c->llama_bin).lexically_normal().string();
             opt->config = merged;

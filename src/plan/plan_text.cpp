@@ -11,6 +11,24 @@ namespace moeprune {
 
 using nlohmann::json;
 
+namespace {
+
+std::string commands_text(const PlanFile & plan) {
+    if (!plan.commands) {
+        return "";
+    }
+    std::string out = "to run it:\n";
+    for (const std::string & line : plan.commands->lines) {
+        out += "  " + line + "\n";
+    }
+    for (const std::string & note : plan.commands->notes) {
+        out += "  # " + note + "\n";
+    }
+    return out;
+}
+
+} // namespace
+
 std::string plan_text(const PlanFile & plan) {
     const json & in = plan.inputs;
     const json & g = in["geometry"];
@@ -99,17 +117,7 @@ std::string plan_text(const PlanFile & plan) {
     if (plan.infeasible > 0) {
         out += fmt::format("{} options do not fit in the RAM budget\n", plan.infeasible);
     }
-    out += "recommended: " + plan.why + "\n";
-    if (plan.commands) {
-        out += "to run it:\n";
-        for (const std::string & line : plan.commands->lines) {
-            out += "  " + line + "\n";
-        }
-        for (const std::string & note : plan.commands->notes) {
-            out += "  # " + note + "\n";
-        }
-    }
-    return out;
+    return out + "recommended: " + plan.why + "\n" + commands_text(plan);
 }
 
 } // namespace moeprune

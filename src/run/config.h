@@ -48,6 +48,9 @@ struct RunConfig {
     // With `measure` and `ram`: the plan's most promising llama.cpp options measured under
     // `ram`, at most this many; the recommendation is made from their measured tokens/s.
     int measure_shortlist = 4;
+    // The model's device's read-aheads (KB) the measure stage measures each limit at (root);
+    // empty: the device's own.
+    std::vector<uint64_t> read_ahead_kb;
     // Measure the recommended option for real at --ram (its sliced model, slicing it if
     // --slice is not given) and compare with the plan's tokens/s.
     bool verify = false;

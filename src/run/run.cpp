@@ -31,6 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <unistd.h>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -245,6 +246,10 @@ InspectReport check_run_options(const RunOptions & opt) {
     corpus_spec(c, corpus_inputs);
     if (c.verify && c.ram.empty()) {
         throw Error("--verify measures the recommendation at --ram: give --ram");
+    }
+    if (!c.read_ahead_kb.empty() && (c.measure.empty() || ::geteuid() != 0)) {
+        throw Error("read_ahead_kb: the measure stage measures at each read-ahead of the model's device, which needs "
+                    "--measure and root");
     }
     if (c.measure_shortlist < 0 || c.measure_shortlist > 64) {
         throw Error(fmt::format("measure_shortlist is {}: 0 (none) to 64 options", c.measure_shortlist));
@@ -500,8 +505,10 @@ void replay_stage(Runner & run, const RunConfig & c, const InspectReport & model
 
 // A moeprune-measure run of `model` on the held-out text: JSON and text in `json_out`'s folder.
 std::vector<fs::path> measure_to(const RunOptions & opt, const fs::path & model, const fs::path & text,
-                                 const std::vector<std::string> & ram, const fs::path & json_out) {
+                                 const std::vector<std::string> & ram, const fs::path & json_out,
+                                 const std::vector<uint64_t> & read_ahead_kb = {}) {
     MeasureOptions o;
+    o.read_ahead_kb = read_ahead_kb;
     o.text_only = true;  // llama.cpp's decode of the held-out text; images are encoded, not streamed
     o.model = model;
     o.text = text;
@@ -518,8 +525,10 @@ std::vector<fs::path> measure_to(const RunOptions & opt, const fs::path & model,
 // llama.cpp's own decode under every --measure limit: what the plan's timing comes from.
 void measure_stage(Runner & run, const RunOptions & opt, const RunPaths & at) {
     const RunConfig & c = opt.config;
-    run.stage("measure", {{"ram", c.measure}, {"tokens", c.measure_tokens}, {"threads", c.threads}},
-              {c.model, at.eval_text}, [&] { return measure_to(opt, c.model, at.eval_text, c.measure, at.measure_json); });
+    run.stage("measure",
+              {{"ram", c.measure}, {"tokens", c.measure_tokens}, {"threads", c.threads}, {"read_ahead_kb", c.read_ahead_kb}},
+              {c.model, at.eval_text},
+              [&] { return measure_to(opt, c.model, at.eval_text, c.measure, at.measure_json, c.read_ahead_kb); });
 }
 
 // Whether the plan stage measures its shortlist: llama.cpp is measured (--measure), under a

@@ -447,7 +447,7 @@ TEST_F(RunTest, MeasuredRunCalibratesThePlanAndVerifiesTheRecommendation) {
 TEST(RunConfigKeys, EveryKeyIsDocumentedAndReadsBackAsWritten) {
     const std::string docs = test::read_bytes(fs::path(MOEPRUNE_SOURCE_DIR) / "docs" / "run.md");
     const std::vector<std::string> keys = run_config_keys();
-    ASSERT_EQ(keys.size(), 31u) << "one key per RunConfig member";
+    ASSERT_EQ(keys.size(), 32u) << "one key per RunConfig member";
     for (const std::string & k : keys) {
         EXPECT_NE(docs.find("`" + k + "`"), std::string::npos) << k << " is not in docs/run.md";
     }
@@ -483,6 +483,7 @@ TEST(RunConfigKeys, EveryKeyIsDocumentedAndReadsBackAsWritten) {
     c.measure = {"25%", "50%"};
     c.measure_tokens = 32;
     c.measure_shortlist = 2;
+    c.read_ahead_kb = {128, 8192};
     c.verify = true;
     const std::string text = run_config_toml(c);
     for (const std::string & k : keys) {
