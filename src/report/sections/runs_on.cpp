@@ -13,9 +13,15 @@ using nlohmann::json;
 namespace {
 
 std::string option_row(const PlanOption & o, const std::string & label, const std::optional<double> & base_speed) {
-    const std::string measured = o.measured ? "measured under " + o.measured->ram
-                                 : o.policy == "resident" ? "modelled (every kept expert in RAM)"
-                                                          : "simulated";
+    const std::string measured =
+        o.shortlist  ? fmt::format("measured under {}{}", o.shortlist->ram,
+                                   o.shortlist->predicted_tok_per_s
+                                       ? fmt::format(" (predicted {:.4g})", *o.shortlist->predicted_tok_per_s)
+                                       : std::string())
+        : o.measured ? "measured under " + o.measured->ram
+        : o.runs_on == kRunsOnExpertCache ? "simulated"
+        : o.policy == "resident"          ? "predicted (every kept expert in RAM)"
+                                          : "predicted (measure's page-cache predictor)";
     const json speedup = base_speed && o.tok_per_s && *base_speed > 0 ? json(*o.tok_per_s / *base_speed) : json();
     return "<tr><td>" + html_escape(label) + "</td><td>" + cell(or_null(o.tok_per_s)) + "</td><td>" +
            html_escape(measured) + "</td><td>" + cell(or_null(o.resident_bytes ? std::optional(*o.resident_bytes / 1e9)
@@ -25,7 +31,11 @@ std::string option_row(const PlanOption & o, const std::string & label, const st
 
 std::string label_of(const PlanOption & o) {
     if (o.measured) {
-        return fmt::format("all {} experts, page cache", o.k);
+        return fmt::format("all {} experts, page cache{}", o.k,
+                           o.measured->read_ahead_kb ? fmt::format(", read-ahead {} KB", *o.measured->read_ahead_kb) : "");
+    }
+    if (o.policy == "page-cache") {
+        return fmt::format("K {} by {}, sliced and mapped from disk", o.k, o.criterion);
     }
     return o.policy == "resident" ? fmt::format("K {} by {}, resident", o.k, o.criterion)
                                   : fmt::format("K {} by {}, {} of {} experts{}", o.k, o.criterion, o.policy,
