@@ -306,6 +306,7 @@ MeasureFile read_measure_report(const std::filesystem::path & path) {
     const std::string bytes = read_text_file(path);
     f.digest = content_digest(bytes);
     f.report = with_json_errors(f.path, [&] { return read_report(parse_json(bytes, f.path), f.path); });
+    f.model = read_model_identity(JsonFields(f.report.model, f.path, "model"));
     return f;
 }
 

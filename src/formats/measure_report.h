@@ -4,6 +4,7 @@
 // against the others it was computed from; what a reader then accepts (a busy machine, a
 // report without a probe) is the reader's policy, not the format's.
 #include "core/json.h"
+#include "formats/model_identity.h"
 
 #include <nlohmann/json.hpp>
 
@@ -102,6 +103,7 @@ struct MeasureFile {
     std::string path;
     std::string digest;      // of the bytes read (core/digest's content_digest)
     MeasureReport report;
+    ModelIdentity model;     // report.model, read
     JsonPlace place(const std::string & path_in_file = "") const { return {path, path_in_file}; }
 };
 

@@ -248,8 +248,12 @@ EvalFile read_eval_report(const std::filesystem::path & path) {
     const json r = read_report(path, "moeprune-eval", "a moeprune-eval report", &out.digest);
     const JsonFields report(r, path.string());
     out.path = path.string();
-    (void)report.object("base");  // an object, or refused by name
-    out.base = r.at("base");
+    const JsonFields base = report.object("base");
+    out.base = read_model_identity(base);
+    if (base.has("mtp") && base.any("mtp").is_object()) {
+        const JsonFields mtp = base.object("mtp");
+        out.base_mtp = EvalMtpFigures{mtp.number("acceptance", 0, 1), optional_number(mtp, "tokens_per_step", 1, 65536)};
+    }
     for (const JsonFields & c : report.objects("candidates")) {
         out.candidates.push_back(candidate_of(c));
     }
@@ -265,8 +269,7 @@ ReplayFile read_replay_report(const std::filesystem::path & path) {
     out.inputs_place = in.place();
     const JsonFields meta = in.object("trace_meta");
     if (meta.has("model")) {
-        (void)meta.object("model");
-        out.trace_model = r.at("inputs").at("trace_meta").at("model");
+        out.trace_model = read_model_identity(meta.object("model"));
     }
     if (meta.has("mtp_layers")) {
         out.trace_mtp_layers = meta.integers("mtp_layers", 0, 1 << 20);

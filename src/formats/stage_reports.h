@@ -4,6 +4,7 @@
 // the JSON by key. (The stages' own EvalReport and ReplayReport are what they write.) A record keeps its place in the file, so a reader that knows more (the
 // model's expert count, its layers) refuses a value by file and field.
 #include "core/json.h"
+#include "formats/model_identity.h"
 #include "formats/plan_option.h"
 
 #include <nlohmann/json.hpp>
@@ -47,10 +48,17 @@ struct EvalFileCandidate {
     ClosedLoopFigures loop;          // closed-loop only
 };
 
+// The base model's MTP head, as eval measured it.
+struct EvalMtpFigures {
+    double acceptance = 0;                         // teacher-forced
+    std::optional<double> tokens_per_step;         // greedy continuations' accepted length per step
+};
+
 struct EvalFile {
     std::string path;
     std::string digest;              // of the bytes read (core/digest's content_digest)
-    nlohmann::json base;             // the model measured, as eval recorded it
+    ModelIdentity base;              // the model measured ("base")
+    std::optional<EvalMtpFigures> base_mtp;        // "base.mtp", for a model with an MTP head
     std::vector<EvalFileCandidate> candidates;
 };
 
@@ -72,7 +80,7 @@ struct ReplayRecordFigures {
 struct ReplayFile {
     std::string path;
     std::string digest;              // of the bytes read
-    std::optional<nlohmann::json> trace_model;   // inputs.trace_meta.model, when the trace names its model
+    std::optional<ModelIdentity> trace_model;   // inputs.trace_meta.model, when the trace names its model
     std::vector<int64_t> trace_mtp_layers;       // inputs.trace_meta.mtp_layers: the trace's last layers are these
     int64_t n_layer = 0, n_expert = 0;
     std::optional<std::string> keep;             // the keep map replayed (none: null or "")

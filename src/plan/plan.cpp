@@ -58,7 +58,7 @@ void Planner::check_settings() const {
 void Planner::read_evals() {
     for (const auto & path : opt.evals) {
         const EvalFile report = read_eval_report(path);
-        check_model(JsonFields(report.base, report.path, "base"), "this eval report");
+        check_model(report.base, "this eval report");
         for (const EvalFileCandidate & c : report.candidates) {
             if (c.kind == "closed-loop") {
                 auto [criterion, k] =
@@ -88,13 +88,10 @@ void Planner::read_evals() {
                 read_acceptance(c.all, {criterion, k}, path);
             }
         }
-        if (report.base.contains("mtp") && report.base["mtp"].is_object()) {
-            const JsonFields mtp(report.base["mtp"], report.path, "base.mtp");
+        if (report.base_mtp) {
             EvalFigures base;
-            base.mtp_acceptance = mtp.number("acceptance", 0, 1);
-            if (mtp.has("tokens_per_step")) {
-                base.mtp_tokens_per_step = mtp.number("tokens_per_step", 1, 65536);
-            }
+            base.mtp_acceptance = report.base_mtp->acceptance;
+            base.mtp_tokens_per_step = report.base_mtp->tokens_per_step;
             read_acceptance(base, {"none", g.n_expert}, path);
         }
         eval_inputs.push_back({{"file", path.string()}, {"digest", report.digest}});
@@ -128,8 +125,7 @@ void Planner::read_replays() {
     for (const auto & path : opt.replays) {
         const ReplayFile report = read_replay_report(path);
         if (report.trace_model) {
-            check_model(JsonFields(*report.trace_model, report.path, "inputs.trace_meta.model"),
-                        "the trace this replay ran on");
+            check_model(*report.trace_model, "the trace this replay ran on");
         } else {
             std::fprintf(stderr,
                          "moeprune plan: %s: the trace it replayed names no model (not made by moeprune collect "
@@ -343,7 +339,7 @@ void Planner::add_measured_options() {
         return;
     }
     const MeasureReport & report = measured->report();
-    check_model(JsonFields(report.model, measured->file.path, "model"), "this measurement");
+    check_model(measured->file.model, "this measurement");
     if (opt.model.empty()) {
         check_geometry(measured->file);
     }
@@ -423,17 +419,15 @@ void Planner::apply_shortlist() {
 // layers, their expert bytes (within 5%, for sizes given rounded) and, when given, the
 // bytes outside the experts.
 void Planner::check_geometry(const MeasureFile & measure) const {
-    const JsonFields model(measure.report.model, measure.path, "model");
-    const std::vector<double> bytes = model.any("routed_layer_expert_bytes").is_array()
-                                          ? model.any("routed_layer_expert_bytes").get<std::vector<double>>()
-                                          : std::vector<double>{};
+    const ModelIdentity & model = measure.model;
+    const std::vector<double> & bytes = model.routed_layer_expert_bytes;
     const auto near = [](double a, double b) { return std::abs(a - b) <= 0.05 * std::max(a, b); };
     bool same = bytes.size() == g.bytes.size();
     for (size_t i = 0; same && i < bytes.size(); ++i) {
         same = near(bytes[i], g.bytes[i]);
     }
     if (!same) {
-        model.fail("routed_layer_expert_bytes",
+        model.place.fail("routed_layer_expert_bytes",
                    fmt::format("is {} routed layers of {:.3f} MB experts (first layer): this measurement is of "
                                "another model than {} ({} layers of {:.3f} MB)", bytes.size(),
                                bytes.empty() ? 0.0 : bytes[0] / 1e6, g.source, g.bytes.size(), g.bytes[0] / 1e6));
@@ -447,24 +441,23 @@ void Planner::check_geometry(const MeasureFile & measure) const {
 
 // Which model every input was measured on: the plan's model by content, or, planned
 // by hand, the first input that names one.
-void Planner::check_model(const JsonFields & identity, const char * what) {
-    if (!identity.has("digest")) {
-        identity.fail("digest",
-                      std::string("is missing: which model ") + what +
-                          " was measured on cannot be checked (made by an older moeprune? measure it again)");
+void Planner::check_model(const ModelIdentity & identity, const char * what) {
+    if (!identity.digest) {
+        identity.place.fail("digest",
+                            std::string("is missing: which model ") + what +
+                                " was measured on cannot be checked (made by an older moeprune? measure it again)");
     }
-    const std::string d = identity.string("digest");
+    const std::string & d = *identity.digest;
     if (model_digest_seen.empty()) {
         model_digest_seen = d;
         model_digest_from = identity.where();
     } else if (d != model_digest_seen) {
-        identity.fail("digest", fmt::format("is {}: {} was measured on another model than {} ({})", d, what,
-                                            model_digest_from, model_digest_seen));
+        identity.place.fail("digest", fmt::format("is {}: {} was measured on another model than {} ({})", d, what,
+                                                  model_digest_from, model_digest_seen));
     }
-    if (identity.has("n_expert") && identity.integer("n_expert", 1, 65536) != g.n_expert) {
-        identity.fail("n_expert",
-                      fmt::format("is {}: {} was measured on a model of another shape than {} ({} experts)",
-                                  identity.integer("n_expert", 1, 65536), what, g.source, g.n_expert));
+    if (identity.n_expert && *identity.n_expert != g.n_expert) {
+        identity.place.fail("n_expert", fmt::format("is {}: {} was measured on a model of another shape than {} ({} experts)",
+                                                    *identity.n_expert, what, g.source, g.n_expert));
     }
 }
 

@@ -115,7 +115,7 @@ private:
 
     // Which model every input was measured on: the plan's model by content, or, planned
     // by hand, the first input that names one.
-    void check_model(const JsonFields & identity, const char * what);
+    void check_model(const ModelIdentity & identity, const char * what);
 
     // Measured KLD of (criterion, K), or interpolated linearly in K between the nearest
     // measured Ks of the same criterion; the flag says which.

@@ -85,7 +85,18 @@ template <class Read> void expect_refused(Read read, const std::filesystem::path
 TEST(StageReports, EvalCandidatesAreTypedWithTheirDomainsByNameAndNullsAsUnknown) {
     test::TempDir dir;
     const EvalFile r = read_eval_report(write(dir, "eval.json", eval_doc()));
-    EXPECT_EQ(r.base.at("digest"), "abc");
+    EXPECT_EQ(r.base.digest, "abc");
+    EXPECT_EQ(r.base.n_expert, 16);
+    EXPECT_EQ(r.base.where(), r.path + ": base");
+    EXPECT_FALSE(r.base_mtp.has_value());
+    json with_mtp = eval_doc();
+    with_mtp["base"]["mtp"] = {{"acceptance", 0.625}, {"tokens_per_step", 1.5}};
+    const EvalFile m = read_eval_report(write(dir, "mtp.json", with_mtp));
+    ASSERT_TRUE(m.base_mtp.has_value());
+    EXPECT_EQ(m.base_mtp->acceptance, 0.625);
+    EXPECT_EQ(m.base_mtp->tokens_per_step, 1.5);
+    with_mtp["base"]["mtp"]["acceptance"] = 2;
+    expect_refused(read_eval_report, write(dir, "bad-mtp.json", with_mtp), "base.mtp.acceptance: is 2");
     ASSERT_EQ(r.candidates.size(), 3u);
     EXPECT_EQ(r.candidates[0].kind, "base");
     const EvalFileCandidate & keep = r.candidates[1];
@@ -115,7 +126,7 @@ TEST(StageReports, ReplayRecordsAreTypedWithTheirOptionalFields) {
     test::TempDir dir;
     const ReplayFile r = read_replay_report(write(dir, "replay.json", replay_doc()));
     ASSERT_TRUE(r.trace_model.has_value());
-    EXPECT_EQ(r.trace_model->at("digest"), "abc");
+    EXPECT_EQ(r.trace_model->digest, "abc");
     EXPECT_EQ(r.n_layer, 2);
     EXPECT_EQ(r.n_expert, 16);
     EXPECT_EQ(r.keep, "keep/freq-k8.json");
