@@ -167,4 +167,16 @@ std::vector<int64_t> JsonFields::integers(const std::string & key, int64_t lo, i
     return out;
 }
 
+std::vector<std::string> JsonFields::strings(const std::string & key) const {
+    const json & a = array(key);
+    std::vector<std::string> out;
+    for (size_t i = 0; i < a.size(); ++i) {
+        if (!a[i].is_string()) {
+            fail(fmt::format("{}[{}]", key, i), "must be a string");
+        }
+        out.push_back(a[i].get<std::string>());
+    }
+    return out;
+}
+
 } // namespace moeprune

@@ -54,6 +54,7 @@ public:
     // Numbers of an array field, each finite and in [lo, hi].
     std::vector<double> numbers(const std::string & key, double lo, double hi) const;
     std::vector<int64_t> integers(const std::string & key, int64_t lo, int64_t hi) const;
+    std::vector<std::string> strings(const std::string & key) const;
     [[noreturn]] void fail(const std::string & key, const std::string & why) const;
 
 private:

@@ -92,18 +92,6 @@ uint64_t seed_of(const JsonFields & f) {
     return v.get<uint64_t>();
 }
 
-std::vector<std::string> strings_of(const JsonFields & f, const std::string & key) {
-    const json & a = f.array(key);
-    std::vector<std::string> out;
-    for (size_t i = 0; i < a.size(); ++i) {
-        if (!a[i].is_string()) {
-            f.fail(fmt::format("{}[{}]", key, i), "must be a string");
-        }
-        out.push_back(a[i].get<std::string>());
-    }
-    return out;
-}
-
 CorpusInputs inputs_of(const JsonFields & in) {
     const JsonFields m = in.object("model");
     CorpusInputs out;
@@ -165,8 +153,8 @@ CorpusSourceRow source_of(const JsonFields & s) {
     }
     out.documents_read = count(s, "documents_read");
     out.empty_skipped = count(s, "empty_skipped");
-    out.binary_skipped = strings_of(s, "binary_skipped");
-    out.not_media_skipped = strings_of(s, "not_media_skipped");
+    out.binary_skipped = s.strings("binary_skipped");
+    out.not_media_skipped = s.strings("not_media_skipped");
     out.exact_duplicates = count(s, "exact_duplicates");
     out.near_duplicates = count(s, "near_duplicates");
     out.boilerplate_only = count(s, "boilerplate_only");
@@ -328,7 +316,7 @@ CorpusReport read_corpus_report(const std::filesystem::path & path) {
     const JsonFields prefixes = f.object("prefix_shares");
     out.calib_prefix_shares = prefix_shares_of(prefixes, "calib");
     out.eval_prefix_shares = prefix_shares_of(prefixes, "eval");
-    out.shortfalls = strings_of(f, "shortfalls");
+    out.shortfalls = f.strings("shortfalls");
     out.tokenized_bytes = count(f, "tokenized_bytes");
     out.seconds = seconds_of(f.object("seconds"));
     const JsonFields outputs = f.object("outputs");

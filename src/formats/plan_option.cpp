@@ -220,28 +220,17 @@ json to_json(const PlanCommands & c) {
 }
 
 PlanCommands read_plan_commands(const JsonFields & c) {
-    const auto strings = [&](const char * key) {
-        std::vector<std::string> out;
-        const json & a = c.array(key);
-        for (size_t i = 0; i < a.size(); ++i) {
-            if (!a[i].is_string()) {
-                c.fail(fmt::format("{}[{}]", key, i), "must be a string");
-            }
-            out.push_back(a[i].get<std::string>());
-        }
-        return out;
-    };
     PlanCommands out;
     out.model = c.string("model");
-    out.slice = strings("slice");
-    out.memory_limit = strings("memory_limit");
+    out.slice = c.strings("slice");
+    out.memory_limit = c.strings("memory_limit");
     if (c.has("read_ahead")) {
-        out.read_ahead = strings("read_ahead");
+        out.read_ahead = c.strings("read_ahead");
     }
-    out.llama_completion = strings("llama_completion");
-    out.llama_server = strings("llama_server");
-    out.lines = strings("lines");
-    out.notes = strings("notes");
+    out.llama_completion = c.strings("llama_completion");
+    out.llama_server = c.strings("llama_server");
+    out.lines = c.strings("lines");
+    out.notes = c.strings("notes");
     if (out.llama_completion.empty()) {
         c.fail("llama_completion", "is empty: a recommendation's commands run it");
     }

@@ -232,13 +232,7 @@ SelectFile read_select_report(const std::filesystem::path & path) {
         out.results.push_back(result_of(result));
     }
     if (report.has("warnings")) {
-        const json & warnings = report.array("warnings");
-        for (size_t i = 0; i < warnings.size(); ++i) {
-            if (!warnings[i].is_string()) {
-                report.fail(fmt::format("warnings[{}]", i), "must be a string");
-            }
-            out.warnings.push_back(warnings[i].get<std::string>());
-        }
+        out.warnings = report.strings("warnings");
     }
     return out;
 }

@@ -408,6 +408,14 @@ void Planner::apply_shortlist() {
                                                  "with other inputs or another budget?)",
                                                  ran.describe()));
         }
+        // The same option of another model or keep map would be a silent wrong answer.
+        if (std::abs(ran.routed_bytes - it->routed_bytes) > 1e-6 * it->routed_bytes ||
+            (ran.keep_map && it->keep_map && *ran.keep_map != *it->keep_map)) {
+            fail_file(path.string(), fmt::format("measured {} of {} routed bytes from {}: this plan's has {} from {} "
+                                                 "(another model or keep map)",
+                                                 ran.describe(), ran.routed_bytes, ran.keep_map.value_or("no keep map"),
+                                                 it->routed_bytes, it->keep_map.value_or("no keep map")));
+        }
         it->shortlist = PlanShortlistFigures{v.ram, v.model, v.measure, v.measured_tok_per_s, it->tok_per_s};
         it->tok_per_s = v.measured_tok_per_s;
         it->source += fmt::format("; measured by llama.cpp under {} ({})", v.ram, path.string());

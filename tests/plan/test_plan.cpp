@@ -284,6 +284,18 @@ TEST(Plan, AShortlistsMeasuredSpeedsReplaceThePredictedOnesInTheRanking) {
     } catch (const Error & e) {
         EXPECT_NE(std::string(e.what()).find("k224.json: measured K 224 by reap"), std::string::npos) << e.what();
     }
+    // The same option of another keep map is refused too, not taken for this one.
+    o.ram_bytes = 40e9;
+    json other = json::parse(test::read_bytes(summary(224, 80)));
+    other["option"]["keep_map"] = "maps/other-k224.json";
+    test::write_text(dir / "other.json", other.dump());
+    o.shortlist = {dir / "other.json"};
+    try {
+        make_plan(o);
+        FAIL() << "a measurement of another keep map";
+    } catch (const Error & e) {
+        EXPECT_NE(std::string(e.what()).find("another model or keep map"), std::string::npos) << e.what();
+    }
 }
 
 TEST(Plan, RefusesWhatCannotBePlanned) {
