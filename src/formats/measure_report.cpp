@@ -52,7 +52,8 @@ json to_json(const MeasuredRun & r) {
 }
 
 json to_json(const ProbeFigures & p) {
-    return {{"limit_bytes", p.limit_bytes},
+    return {{"read_ahead_kb", p.read_ahead_kb ? json(*p.read_ahead_kb) : json(nullptr)},
+            {"limit_bytes", p.limit_bytes},
             {"experts", p.experts},
             {"bytes_needed", p.bytes_needed},
             {"bytes_read", p.bytes_read < 0 ? json() : json(p.bytes_read)},
@@ -63,12 +64,17 @@ json to_json(const ProbeFigures & p) {
             {"read_gbps", or_null(p.read_gbps)},
             {"readahead_amplification", or_null(p.readahead_amplification)},
             {"fault_latency_us", p.fault_latency_us},
+            {"sequential_gbps", or_null(p.sequential_gbps)},
+            {"simulated_faults", p.simulated_faults},
+            {"fault_ms", or_null(p.fault_ms)},
             {"expert_ms", {{"median", p.expert_ms_median}, {"p90", p.expert_ms_p90}}}};
 }
 
 json to_json(const StreamCalibration & c) {
-    return {{"compute_ms", c.compute_ms},
+    return {{"read_ahead_kb", c.read_ahead_kb ? json(*c.read_ahead_kb) : json(nullptr)},
+            {"compute_ms", c.compute_ms},
             {"read_gbps", c.read_gbps},
+            {"fault_ms", c.fault_ms},
             {"process_bytes", c.process_bytes},
             {"page_bytes", c.page_bytes},
             {"readaround_bytes", c.readaround_bytes}};
@@ -77,6 +83,11 @@ json to_json(const StreamCalibration & c) {
 // Physical bounds, far outside any machine: a token in at most 1000 s, at most 10^6
 // tokens/s, 2^50 bytes of memory, storage between 1 kB/s and 10 TB/s.
 constexpr double kMostBytes = 0x1p50, kMostTokPerS = 1e6;
+
+std::optional<uint64_t> optional_read_ahead(const JsonFields & f) {
+    return f.has("read_ahead_kb") ? std::optional(uint64_t(f.integer("read_ahead_kb", 0, int64_t(1) << 40)))
+                                  : std::nullopt;
+}
 
 double optional_number(const JsonFields & f, const char * key, double lo, double hi, double absent) {
     return f.has(key) ? f.number(key, lo, hi) : absent;
@@ -147,9 +158,7 @@ MeasuredRun read_run(const JsonFields & run, bool limited) {
     r.decode = read_decode(run, 1e-3);
     r.detail = optional_json(run, "detail");
     r.llama_bench = optional_json(run, "llama_bench");
-    if (run.has("read_ahead_kb")) {
-        r.read_ahead_kb = uint64_t(run.integer("read_ahead_kb", 0, int64_t(1) << 40));
-    }
+    r.read_ahead_kb = optional_read_ahead(run);
     r.residency = optional_json(run, "residency");
     if (run.has("predicted")) {
         const JsonFields p = run.object("predicted");
@@ -167,6 +176,18 @@ MeasuredRun read_run(const JsonFields & run, bool limited) {
         r.error = run.number("error", 0, 1e12);
     }
     return r;
+}
+
+StreamCalibration read_calibration(const JsonFields & c) {
+    StreamCalibration k;
+    k.read_ahead_kb = optional_read_ahead(c);
+    k.compute_ms = c.number("compute_ms", 0, 1e6);
+    k.read_gbps = c.number("read_gbps", 0, 1e4);
+    k.fault_ms = optional_number(c, "fault_ms", 0, 1e6, 0);
+    k.process_bytes = uint64_t(c.number("process_bytes", 0, kMostBytes));
+    k.page_bytes = uint64_t(c.number("page_bytes", 1, 1 << 30));
+    k.readaround_bytes = uint64_t(c.number("readaround_bytes", 0, kMostBytes));
+    return k;
 }
 
 ProbeFigures read_probe(const JsonFields & probe) {
@@ -191,6 +212,10 @@ ProbeFigures read_probe(const JsonFields & probe) {
         p.readahead_amplification = probe.number("readahead_amplification", 0, 1e6);
     }
     p.fault_latency_us = probe.number("fault_latency_us", 0, 1e9);
+    p.sequential_gbps = optional_number(probe, "sequential_gbps", 0, 1e4, -1);
+    p.fault_ms = optional_number(probe, "fault_ms", 0, 1e6, -1);
+    p.simulated_faults = uint64_t(optional_number(probe, "simulated_faults", 0, 1e15, 0));
+    p.read_ahead_kb = optional_read_ahead(probe);
     if (probe.has("expert_ms")) {
         const JsonFields ms = probe.object("expert_ms");
         p.expert_ms_median = ms.number("median", 0, 1e9);
@@ -234,6 +259,13 @@ MeasureReport read_report(const json & doc, const std::string & file) {
     m.probed = r.has("probe");
     if (m.probed) {
         m.probe = read_probe(r.object("probe"));
+        m.probes = {m.probe};
+    }
+    if (r.has("probes")) {
+        m.probes.clear();
+        for (const JsonFields & p : r.objects("probes")) {
+            m.probes.push_back(read_probe(p));
+        }
     }
     for (const JsonFields & run : r.objects("runs")) {
         MeasuredRun x = read_run(run, true);
@@ -248,12 +280,14 @@ MeasureReport read_report(const json & doc, const std::string & file) {
         m.max_error = r.number("max_error", 0, 1e12);
     }
     if (r.has("calibration")) {
-        const JsonFields c = r.object("calibration");
-        m.calibration.compute_ms = c.number("compute_ms", 0, 1e6);
-        m.calibration.read_gbps = c.number("read_gbps", 0, 1e4);
-        m.calibration.process_bytes = uint64_t(c.number("process_bytes", 0, kMostBytes));
-        m.calibration.page_bytes = uint64_t(c.number("page_bytes", 1, 1 << 30));
-        m.calibration.readaround_bytes = uint64_t(c.number("readaround_bytes", 0, kMostBytes));
+        m.calibration = read_calibration(r.object("calibration"));
+        m.calibrations = {m.calibration};
+    }
+    if (r.has("calibrations")) {
+        m.calibrations.clear();
+        for (const JsonFields & c : r.objects("calibrations")) {
+            m.calibrations.push_back(read_calibration(c));
+        }
     }
     return m;
 }
@@ -264,6 +298,14 @@ std::vector<const MeasuredRun *> all_runs(const MeasureReport & r) {
     std::vector<const MeasuredRun *> out{&r.resident};
     for (const MeasuredRun & m : r.runs) {
         out.push_back(&m);
+    }
+    return out;
+}
+
+template <class T> json list_json(const std::vector<T> & items) {
+    json out = json::array();
+    for (const T & item : items) {
+        out.push_back(to_json(item));
     }
     return out;
 }
@@ -291,8 +333,10 @@ json to_json(const MeasureReport & r) {
             {"resident_need_bytes", r.resident_need_bytes},
             {"resident", to_json(r.resident)},
             {"probe", r.probed ? to_json(r.probe) : json()},
+            {"probes", r.probed ? json(list_json(r.probes)) : json()},
             {"runs", runs},
             {"calibration", r.median_error < 0 ? json() : to_json(r.calibration)},
+            {"calibrations", r.median_error < 0 ? json() : json(list_json(r.calibrations))},
             {"median_error", or_null(r.median_error)},
             {"llama_bench_max_difference", most_apart},
             {"max_error", or_null(r.max_error)},

@@ -17,9 +17,13 @@
 namespace moeprune {
 
 // What a prediction of a limited run is computed from.
+// One per read-ahead measured: a resident decode's speed depends on it too (the page
+// cache's folios, and so the TLB's reach, grow with the read-ahead that brought them in).
 struct StreamCalibration {
+    std::optional<uint64_t> read_ahead_kb; // the device's read-ahead it was measured at, where sysfs says
     double compute_ms = 0;                 // per token, fully resident
-    double read_gbps = 0;                  // what the storage delivers through page faults (10^9 bytes/s)
+    double read_gbps = 0;                  // the storage's transfer rate (10^9 bytes/s)
+    double fault_ms = 0;                   // what a read-around waits beyond its transfer
     uint64_t process_bytes = 0;            // the process's own memory, charged to the same limit
     uint64_t page_bytes = 4096;
     uint64_t readaround_bytes = 0;         // the mapping's readahead window
@@ -64,6 +68,7 @@ struct MeasuredRun {
 };
 
 struct ProbeFigures {
+    std::optional<uint64_t> read_ahead_kb;   // the device's read-ahead during the probe, where sysfs says
     uint64_t limit_bytes = 0, experts = 0, bytes_needed = 0;
     int64_t bytes_read = -1;
     uint64_t major_faults = 0;
@@ -73,6 +78,9 @@ struct ProbeFigures {
     double read_gbps = -1;             // bytes the device delivered per second
     double readahead_amplification = -1;   // bytes read per byte needed
     double fault_latency_us = 0;       // reader time per major fault
+    double sequential_gbps = -1;       // direct sequential reads of the experts (10^9 bytes/s); -1: not read
+    uint64_t simulated_faults = 0;     // the read-arounds the simulated page cache starts for the same reads
+    double fault_ms = -1;              // wall time beyond what sequential_gbps transfers, per simulated read-around
     double expert_ms_median = 0, expert_ms_p90 = 0;
 };
 
@@ -88,9 +96,11 @@ struct MeasureReport {
     uint64_t resident_need_bytes = 0;    // weights outside the experts + process memory
     MeasuredRun resident;
     bool probed = false;
-    ProbeFigures probe;
+    ProbeFigures probe;                  // at the device's own read-ahead, or the first measured
+    std::vector<ProbeFigures> probes;    // one per read-ahead measured, `probe` among them
     std::vector<MeasuredRun> runs;
-    StreamCalibration calibration;       // what the predictions are computed from
+    StreamCalibration calibration;       // `probe`'s: what plan prices with
+    std::vector<StreamCalibration> calibrations;   // one per probe: what each run's prediction is computed from
     double median_error = -1, max_error = -1;   // over the predicted runs; -1 when none
     std::string busy;                    // why the figures cannot be a quiet machine's; empty when they can
     std::string trace;                   // --trace, or empty

@@ -60,6 +60,15 @@ ProbeFigures probe_figures(const json & r, uint64_t limit) {
     }
     const double reader_ms = std::accumulate(expert_ms.begin(), expert_ms.end(), 0.0);
     p.fault_latency_us = p.major_faults ? reader_ms * 1e3 / double(p.major_faults) : 0;
+    const json & sequential = r.value("sequential", json());
+    if (!sequential.is_null() && sequential.at("seconds").get<double>() > 0) {
+        p.sequential_gbps = sequential.at("bytes").get<double>() / sequential.at("seconds").get<double>() / 1e9;
+        p.simulated_faults = r.at("simulated_faults").get<uint64_t>();
+        if (p.bytes_read >= 0 && p.simulated_faults > 0) {
+            const double transfer_s = double(p.bytes_read) / (p.sequential_gbps * 1e9);
+            p.fault_ms = std::max(0.0, p.seconds - transfer_s) * 1e3 / double(p.simulated_faults);
+        }
+    }
     p.expert_ms_median = quantile(expert_ms, 0.5);
     p.expert_ms_p90 = quantile(expert_ms, 0.9);
     return p;

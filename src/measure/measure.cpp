@@ -78,9 +78,6 @@ public:
         find_cgroups();
         resident_run();
         resolve_limits();
-        if (opt_.probe_mib > 0) {
-            probe_storage();
-        }
         limited_runs();
         rep_.busy = machine_was_busy(rep_);
         if (rep_.busy.empty()) {
@@ -97,7 +94,8 @@ private:
     void find_cgroups();
     void resident_run();
     void resolve_limits();
-    void probe_storage();
+    double resident_compute_ms();
+    void probe_storage(std::optional<uint64_t> read_ahead_kb);
     void limited_runs();
     void limited_run(size_t i, size_t n, std::optional<uint64_t> read_ahead_kb);
     void predict();
@@ -417,8 +415,9 @@ void Measurement::resolve_limits() {
     }
 }
 
-// Random experts read cold through page faults, with reclaim making room as they come.
-void Measurement::probe_storage() {
+// The storage's sequential rate, then random experts read cold through page faults, with
+// reclaim making room as they come.
+void Measurement::probe_storage(std::optional<uint64_t> read_ahead_kb) {
     WorkerSpec spec;
     spec.mode = "probe";
     spec.label = "measure probe";
@@ -431,30 +430,61 @@ void Measurement::probe_storage() {
     // limited decode's do.
     const uint64_t own = std::max<uint64_t>(rep_.process_bytes, uint64_t(64) << 20);
     const uint64_t limit = std::min(*std::min_element(limits_.begin(), limits_.end()), own + spec.probe_bytes / 4);
+    spec.probe_cache_bytes = limit > own ? limit - own : 0;
+    spec.readaround_bytes = read_ahead_kb ? *read_ahead_kb * 1024 * 2 : readaround_bytes_;
     drop_model_pages(gguf_->shard_paths());
     MemoryCgroup cgroup(cgroups_, limit, scratch_);
-    const WorkerExit w = run_worker_in(spec, cgroup, "probe", "the storage probe");
-    rep_.probe = with_json_errors("the storage probe's result", [&] { return probe_figures(w.result, limit); });
-    rep_.probed = true;
+    const std::string name = fmt::format("probe{}", rep_.probes.size());
+    const WorkerExit w = run_worker_in(spec, cgroup, name, "the storage probe");
+    ProbeFigures & p = rep_.probes.emplace_back(
+        with_json_errors("the storage probe's result", [&] { return probe_figures(w.result, limit); }));
+    p.read_ahead_kb = read_ahead_kb;
 }
 
+// A resident decode at the read-ahead set now, for its speed alone: the folios a smaller
+// read-ahead brings in are smaller, and the same weights then cost more TLB misses.
+double Measurement::resident_compute_ms() {
+    WorkerSpec spec = decode_spec("measure resident");
+    drop_model_pages(gguf_->shard_paths());
+    MemoryCgroup cgroup(cgroups_, 0, scratch_);
+    const WorkerExit w = run_worker_in(spec, cgroup, fmt::format("resident{}", rep_.calibrations.size()),
+                                       "the resident run");
+    return with_json_errors("the resident run's result", [&] { return decode_figures(w.result); }).ms_mean;
+}
+
+// At each read-ahead: what its predictions are computed from (a resident decode and a
+// probe at that setting), then every limit.
 void Measurement::limited_runs() {
     std::vector<std::optional<uint64_t>> read_aheads(opt_.read_ahead_kb.begin(), opt_.read_ahead_kb.end());
     if (read_aheads.empty()) {
         read_aheads.push_back(std::nullopt);   // the device's own
     }
+    const std::optional<uint64_t> own =
+        storage_.contains("read_ahead_kb") ? std::optional(storage_.at("read_ahead_kb").get<uint64_t>()) : std::nullopt;
     size_t n = 0;
     for (const std::optional<uint64_t> & kb : read_aheads) {
         if (kb) {
             read_ahead_->set(*kb);
         }
+        const std::optional<uint64_t> at = kb ? kb : own;
+        StreamCalibration & c = rep_.calibrations.emplace_back();
+        c.read_ahead_kb = at;
+        c.readaround_bytes = at ? *at * 1024 * 2 : readaround_bytes_;   // doubled by POSIX_FADV_SEQUENTIAL
+        c.compute_ms = at == own ? rep_.resident.decode.ms_mean : resident_compute_ms();
+        if (opt_.probe_mib > 0) {
+            probe_storage(at);
+        }
         for (size_t i = 0; i < limits_.size(); ++i, ++n) {
-            limited_run(i, n, kb ? kb : storage_.contains("read_ahead_kb")
-                                             ? std::optional(storage_.at("read_ahead_kb").get<uint64_t>())
-                                             : std::nullopt);
+            limited_run(i, n, at);
         }
     }
     read_ahead_.reset();
+    if (!rep_.probes.empty()) {
+        const auto own_probe = std::find_if(rep_.probes.begin(), rep_.probes.end(),
+                                            [&](const ProbeFigures & p) { return p.read_ahead_kb == own; });
+        rep_.probe = own_probe == rep_.probes.end() ? rep_.probes.front() : *own_probe;
+        rep_.probed = true;
+    }
 }
 
 void Measurement::limited_run(size_t i, size_t n, std::optional<uint64_t> read_ahead_kb) {
@@ -485,13 +515,21 @@ void Measurement::predict() {
     if (!rep_.probed) {
         return;
     }
-    StreamCalibration & c = rep_.calibration;
-    c.compute_ms = rep_.resident.decode.ms_mean;
-    c.process_bytes = rep_.process_bytes;
-    // Without per-process I/O counts, the rate of bytes needed stands in for the device's.
-    c.read_gbps = rep_.probe.read_gbps > 0 ? rep_.probe.read_gbps : rep_.probe.effective_gbps;
-    c.page_bytes = uint64_t(::sysconf(_SC_PAGESIZE));
-    c.readaround_bytes = readaround_bytes_;
+    for (size_t i = 0; i < rep_.calibrations.size(); ++i) {
+        StreamCalibration & c = rep_.calibrations[i];
+        const ProbeFigures & p = rep_.probes[i];
+        c.process_bytes = rep_.process_bytes;
+        c.page_bytes = uint64_t(::sysconf(_SC_PAGESIZE));
+        // Without a sequential read, or per-process I/O counts, the probe's own rate stands
+        // in for the device's, its waits folded into it.
+        c.read_gbps = p.sequential_gbps > 0 && p.fault_ms >= 0 ? p.sequential_gbps
+                      : p.read_gbps > 0                        ? p.read_gbps
+                                                               : p.effective_gbps;
+        c.fault_ms = p.sequential_gbps > 0 && p.fault_ms >= 0 ? p.fault_ms : 0;
+        if (p.read_ahead_kb == rep_.probe.read_ahead_kb) {
+            rep_.calibration = c;
+        }
+    }
     const TraceReader trace = TraceReader::open(all_tokens_trace_);
     std::vector<double> errors;
     for (MeasuredRun & r : rep_.runs) {
@@ -500,11 +538,9 @@ void Measurement::predict() {
         for (const json & sample : samples) {
             after.push_back(sample.at("token").get<uint64_t>());
         }
-        StreamCalibration at = c;
-        if (r.read_ahead_kb) {
-            at.readaround_bytes = *r.read_ahead_kb * 1024 * 2;   // doubled by POSIX_FADV_SEQUENTIAL, as above
-        }
-        r.prediction = predict_stream(*gguf_, trace, uint64_t(opt_.warmup), r.limit_bytes, at, after);
+        const auto at = std::find_if(rep_.calibrations.begin(), rep_.calibrations.end(),
+                                     [&](const StreamCalibration & c) { return c.read_ahead_kb == r.read_ahead_kb; });
+        r.prediction = predict_stream(*gguf_, trace, uint64_t(opt_.warmup), r.limit_bytes, *at, after);
         r.predicted = true;
         r.residency = residency_agreement(samples, r.prediction.resident_experts,
                                           info_.routed_layers().size() * size_t(info_.n_expert));
@@ -574,15 +610,23 @@ std::string to_text(const MeasureReport & r) {
     for (const MeasuredRun & m : r.runs) {
         out += line(m);
     }
-    if (r.probed) {
-        const ProbeFigures & p = r.probe;
-        out += fmt::format("probe: {} experts ({}) cold through page faults, {} threads: {:.3f} GB/s needed",
-                           p.experts, mib(p.bytes_needed), p.threads, p.effective_gbps);
+    for (const ProbeFigures & p : r.probes) {
+        out += fmt::format("probe at read-ahead {}: {} experts ({}) cold through page faults, {} threads: {:.3f} GB/s "
+                           "needed", p.read_ahead_kb ? fmt::format("{} KB", *p.read_ahead_kb) : "(unknown)", p.experts,
+                           mib(p.bytes_needed), p.threads, p.effective_gbps);
         if (p.read_gbps >= 0) {
             out += fmt::format(", {:.3f} GB/s read, readahead x{:.2f}", p.read_gbps, p.readahead_amplification);
         }
-        out += fmt::format(", {:.0f} us per major fault, {:.2f} ms per expert (median)\n", p.fault_latency_us,
-                           p.expert_ms_median);
+        out += fmt::format(", {:.0f} us per major fault", p.fault_latency_us);
+        if (p.fault_ms >= 0) {
+            out += fmt::format(" ({:.2f} ms beyond the {:.3f} GB/s of sequential reads)", p.fault_ms, p.sequential_gbps);
+        }
+        out += fmt::format(", {:.2f} ms per expert (median)\n", p.expert_ms_median);
+    }
+    for (const StreamCalibration & c : r.median_error >= 0 ? r.calibrations : std::vector<StreamCalibration>{}) {
+        out += fmt::format("calibration at read-ahead {}: {:.2f} ms per token resident, {:.2f} ms per read-around, "
+                           "{:.3f} GB/s\n", c.read_ahead_kb ? fmt::format("{} KB", *c.read_ahead_kb) : "(unknown)",
+                           c.compute_ms, c.fault_ms, c.read_gbps);
     }
     for (const MeasuredRun * m : all_runs(r)) {
         if (!m->llama_bench.is_null()) {

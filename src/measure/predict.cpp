@@ -198,7 +198,9 @@ StreamPrediction predict_stream(const GgufModel & model, const TraceSource & tra
     p.read_bytes_per_token = double(expert_read + other_read) / n;
     p.faults_per_token = double(faults) / n;
     p.expert_faults_per_token = double(expert_faults) / n;
-    p.ms_per_token = c.compute_ms + (c.read_gbps > 0 ? p.read_bytes_per_token / (c.read_gbps * 1e9) * 1e3 : 0);
+    // A read-around is waited for once however many of llama.cpp's threads fault on it.
+    p.ms_per_token = c.compute_ms + p.faults_per_token * c.fault_ms +
+                     (c.read_gbps > 0 ? p.read_bytes_per_token / (c.read_gbps * 1e9) * 1e3 : 0);
     p.tokens_per_second = p.ms_per_token > 0 ? 1e3 / p.ms_per_token : 0;
     return p;
 }

@@ -8,14 +8,18 @@
 #include "formats/trace.h"
 #include "model/inspect.h"
 #include "model/model_file.h"
+#include "sim/page_cache.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstring>
+#include <atomic>
+#include <barrier>
+#include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <numeric>
 #include <random>
@@ -262,8 +266,58 @@ json decode_run(const WorkerSpec & s) {
     return out;
 }
 
-// The probe: experts in a seeded random order, every page of each touched through the
-// mapping by `threads` readers at once, as llama.cpp's threads meet evicted experts.
+// The device's sequential rate: `bytes` of routed experts from the largest expert tensor's
+// start, in 4 MiB direct reads (buffered where the filesystem refuses O_DIRECT, the pages
+// dropped after), so that the rate is the storage's and not the page cache's.
+json sequential_read(const GgufModel & gguf, uint64_t bytes) {
+    const TensorEntry * largest = nullptr;
+    for (const TensorEntry & t : gguf.tensors()) {
+        if (t.cls.role == TensorRole::Expert && (!largest || t.nbytes > largest->nbytes)) {
+            largest = &t;
+        }
+    }
+    if (!largest || bytes == 0) {
+        return nullptr;
+    }
+    constexpr uint64_t kBlock = 4 << 20, kAlign = 4096;
+    const fs::path & shard = gguf.shard_paths()[size_t(largest->shard)];
+    const uint64_t from = largest->file_offset / kAlign * kAlign;
+    const uint64_t to = std::min(gguf.shard_bytes(largest->shard), from + std::min(bytes, largest->nbytes)) / kAlign * kAlign;
+    bool direct = true;
+    int fd = ::open(shard.c_str(), O_RDONLY | O_DIRECT);
+    if (fd < 0) {
+        direct = false;
+        fd = ::open(shard.c_str(), O_RDONLY);
+    }
+    if (fd < 0) {
+        fail_file(shard.string(), "cannot be opened");
+    }
+    std::unique_ptr<uint8_t, decltype(&std::free)> buffer(static_cast<uint8_t *>(std::aligned_alloc(kAlign, kBlock)),
+                                                          &std::free);
+    uint64_t done = 0;
+    const auto t0 = Clock::now();
+    for (uint64_t off = from; off < to;) {
+        const ssize_t n = ::pread(fd, buffer.get(), size_t(std::min(kBlock, to - off)), off_t(off));
+        if (n <= 0) {
+            ::close(fd);
+            fail_file(shard.string(), fmt::format("could not be read at offset {} for the storage probe", off));
+        }
+        off += uint64_t(n);
+        done += uint64_t(n);
+    }
+    const double seconds = seconds_since(t0);
+    if (!direct) {
+        ::posix_fadvise(fd, off_t(from), off_t(to - from), POSIX_FADV_DONTNEED);
+    }
+    ::close(fd);
+    return {{"bytes", done}, {"seconds", seconds}, {"direct", direct}};
+}
+
+// The probe: the device's sequential rate, then experts in a seeded random order, every
+// page of each slab through the mapping by `threads` readers as llama.cpp's threads read
+// an expert's matrix, then the same reads simulated: the time beyond what the sequential
+// rate transfers, per simulated read-around, is the wait a read-around adds as a decode
+// meets it (docs/measure.md, "The prediction").
 json probe_run(const WorkerSpec & s) {
     const GgufModel gguf = GgufModel::open(s.model);
     std::vector<std::vector<ExpertSlab>> experts = routed_expert_slabs(gguf, inspect_model(gguf, {}));
@@ -278,6 +332,7 @@ json probe_run(const WorkerSpec & s) {
         }
         ++n;
     }
+    const json sequential = sequential_read(gguf, std::min<uint64_t>(asked, uint64_t(64) << 20));
     std::vector<const uint8_t *> maps;
     std::vector<uint64_t> sizes;
     for (const fs::path & shard : gguf.shard_paths()) {
@@ -295,26 +350,64 @@ json probe_run(const WorkerSpec & s) {
         maps.push_back(static_cast<const uint8_t *>(addr));
         sizes.push_back(size);
     }
-    const long page = ::sysconf(_SC_PAGESIZE);
+    // As ggml's mul_mat_id splits one expert's matrix for a token: chunks of 64 rows (the
+    // threads' count when that makes fewer than four per thread), the first taken by each
+    // thread at once, the rest as they finish; the threads meet at a barrier after each
+    // matrix, as they meet after each node of the graph.
+    struct Slab {
+        const volatile uint8_t * base;
+        uint64_t bytes, chunk_bytes, chunks;
+        size_t expert;
+    };
+    const int threads = std::max(1, s.threads);
+    std::vector<Slab> slabs;
+    for (size_t e = 0; e < n; ++e) {
+        for (const ExpertSlab & slab : experts[e]) {
+            const uint64_t rows = slab.row_bytes ? slab.bytes / slab.row_bytes : 1;
+            uint64_t chunk_rows = 64;
+            if ((rows + 63) / 64 < uint64_t(4 * threads)) {
+                chunk_rows = (rows + uint64_t(threads) - 1) / uint64_t(threads);
+            }
+            const uint64_t chunk_bytes = std::max<uint64_t>(1, chunk_rows * std::max<uint64_t>(1, slab.row_bytes));
+            slabs.push_back({maps[size_t(slab.shard)] + slab.offset, slab.bytes, chunk_bytes,
+                             (slab.bytes + chunk_bytes - 1) / chunk_bytes, e});
+        }
+    }
+    const uint64_t page = uint64_t(::sysconf(_SC_PAGESIZE));
+    std::vector<std::atomic<uint64_t>> next_chunk(slabs.size());
+    for (std::atomic<uint64_t> & c : next_chunk) {
+        c = uint64_t(threads);
+    }
     std::vector<double> expert_ms(n);
-    std::atomic<size_t> next{0};
+    std::vector<std::atomic<uint64_t>> chunks_left(n);
+    for (const Slab & slab : slabs) {
+        chunks_left[slab.expert] += slab.chunks;
+    }
     std::atomic<uint64_t> sink{0};
     const Usage u0 = usage_now();
     const auto t0 = Clock::now();
+    std::vector<Clock::time_point> started(n, t0);
+    std::barrier node_done(threads);
     std::vector<std::thread> readers;
-    for (int t = 0; t < std::max(1, s.threads); ++t) {
-        readers.emplace_back([&] {
+    for (int ith = 0; ith < threads; ++ith) {
+        readers.emplace_back([&, ith] {
             uint64_t sum = 0;
-            for (size_t e; (e = next.fetch_add(1)) < n;) {
-                const auto te = Clock::now();
-                for (const ExpertSlab & slab : experts[e]) {
-                    const volatile uint8_t * base = maps[size_t(slab.shard)] + slab.offset;
-                    for (uint64_t off = 0; off < slab.bytes; off += uint64_t(page)) {
-                        sum += base[off];
-                    }
-                    sum += base[slab.bytes - 1];
+            for (size_t i = 0; i < slabs.size(); ++i) {
+                const Slab & slab = slabs[i];
+                if (ith == 0 && (i == 0 || slabs[i - 1].expert != slab.expert)) {
+                    started[slab.expert] = Clock::now();
                 }
-                expert_ms[e] = seconds_since(te) * 1e3;
+                for (uint64_t c = uint64_t(ith); c < slab.chunks; c = next_chunk[i].fetch_add(1)) {
+                    const uint64_t end = std::min(slab.bytes, (c + 1) * slab.chunk_bytes);
+                    for (uint64_t off = c * slab.chunk_bytes; off < end; off += page) {
+                        sum += slab.base[off];
+                    }
+                    sum += slab.base[end - 1];
+                    if (chunks_left[slab.expert].fetch_sub(1) == 1) {
+                        expert_ms[slab.expert] = seconds_since(started[slab.expert]) * 1e3;
+                    }
+                }
+                node_done.arrive_and_wait();
             }
             sink += sum;
         });
@@ -327,13 +420,31 @@ json probe_run(const WorkerSpec & s) {
     for (size_t i = 0; i < maps.size(); ++i) {
         ::munmap(const_cast<uint8_t *>(maps[i]), sizes[i]);
     }
+    // The same reads through the simulated page cache: its read-arounds are what a
+    // prediction counts, so the time is calibrated per read-around it would start.
+    std::vector<uint64_t> files;
+    for (size_t shard = 0; shard < gguf.shard_paths().size(); ++shard) {
+        files.push_back(gguf.shard_bytes(int(shard)));
+    }
+    MappedFileCache cache(files, s.probe_cache_bytes, page, s.readaround_bytes);
+    MappedFileCache::Touch simulated;
+    for (size_t e = 0; e < n; ++e) {
+        for (const ExpertSlab & slab : experts[e]) {
+            const MappedFileCache::Touch t = cache.touch(size_t(slab.shard), slab.offset, slab.bytes);
+            simulated.faults += t.faults;
+            simulated.read_bytes += t.read_bytes;
+        }
+    }
     return {{"experts", n},
             {"bytes_needed", asked},
             {"bytes_read", u0.read_bytes < 0 ? json() : json(u1.read_bytes - u0.read_bytes)},
             {"major_faults", u1.major_faults - u0.major_faults},
             {"seconds", seconds},
             {"expert_ms", expert_ms},
-            {"threads", std::max(1, s.threads)},
+            {"threads", threads},
+            {"sequential", sequential},
+            {"simulated_faults", simulated.faults},
+            {"simulated_read_bytes", simulated.read_bytes},
             {"checksum", sink.load() & 0xff}};
 }
 
@@ -343,7 +454,8 @@ json to_json(const WorkerSpec & s) {
     return {{"mode", s.mode},         {"label", s.label},     {"model", s.model.string()}, {"threads", s.threads},
             {"tokens", s.tokens},   {"warmup", s.warmup},        {"ctx", s.ctx}, {"repack", s.repack},
             {"trace", s.trace.string()}, {"trace_all", s.trace_all.string()}, {"trace_top", s.trace_top}, {"trace_meta", s.trace_meta},
-            {"probe_bytes", s.probe_bytes}, {"seed", s.seed}, {"residency_every", s.residency_every},
+            {"probe_bytes", s.probe_bytes}, {"seed", s.seed}, {"probe_cache_bytes", s.probe_cache_bytes},
+            {"readaround_bytes", s.readaround_bytes}, {"residency_every", s.residency_every},
             {"residency_experts", [&] {
                  json experts = json::array();
                  for (const auto & e : s.residency_experts) {
@@ -381,6 +493,8 @@ WorkerSpec worker_spec_from_json(const json & j, const std::string & origin) {
         s.trace_meta = j.at("trace_meta");
         s.probe_bytes = j.at("probe_bytes").get<uint64_t>();
         s.seed = j.at("seed").get<uint64_t>();
+        s.probe_cache_bytes = j.at("probe_cache_bytes").get<uint64_t>();
+        s.readaround_bytes = j.at("readaround_bytes").get<uint64_t>();
         s.residency_every = j.at("residency_every").get<int>();
         for (const json & e : j.at("residency_experts")) {
             std::vector<ExpertSlab> & slabs = s.residency_experts.emplace_back();

@@ -39,9 +39,11 @@ struct WorkerSpec {
     int trace_top = 64;
     nlohmann::json trace_meta = nlohmann::json::object();
     // probe: random routed experts (every slab of each) read through page faults, until
-    // `probe_bytes` have been asked for.
+    // `probe_bytes` have been asked for, then the same reads simulated (sim/page_cache.h)
+    // over a page cache of `probe_cache_bytes` and the device's read-around.
     uint64_t probe_bytes = 0;
     uint64_t seed = 0;
+    uint64_t probe_cache_bytes = 0, readaround_bytes = 0;
 };
 
 nlohmann::json to_json(const WorkerSpec & s);

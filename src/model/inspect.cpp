@@ -288,7 +288,7 @@ std::vector<std::vector<ExpertSlab>> routed_expert_slabs(const GgufModel & model
         const uint64_t per = t.nbytes / uint64_t(t.outer_dim());
         for (int64_t e = 0; e < info.n_expert; ++e) {
             experts[it->second * size_t(info.n_expert) + size_t(e)].push_back(
-                {t.shard, t.file_offset + uint64_t(e) * per, per});
+                {t.shard, t.file_offset + uint64_t(e) * per, per, uint64_t(ggml_row_size(t.type, t.ne[0]))});
         }
     }
     return experts;

@@ -67,6 +67,7 @@ InspectReport inspect_model(const GgufModel & model, const std::vector<int64_t> 
 struct ExpertSlab {
     int shard = 0;
     uint64_t offset = 0, bytes = 0;
+    uint64_t row_bytes = 0;   // one output row of the expert's matrix, as ggml splits it among threads
 };
 // Every routed expert as the byte ranges it is read from: entry `ordinal * n_expert + e`
 // holds expert e of routed_layers()[ordinal], one slab per per-expert tensor.

@@ -136,6 +136,12 @@ TEST(Measure, DecodesUnderLimitsPredictsAndTracesTheTimedTokens) {
     }
     EXPECT_EQ(m.at("resident").at("decode").at("major_faults_per_token"), 0.0);
     EXPECT_GT(m.at("probe").at("experts").get<int>(), 0);
+    // The probe's sequential reads give the device's rate, and its faults the wait beyond it.
+    EXPECT_GT(m.at("probe").at("sequential_gbps").get<double>(), 0) << m.at("probe");
+    if (m.at("probe").at("fault_ms").is_number()) {
+        EXPECT_GE(m.at("probe").at("fault_ms").get<double>(), 0) << m.at("probe");
+        EXPECT_EQ(m.at("calibration").at("read_gbps"), m.at("probe").at("sequential_gbps"));
+    }
     EXPECT_TRUE(m.at("median_error").is_number());
     // The trace holds exactly the timed tokens, after the warm-up.
     const TraceReader t = TraceReader::open(trace);
@@ -424,6 +430,28 @@ TEST(Measure, ReadAheadIsMeasuredAtEachSettingAndPutBackEvenAfterAKill) {
     EXPECT_EQ(m.at("runs").at(0).at("read_ahead_kb"), 128);
     EXPECT_EQ(m.at("runs").at(1).at("read_ahead_kb"), 256);
     const json & storage = m.at("system").at("storage");
+    // Each run predicted from a calibration at its own read-ahead: a probe and a resident
+    // decode after the setting changed (the resident run's own where it is the device's).
+    ASSERT_TRUE(m.at("median_error").is_number()) << m.at("busy");
+    ASSERT_EQ(m.at("probes").size(), 2u);
+    ASSERT_EQ(m.at("calibrations").size(), 2u);
+    for (size_t i = 0; i < 2; ++i) {
+        const json & run = m.at("runs").at(i);
+        const json & c = m.at("calibrations").at(i);
+        const uint64_t kb = run.at("read_ahead_kb").get<uint64_t>();
+        EXPECT_EQ(m.at("probes").at(i).at("read_ahead_kb"), kb);
+        EXPECT_EQ(c.at("read_ahead_kb"), kb);
+        EXPECT_EQ(c.at("readaround_bytes").get<uint64_t>(), kb * 2048);
+        if (kb != storage.at("read_ahead_kb").get<uint64_t>()) {
+            EXPECT_NE(c.at("compute_ms").get<double>(),
+                      m.at("resident").at("decode").at("ms_per_token").at("mean").get<double>());
+        }
+        const json & p = run.at("predicted");
+        EXPECT_NEAR(p.at("ms_per_token").get<double>(),
+                    c.at("compute_ms").get<double>() + p.at("faults_per_token").get<double>() * c.at("fault_ms").get<double>() +
+                        p.at("read_bytes_per_token").get<double>() / (c.at("read_gbps").get<double>() * 1e6),
+                    1e-6 * p.at("ms_per_token").get<double>());
+    }
     const fs::path setting = storage.at("read_ahead_file").get<std::string>();
     const std::string original = std::to_string(storage.at("read_ahead_kb").get<uint64_t>());
     const auto current = [&] {
