@@ -75,6 +75,12 @@ void add_eval(CLI::App & app, Action & action) {
                     "Projector GGUF (llama.cpp's libmtmd) for the corpus' images and audio: the text after a "
                     "document's last media is scored under the domain \"image\" or \"audio\"");
     sub->add_option("--prompts", opt->prompts, "Chat prompts for --generate (JSONL with \"messages\"; default: -f)");
+    sub->add_option("--hellaswag", opt->hellaswag,
+                    "Task accuracy: llama.cpp's HellaSwag file (6 lines per task), scored as llama-perplexity "
+                    "--hellaswag scores it, for the base and every keep map and --candidate (docs/eval.md)");
+    sub->add_option("--tasks", opt->tasks, "Task accuracy: how many tasks, chosen as llama-perplexity's "
+                                           "--hellaswag-tasks chooses them")
+        ->capture_default_str();
     sub->callback([=, &action] {
         action = [=] {
             opt->parse_special = !*no_special;

@@ -75,7 +75,8 @@ ContextPtr new_context(llama_model * model, const ContextSettings & s) {
     cp.n_ctx = uint32_t(s.ctx);
     cp.n_batch = uint32_t(s.batch);
     cp.n_ubatch = uint32_t(s.ubatch);
-    cp.n_seq_max = 1;
+    cp.n_seq_max = uint32_t(s.seq_max);
+    cp.kv_unified = cp.kv_unified || s.seq_max > 1;
     cp.n_threads = cp.n_threads_batch = s.threads;
     cp.cb_eval = s.callback;
     cp.cb_eval_user_data = s.callback_data;

@@ -27,13 +27,14 @@ ModelPtr load_model(const std::filesystem::path & path, int gpu_layers, bool mtp
 // The model's vocabulary alone, which is all a tokenizer needs: no tensor is read.
 ModelPtr load_vocabulary(const std::filesystem::path & path);
 
-// A context of one sequence for a pass: its sizes, and the graph callback (an observer
-// of router nodes) with its data.
+// A context for a pass, of one sequence unless `seq_max` says more: its sizes, and the
+// graph callback (an observer of router nodes) with its data.
 struct ContextSettings {
     int ctx = 0, batch = 0, ubatch = 0, threads = 1;
     ggml_backend_sched_eval_callback callback = nullptr;
     void * callback_data = nullptr;
     llama_context_type type = LLAMA_CONTEXT_TYPE_DEFAULT;  // LLAMA_CONTEXT_TYPE_MTP: the nextn head's graph
+    int seq_max = 1;              // sequences, on one cache of `ctx` tokens (llama.cpp's unified KV cache) when > 1
 };
 // Refused, naming the size asked for, when llama.cpp cannot make it.
 ContextPtr new_context(llama_model * model, const ContextSettings & s);

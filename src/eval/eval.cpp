@@ -90,9 +90,12 @@ void EvalRun::check_options() {
     if (opt.generate < 0 || (opt.generate == 0 && !opt.prompts.empty())) {
         throw Error("--generate takes the number of tokens to generate per prompt (--prompts needs it)");
     }
-    if (keeps.empty() && opt.candidates.empty() && opt.base_out.empty() && !closed_loop) {
+    if (opt.tasks < 1) {
+        throw Error(fmt::format("--tasks {}: the number of tasks to score must be at least 1", opt.tasks));
+    }
+    if (keeps.empty() && opt.candidates.empty() && opt.base_out.empty() && !closed_loop && opt.hellaswag.empty()) {
         throw Error("nothing to evaluate: give --keep, --keep-dir, --candidate or --cache-policy (or --base-out to record "
-                    "the base alone)");
+                    "the base alone, --hellaswag to score its accuracy alone)");
     }
 }
 
@@ -104,6 +107,7 @@ void EvalRun::read_model() {
     inputs.push_back(opt.base_in);
     inputs.push_back(opt.prompts);
     inputs.push_back(opt.mmproj);
+    inputs.push_back(opt.hellaswag);
     inputs.insert(inputs.end(), keeps.begin(), keeps.end());
     for (const fs::path & c : opt.candidates) {
         const GgufModel cm = GgufModel::open(c);
@@ -263,6 +267,7 @@ EvalReport run_eval(const EvalOptions & given) {
     run.check_options();
     run.read_model();
     run.read_keep_maps();
+    run.read_tasks();
     run.load_base();
     run.make_windows();
     run.read_prompts();
@@ -275,6 +280,7 @@ EvalReport run_eval(const EvalOptions & given) {
     run.open_outputs();
     run.score_windows();
     run.check_behaviour();
+    run.score_tasks();
     run.finish_passes();
     run.score_statistics();
     run.describe_run();

@@ -6,6 +6,7 @@
 // one model load and N + 1 forward passes. Definitions: docs/eval.md.
 #include "eval/behaviour.h"
 #include "eval/closed_loop.h"
+#include "eval/tasks.h"
 #include "sim/policy.h"
 #include "replay/replay.h"
 
@@ -63,6 +64,11 @@ struct EvalOptions {
     std::filesystem::path prompts;                  // JSONL with "messages"; default: the -f file
     std::filesystem::path mmproj;                   // projector for the corpus' images and audio (libmtmd)
     bool text_only = false;                         // leave out documents with media (run's closed loop)
+
+    // Task accuracy (eval/tasks.h): llama.cpp's HellaSwag file, scored as llama-perplexity
+    // --hellaswag scores it, on `tasks` of its tasks chosen as it chooses them.
+    std::filesystem::path hellaswag;
+    int64_t tasks = 400;
 };
 
 struct EvalStats {
@@ -113,11 +119,13 @@ struct EvalCandidate {
     std::optional<BehaviourStats> behaviour;         // with --generate
     std::vector<std::pair<std::string, BehaviourStats>> behaviour_domains;
     nlohmann::json behaviour_worst = nlohmann::json::array();
+    std::optional<TaskFigures> tasks;                // with --hellaswag; not for closed-loop candidates
 };
 
 struct EvalReport {
     nlohmann::json base, inputs;   // base["mtp"]: the base model's own drafts, when it decodes live
     nlohmann::json generation;                       // with --generate: the prompts and the base's own figures
+    nlohmann::json tasks;                            // with --hellaswag: the file, the tasks and the base's accuracy
     std::vector<std::string> domains;
     std::vector<EvalCandidate> candidates;
 };

@@ -5,6 +5,7 @@
 #include "eval/closed_loop.h"
 #include "eval/masking.h"
 #include "eval/scoring.h"
+#include "eval/tasks.h"
 #include "core/atomic_file.h"
 #include "core/file_io.h"
 #include "core/progress.h"
@@ -136,6 +137,8 @@ public:
     void open_outputs();
     void score_windows();
     void check_behaviour();
+    void read_tasks();
+    void score_tasks();
     void finish_passes();
     void score_statistics();
     void describe_run();
@@ -175,6 +178,8 @@ private:
     std::vector<Window> windows;
     uint64_t n_scored = 0;
     std::vector<Prompt> prompts;
+    std::vector<ChoiceTask> choice_tasks;   // --hellaswag
+    std::vector<size_t> task_selection;     // llama-perplexity's, of --tasks
     json settings, base_identity;
     uint32_t top = 0;
     std::optional<RouterMask> mask;  // made from the model's facts, before the contexts that call it

@@ -2,6 +2,7 @@
 // report's JSON and the per-token rows.
 #include "eval/eval_run.h"
 #include "core/atomic_file.h"
+#include "core/digest.h"
 #include "eval/behaviour.h"
 
 #include <algorithm>
@@ -133,6 +134,11 @@ void EvalRun::describe_run() {
     }
     if (!opt.mmproj.empty()) {
         rep.inputs["mmproj"] = opt.mmproj.string();
+    }
+    if (!opt.hellaswag.empty()) {
+        rep.inputs["hellaswag"] = {{"file", opt.hellaswag.string()},
+                                   {"digest", content_digest(read_text_file(opt.hellaswag))},
+                                   {"tasks", opt.tasks}};
     }
     if (opt.text_only) {
         rep.inputs["text_only"] = true;
@@ -272,12 +278,18 @@ json to_json(const EvalReport & r) {
             }
             cand["modalities"] = modalities;
         }
+        if (c.tasks) {
+            cand["tasks"] = to_json(*c.tasks);
+        }
         cand["worst_tokens"] = c.worst;
         cands.push_back(cand);
     }
     json out = {{"format", "moeprune-eval"}, {"version", 1}, {"base", r.base}, {"inputs", r.inputs}, {"candidates", cands}};
     if (!r.generation.is_null()) {
         out["generation"] = r.generation;
+    }
+    if (!r.tasks.is_null()) {
+        out["tasks"] = r.tasks;
     }
     return out;
 }

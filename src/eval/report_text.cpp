@@ -110,6 +110,23 @@ void behaviour_table(std::ostringstream & o, const EvalReport & r) {
     }
 }
 
+void task_table(std::ostringstream & o, const EvalReport & r) {
+    const json & base = r.tasks["base"];
+    o << fmt::format("\ntasks: {} of the {} in {} (HellaSwag, acc_norm as llama-perplexity scores it):\n"
+                     "{:<32} {:>8} {:>10} {:>8} {:>12} {:>8}\n{:<32} {:>8} {:>9.2f}% {:>7.2f}%\n",
+                     r.tasks["tasks"].get<uint64_t>(), r.tasks["tasks_in_file"].get<uint64_t>(),
+                     r.tasks["file"].get<std::string>(), "candidate", "correct", "accuracy", "stderr", "kept of base",
+                     "new", "base", base["correct"].get<uint64_t>(), 100 * base["accuracy"].get<double>(),
+                     100 * base["stderr"].get<double>());
+    for (const EvalCandidate & c : r.candidates) {
+        if (c.tasks) {
+            o << fmt::format("{:<32} {:>8} {:>9.2f}% {:>7.2f}% {:>12} {:>8}\n", c.name, c.tasks->correct,
+                             100 * c.tasks->accuracy, 100 * c.tasks->stderr_, c.tasks->kept_base_correct,
+                             c.tasks->new_correct);
+        }
+    }
+}
+
 void worst_tokens(std::ostringstream & o, const EvalReport & r) {
     for (const EvalCandidate & c : r.candidates) {
         if (c.worst.empty()) {
@@ -137,6 +154,9 @@ std::string to_text(const EvalReport & r) {
     }
     if (!r.generation.is_null()) {
         behaviour_table(o, r);
+    }
+    if (!r.tasks.is_null()) {
+        task_table(o, r);
     }
     worst_tokens(o, r);
     return o.str();

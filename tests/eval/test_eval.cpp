@@ -199,6 +199,12 @@ TEST(Eval, BadInputsAreRefusedByNameWithNothingWritten) {
     test::write_keep(dir / "k1.json", first_k(8, 1, {0, 1}));
     const std::string m = (dir / "m.gguf").string(), text = (dir / "text.txt").string();
     const std::string outs = fmt::format("--json {} --per-token {}", (dir / "r.json").string(), (dir / "t.jsonl").string());
+    // HellaSwag files (6 lines a task): one line short, a label out of range, a task whose
+    // four endings do not fit 4 x -c 8 tokens.
+    const std::string task = "The river ran\n1\nfast\nslow\nnorth\ndry\n";
+    test::write_text(dir / "short.txt", task + "A second task\n2\na\nb\nc\n");
+    test::write_text(dir / "label.txt", task + "A second task\n4\na\nb\nc\nd\n");
+    test::write_text(dir / "long.txt", task + std::string(400, 'x') + "\n0\na\nb\nc\nd\n");
     auto r = test::run_command(moeprune_cmd(fmt::format("eval -m {} -f {} --keep {} -c 128 --base-out {}", m, text,
                                                         (dir / "k4.json").string(), (dir / "b.mpkl").string())));
     ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -221,6 +227,14 @@ TEST(Eval, BadInputsAreRefusedByNameWithNothingWritten) {
         {fmt::format("eval -m {} -f {} --keep {} -c 128 --json {}", m, text, (dir / "k4.json").string(),
                      (dir / "k4.json").string()),
          "refusing to overwrite the input"},
+        {fmt::format("eval -m {} -f {} --hellaswag {} -c 128 {}", m, text, (dir / "short.txt").string(), outs),
+         "short.txt: has 11 lines, not a multiple of 6"},
+        {fmt::format("eval -m {} -f {} --hellaswag {} -c 128 {}", m, text, (dir / "label.txt").string(), outs),
+         "label.txt: line 8 (task 2): the label is \"4\", not an ending's index 0 to 3"},
+        {fmt::format("eval -m {} -f {} --hellaswag {} -c 8 {}", m, text, (dir / "long.txt").string(), outs),
+         "long.txt line 7 (task 2): needs"},
+        {fmt::format("eval -m {} -f {} --hellaswag {} --tasks 0 -c 128 {}", m, text, (dir / "long.txt").string(), outs),
+         "--tasks 0: the number of tasks to score must be at least 1"},
     };
     const std::string keep_bytes = test::read_bytes(dir / "k4.json");
     for (const auto & [args, says] : cases) {

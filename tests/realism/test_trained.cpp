@@ -14,9 +14,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <memory>
+#include <random>
 #include <set>
+#include <sstream>
 
 using namespace moeprune;
 namespace fs = std::filesystem;
@@ -409,4 +412,90 @@ TEST_F(TrainedRealism, ThePlansPrintedCommandsSliceAndRunTheRecommendation) {
     const auto r = test::run_command(shell(commands["llama_completion"]) + " -n 8 -p 'The river' -no-cnv 2>&1");
     EXPECT_EQ(r.exit_code, 0) << shell(commands["llama_completion"]) << "\n" << r.output;
     EXPECT_NE(r.output.find("The river"), std::string::npos) << r.output;
+}
+
+// Task accuracy is llama-perplexity's, task for task: eval's answers to a HellaSwag file
+// made from the held-out text are right exactly where `llama-perplexity --hellaswag` is
+// right, for the base on the fixture, and for a masked keep map and its sliced file on the
+// sliced file.
+TEST_F(TrainedRealism, HellaswagAnswersAreLlamaPerplexitysTaskForTask) {
+    const fs::path d = dir->path();
+    // 16 words of a domain's held-out text, then its next 8 words and 8 words from three
+    // other places of the same text.
+    std::vector<std::string> words;
+    for (const char * domain : {"prose", "code", "zh"}) {
+        std::istringstream in(domain_text(fixture_dir / "eval.jsonl", domain));
+        for (std::string w; in >> w;) words.push_back(w);
+    }
+    const auto span = [&](size_t at, size_t n) {
+        std::string s;
+        for (size_t i = at; i < at + n; ++i) s += (s.empty() ? "" : " ") + words[i];
+        return s;
+    };
+    std::mt19937 rng(5);
+    std::string file;
+    for (int t = 0; t < 60; ++t) {
+        const size_t at = rng() % (words.size() - 24);
+        const size_t gold = rng() % 4;
+        file += span(at, 16) + "\n" + std::to_string(gold) + "\n";
+        for (size_t e = 0; e < 4; ++e) file += (e == gold ? span(at + 16, 8) : span(rng() % (words.size() - 8), 8)) + "\n";
+    }
+    const fs::path tasks = d / "hellaswag.txt";
+    test::write_text(tasks, file);
+    const fs::path sliced = d / "hellaswag-freq.gguf";
+    run_ok(moeprune_cmd(fmt::format("slice -m {} --keep {} -o {}", trained_model.string(),
+                                    (d / "maps" / map_file("freq")).string(), sliced.string())));
+    const fs::path out = d / "tasks.json";
+    run_ok(moeprune_cmd(fmt::format("eval -m {} -f {} --keep {} --candidate {} --hellaswag {} --tasks 40 -c 128 -t 2 "
+                                    "--json {}", trained_model.string(), (fixture_dir / "eval.jsonl").string(),
+                                    (d / "maps" / map_file("freq")).string(), sliced.string(), tasks.string(),
+                                    out.string())));
+    const json report = read_json(out)["tasks"];
+    ASSERT_EQ(report["tasks"], 40);
+    ASSERT_EQ(report["selected"].size(), 40u);
+    std::vector<std::string> lines;
+    std::istringstream in(file);
+    for (std::string l; std::getline(in, l);) lines.push_back(l);
+    // Right or wrong per task, from eval's answers and the file's labels.
+    const auto rights = [&](const json & figures) {
+        std::string r;
+        const std::string answers = figures["answers"].get<std::string>();
+        for (size_t i = 0; i < answers.size(); ++i) {
+            r += answers[i] == lines[report["selected"][i].get<size_t>()][0] ? '1' : '0';
+        }
+        return r;
+    };
+    // The same from llama-perplexity's running accuracy, one line per task (its logger can
+    // lose the last lines at exit: a run that lacks some is repeated).
+    const auto llama_rights = [&](const fs::path & model) {
+        for (int attempt = 0; attempt < 3; ++attempt) {
+            const auto r = test::run_command(fmt::format("{}/llama-perplexity -m {} -f {} --hellaswag --hellaswag-tasks 40 "
+                                                         "-c 128 -t 2 2>&1", MOEPRUNE_BIN_DIR, model.string(),
+                                                         tasks.string()));
+            std::string out;
+            std::istringstream log(r.output);
+            long before = 0;
+            for (std::string l; std::getline(log, l);) {
+                size_t n = 0;
+                double acc = 0;
+                if (std::sscanf(l.c_str(), "%zu\t%lf%%", &n, &acc) == 2 && n == out.size() + 1 && l.find('[') != std::string::npos) {
+                    const long correct = std::lround(acc * double(n) / 100);
+                    out += correct > before ? '1' : '0';
+                    before = correct;
+                }
+            }
+            if (out.size() == 40) return out;
+        }
+        return std::string("llama-perplexity printed fewer than 40 tasks");
+    };
+    const std::string base = rights(report["base"]);
+    EXPECT_EQ(base, llama_rights(trained_model));
+    const std::string on_sliced = llama_rights(sliced);
+    for (const auto & c : read_json(out)["candidates"]) {
+        EXPECT_EQ(rights(c["tasks"]), on_sliced) << c["name"];
+        EXPECT_EQ(c["tasks"]["correct"].get<size_t>(), size_t(std::count(on_sliced.begin(), on_sliced.end(), '1')));
+    }
+    EXPECT_EQ(report["base"]["correct"].get<size_t>(), size_t(std::count(base.begin(), base.end(), '1')));
+    // Not a file every model answers alike: the base is right more often than chance.
+    EXPECT_GT(report["base"]["accuracy"].get<double>(), 0.25) << report["base"];
 }
