@@ -78,8 +78,11 @@ void add_eval(CLI::App & app, Action & action) {
     sub->add_option("--hellaswag", opt->hellaswag,
                     "Task accuracy: llama.cpp's HellaSwag file (6 lines per task), scored as llama-perplexity "
                     "--hellaswag scores it, for the base and every keep map and --candidate (docs/eval.md)");
+    sub->add_option("--winogrande", opt->winogrande,
+                    "Task accuracy: llama.cpp's WinoGrande CSV, scored as llama-perplexity --winogrande scores it");
     sub->add_option("--tasks", opt->tasks, "Task accuracy: how many tasks, chosen as llama-perplexity's "
-                                           "--hellaswag-tasks chooses them")
+                                           "--hellaswag-tasks or --winogrande-tasks chooses them (0: its default, "
+                                           "400 HellaSwag tasks, every WinoGrande one)")
         ->capture_default_str();
     sub->callback([=, &action] {
         action = [=] {

@@ -90,12 +90,17 @@ void EvalRun::check_options() {
     if (opt.generate < 0 || (opt.generate == 0 && !opt.prompts.empty())) {
         throw Error("--generate takes the number of tokens to generate per prompt (--prompts needs it)");
     }
-    if (opt.tasks < 1) {
-        throw Error(fmt::format("--tasks {}: the number of tasks to score must be at least 1", opt.tasks));
+    if (opt.tasks < 0) {
+        throw Error(fmt::format("--tasks {}: the number of tasks to score must be at least 1 (0: llama-perplexity's "
+                                "default)", opt.tasks));
     }
-    if (keeps.empty() && opt.candidates.empty() && opt.base_out.empty() && !closed_loop && opt.hellaswag.empty()) {
+    if (!opt.hellaswag.empty() && !opt.winogrande.empty()) {
+        throw Error("--hellaswag and --winogrande: give one task file per run");
+    }
+    if (keeps.empty() && opt.candidates.empty() && opt.base_out.empty() && !closed_loop && opt.hellaswag.empty() &&
+        opt.winogrande.empty()) {
         throw Error("nothing to evaluate: give --keep, --keep-dir, --candidate or --cache-policy (or --base-out to record "
-                    "the base alone, --hellaswag to score its accuracy alone)");
+                    "the base alone, --hellaswag or --winogrande to score its accuracy alone)");
     }
 }
 
@@ -108,6 +113,7 @@ void EvalRun::read_model() {
     inputs.push_back(opt.prompts);
     inputs.push_back(opt.mmproj);
     inputs.push_back(opt.hellaswag);
+    inputs.push_back(opt.winogrande);
     inputs.insert(inputs.end(), keeps.begin(), keeps.end());
     for (const fs::path & c : opt.candidates) {
         const GgufModel cm = GgufModel::open(c);

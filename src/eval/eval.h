@@ -65,10 +65,11 @@ struct EvalOptions {
     std::filesystem::path mmproj;                   // projector for the corpus' images and audio (libmtmd)
     bool text_only = false;                         // leave out documents with media (run's closed loop)
 
-    // Task accuracy (eval/tasks.h): llama.cpp's HellaSwag file, scored as llama-perplexity
-    // --hellaswag scores it, on `tasks` of its tasks chosen as it chooses them.
-    std::filesystem::path hellaswag;
-    int64_t tasks = 400;
+    // Task accuracy (eval/tasks.h): llama.cpp's HellaSwag file or WinoGrande CSV, scored as
+    // llama-perplexity --hellaswag or --winogrande scores it, on `tasks` of its tasks chosen
+    // as it chooses them (0: its default, 400 HellaSwag tasks, every WinoGrande one).
+    std::filesystem::path hellaswag, winogrande;
+    int64_t tasks = 0;
 };
 
 struct EvalStats {

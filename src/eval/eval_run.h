@@ -179,7 +179,9 @@ private:
     uint64_t n_scored = 0;
     std::vector<Prompt> prompts;
     std::vector<ChoiceTask> choice_tasks;   // --hellaswag
+    std::vector<WinograndeTask> winogrande_tasks;
     std::vector<size_t> task_selection;     // llama-perplexity's, of --tasks
+    std::vector<size_t> task_gold, task_lines;   // per selected task
     json settings, base_identity;
     uint32_t top = 0;
     std::optional<RouterMask> mask;  // made from the model's facts, before the contexts that call it

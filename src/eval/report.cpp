@@ -135,10 +135,10 @@ void EvalRun::describe_run() {
     if (!opt.mmproj.empty()) {
         rep.inputs["mmproj"] = opt.mmproj.string();
     }
-    if (!opt.hellaswag.empty()) {
-        rep.inputs["hellaswag"] = {{"file", opt.hellaswag.string()},
-                                   {"digest", content_digest(read_text_file(opt.hellaswag))},
-                                   {"tasks", opt.tasks}};
+    for (const auto & [key, file] : {std::pair{"hellaswag", opt.hellaswag}, {"winogrande", opt.winogrande}}) {
+        if (!file.empty()) {
+            rep.inputs[key] = {{"file", file.string()}, {"digest", content_digest(read_text_file(file))}, {"tasks", opt.tasks}};
+        }
     }
     if (opt.text_only) {
         rep.inputs["text_only"] = true;

@@ -112,10 +112,12 @@ void behaviour_table(std::ostringstream & o, const EvalReport & r) {
 
 void task_table(std::ostringstream & o, const EvalReport & r) {
     const json & base = r.tasks["base"];
-    o << fmt::format("\ntasks: {} of the {} in {} (HellaSwag, acc_norm as llama-perplexity scores it):\n"
+    o << fmt::format("\ntasks: {} of the {} in {} ({}, as llama-perplexity scores it):\n"
                      "{:<32} {:>8} {:>10} {:>8} {:>12} {:>8}\n{:<32} {:>8} {:>9.2f}% {:>7.2f}%\n",
                      r.tasks["tasks"].get<uint64_t>(), r.tasks["tasks_in_file"].get<uint64_t>(),
-                     r.tasks["file"].get<std::string>(), "candidate", "correct", "accuracy", "stderr", "kept of base",
+                     r.tasks["file"].get<std::string>(),
+                     r.tasks["format"] == "hellaswag" ? "HellaSwag, acc_norm" : "WinoGrande, the words after the choice",
+                     "candidate", "correct", "accuracy", "stderr", "kept of base",
                      "new", "base", base["correct"].get<uint64_t>(), 100 * base["accuracy"].get<double>(),
                      100 * base["stderr"].get<double>());
     for (const EvalCandidate & c : r.candidates) {

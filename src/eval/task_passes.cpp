@@ -1,5 +1,5 @@
 // Task accuracy, the phase after the behaviour checks: the base, every keep map masked in
-// it and every candidate file answer the same choice tasks, each in a context made as
+// it and every candidate file answer the same tasks, each in a context made as
 // llama-perplexity makes one for them (eval/tasks.h).
 #include "eval/eval_run.h"
 #include "core/progress.h"
@@ -8,32 +8,49 @@
 
 namespace moeprune::eval_impl {
 
+namespace {
+
+constexpr size_t kHellaswagDefaultTasks = 400;   // llama-perplexity's --hellaswag-tasks
+
+} // namespace
+
 // The task file read and its tasks chosen before any model loads: a bad file costs nothing.
 void EvalRun::read_tasks() {
-    if (opt.hellaswag.empty()) {
-        return;
+    if (!opt.hellaswag.empty()) {
+        choice_tasks = read_hellaswag(opt.hellaswag);
+        task_selection = llama_task_selection(choice_tasks.size(), opt.tasks > 0 ? size_t(opt.tasks) : kHellaswagDefaultTasks);
+        for (size_t i : task_selection) {
+            task_gold.push_back(choice_tasks[i].gold);
+            task_lines.push_back(choice_tasks[i].line);
+        }
+    } else if (!opt.winogrande.empty()) {
+        winogrande_tasks = read_winogrande(opt.winogrande);
+        task_selection = llama_winogrande_selection(winogrande_tasks.size(), size_t(opt.tasks));
+        for (size_t i : task_selection) {
+            task_gold.push_back(winogrande_tasks[i].gold);
+            task_lines.push_back(winogrande_tasks[i].line);
+        }
     }
-    choice_tasks = read_hellaswag(opt.hellaswag);
-    task_selection = llama_task_selection(choice_tasks.size(), size_t(opt.tasks));
 }
 
 void EvalRun::score_tasks() {
-    if (choice_tasks.empty()) {
+    if (task_selection.empty()) {
         return;
     }
-    const std::string origin = opt.hellaswag.string();
+    const bool hellaswag = !choice_tasks.empty();
+    const std::string origin = (hellaswag ? opt.hellaswag : opt.winogrande).string();
     Progress progress("tasks", 1 + maps.size() + files.size(), "models");
     const auto answers = [&](llama_model * model, ggml_backend_sched_eval_callback cb, void * cb_data,
                              const std::function<void()> & rethrow) {
         const ContextPtr ctx = new_context(model, choice_context(opt.ctx, opt.ubatch, threads, cb, cb_data));
-        std::vector<size_t> chosen = score_hellaswag(ctx.get(), choice_tasks, task_selection, origin, rethrow);
+        std::vector<size_t> chosen =
+            hellaswag ? score_hellaswag(ctx.get(), choice_tasks, task_selection, origin, rethrow)
+                      : score_winogrande(ctx.get(), winogrande_tasks, task_selection, origin, rethrow);
         progress.advance(1);
         return chosen;
     };
     const std::vector<size_t> base_chosen = answers(base.model.get(), nullptr, nullptr, {});
-    const auto figures = [&](const std::vector<size_t> & chosen) {
-        return task_figures(choice_tasks, task_selection, chosen, base_chosen);
-    };
+    const auto figures = [&](const std::vector<size_t> & chosen) { return task_figures(task_gold, chosen, base_chosen); };
     for (size_t k = 0; k < maps.size(); ++k) {
         mask->set(maps[k].second, maps[k].first.string());
         rep.candidates[k].tasks =
@@ -44,15 +61,11 @@ void EvalRun::score_tasks() {
         rep.candidates[maps.size() + f].tasks = figures(answers(files[f].model.get(), nullptr, nullptr, {}));
     }
     progress.finish();
-    json selected_lines = json::array();   // each task by the line of its context, in the order scored
-    for (size_t i : task_selection) {
-        selected_lines.push_back(choice_tasks[i].line);
-    }
-    rep.tasks = {{"format", "hellaswag"},
+    rep.tasks = {{"format", hellaswag ? "hellaswag" : "winogrande"},
                  {"file", origin},
-                 {"tasks_in_file", choice_tasks.size()},
+                 {"tasks_in_file", hellaswag ? choice_tasks.size() : winogrande_tasks.size()},
                  {"tasks", task_selection.size()},
-                 {"selected", selected_lines},
+                 {"selected", task_lines},
                  {"base", to_json(figures(base_chosen))}};
 }
 

@@ -222,6 +222,218 @@ std::vector<size_t> score_hellaswag(llama_context * ctx, const std::vector<Choic
     return chosen;
 }
 
+namespace {
+
+// One line of the CSV as llama-perplexity splits it: the first four commas outside double
+// quotes; a sentence that starts with a quote loses it and the character before the comma.
+bool split_winogrande(const std::string & line, WinograndeTask & t, std::string & why) {
+    size_t comma[4];
+    int found = 0;
+    bool quoted = false;
+    for (size_t i = 0; i < line.size() && found < 4; ++i) {
+        if (quoted) {
+            quoted = line[i] != '"';
+        } else if (line[i] == ',') {
+            comma[found++] = i;
+        } else if (line[i] == '"') {
+            quoted = true;
+        }
+    }
+    if (found != 4) {
+        why = "has fewer than the 4 commas of index,sentence,choice1,choice2,answer";
+        return false;
+    }
+    const std::string sentence = line[comma[0] + 1] == '"' ? line.substr(comma[0] + 2, comma[1] - comma[0] - 3)
+                                                            : line.substr(comma[0] + 1, comma[1] - comma[0] - 1);
+    const size_t blank = sentence.find('_');
+    if (blank == std::string::npos) {
+        why = "has no _ in its sentence for the choice to fill";
+        return false;
+    }
+    std::istringstream answer(line.substr(comma[3] + 1));
+    int gold = 0;
+    answer >> gold;
+    if (answer.fail() || gold < 1 || gold > 2) {
+        why = fmt::format("has the answer \"{}\", not 1 or 2", line.substr(comma[3] + 1));
+        return false;
+    }
+    t.first = sentence.substr(0, blank);
+    t.second = sentence.substr(blank + 1);
+    t.choices[0] = line.substr(comma[1] + 1, comma[2] - comma[1] - 1);
+    t.choices[1] = line.substr(comma[2] + 1, comma[3] - comma[2] - 1);
+    t.gold = size_t(gold - 1);
+    return true;
+}
+
+struct TokenizedWinogrande {
+    std::vector<llama_token> seq[2];
+    size_t common_prefix = 0, required = 0, n_base[2] = {0, 0};
+};
+
+constexpr size_t kMinTrailing = 3;   // llama-perplexity's k_min_trailing_ctx
+
+// Where llama-perplexity starts scoring each sentence: after the choice when both go on for
+// more than three tokens past what they share, else right after what they share.
+size_t scored_from(const TokenizedWinogrande & t, size_t s) {
+    const bool skip_choice =
+        t.seq[0].size() - t.common_prefix > kMinTrailing && t.seq[1].size() - t.common_prefix > kMinTrailing;
+    return skip_choice ? t.n_base[s] : t.common_prefix;
+}
+
+} // namespace
+
+std::vector<WinograndeTask> read_winogrande(const std::filesystem::path & path) {
+    std::string text = read_text_file(path);
+    if (!text.empty() && text.back() == '\n') {
+        text.pop_back();
+    }
+    std::vector<WinograndeTask> tasks;
+    std::istringstream in(text);
+    size_t number = 0;
+    for (std::string line; std::getline(in, line) && !in.eof();) {
+        ++number;
+        WinograndeTask t;
+        t.line = number;
+        std::string why;
+        if (split_winogrande(line, t, why)) {
+            tasks.push_back(std::move(t));
+        } else if (number > 1) {
+            fail_file(path.string(), fmt::format("line {} {}", number, why));
+        }
+    }
+    if (tasks.empty()) {
+        fail_file(path.string(), "holds no WinoGrande task that llama-perplexity reads (index,sentence with _,choice1,"
+                                 "choice2,answer per line; it never reads the last line)");
+    }
+    return tasks;
+}
+
+std::vector<size_t> llama_winogrande_selection(size_t count, size_t n) {
+    std::vector<size_t> out;
+    if (n == 0 || n >= count) {
+        for (size_t i = 0; i < count; ++i) {
+            out.push_back(i);
+        }
+        return out;
+    }
+    std::mt19937 rng(1);
+    std::vector<int> left(count);
+    for (size_t i = 0; i < count; ++i) {
+        left[i] = int(i);
+    }
+    const float scale = 1 / (1.f + float(rng.max()));
+    for (size_t i = 0; i < n; ++i) {
+        const int j = int(scale * float(rng()) * float(left.size()));
+        out.push_back(size_t(left[size_t(j)]));
+        left[size_t(j)] = left.back();
+        left.pop_back();
+    }
+    return out;
+}
+
+std::vector<size_t> score_winogrande(llama_context * ctx, const std::vector<WinograndeTask> & tasks,
+                                     const std::vector<size_t> & selection, const std::string & origin,
+                                     const std::function<void()> & rethrow) {
+    const llama_vocab * vocab = llama_model_get_vocab(llama_get_model(ctx));
+    const int n_vocab = llama_vocab_n_tokens(vocab);
+    const size_t n_ctx = llama_n_ctx(ctx), max_seq = std::min<size_t>(256, llama_n_seq_max(ctx));
+    std::vector<TokenizedWinogrande> tokenized;
+    for (size_t i : selection) {
+        const WinograndeTask & w = tasks[i];
+        const std::string where = fmt::format("{} line {}", origin, w.line);
+        TokenizedWinogrande t;
+        for (size_t s = 0; s < 2; ++s) {
+            t.seq[s] = tokenize(vocab, w.first + w.choices[s] + w.second, false, where);
+            t.n_base[s] = tokenize(vocab, w.first + w.choices[s], false, where).size();
+        }
+        while (t.common_prefix < std::min(t.seq[0].size(), t.seq[1].size()) &&
+               t.seq[0][t.common_prefix] == t.seq[1][t.common_prefix]) {
+            ++t.common_prefix;
+        }
+        t.required = t.seq[0].size() + t.seq[1].size() - t.common_prefix;
+        for (size_t s = 0; s < 2; ++s) {
+            const size_t from = scored_from(t, s);
+            if (from < t.common_prefix) {
+                fail_file(where, "has a choice that tokenizes into what both sentences share: nothing tells them apart");
+            }
+            if (t.common_prefix == 0) {
+                fail_file(where, "has sentences that share no first token (the model adds no BOS): llama-perplexity "
+                                 "reads another task's logits for it");
+            }
+        }
+        if (t.required > n_ctx) {
+            fail_file(where, fmt::format("needs {} tokens for its two sentences, more than the context's {} (4 x -c)",
+                                         t.required, n_ctx));
+        }
+        tokenized.push_back(std::move(t));
+    }
+    llama_batch batch = llama_batch_init(int32_t(n_ctx), 0, 2);
+    std::vector<float> logits;
+    std::vector<size_t> chosen;
+    try {
+        for (size_t i0 = 0; i0 < tokenized.size();) {
+            // As many tasks as fit the context and the sequences, two sequences each.
+            batch.n_tokens = 0;
+            size_t i1 = i0, n_cur = 0, n_out = 0;
+            std::vector<size_t> first_output;
+            while (i1 < tokenized.size() && n_cur + tokenized[i1].required <= n_ctx && 2 * (i1 - i0) + 2 <= max_seq) {
+                const TokenizedWinogrande & t = tokenized[i1];
+                const int s0 = int(2 * (i1 - i0));
+                const auto add = [&](llama_token tok, size_t pos, std::initializer_list<int> seqs, bool output) {
+                    const int k = batch.n_tokens++;
+                    batch.token[k] = tok;
+                    batch.pos[k] = int(pos);
+                    batch.n_seq_id[k] = int32_t(seqs.size());
+                    std::copy(seqs.begin(), seqs.end(), batch.seq_id[k]);
+                    batch.logits[k] = output;
+                };
+                for (size_t i = 0; i < t.common_prefix; ++i) {
+                    add(t.seq[0][i], i, {s0, s0 + 1}, i + 1 == t.common_prefix);
+                }
+                first_output.push_back(n_out);
+                n_out += 1;
+                for (size_t s = 0; s < 2; ++s) {
+                    for (size_t i = t.common_prefix; i < t.seq[s].size(); ++i) {
+                        add(t.seq[s][i], i, {s0 + int(s)}, true);
+                        n_out += 1;
+                    }
+                }
+                n_cur += t.required;
+                ++i1;
+            }
+            logits.resize(n_out * size_t(n_vocab));
+            llama_memory_clear(llama_get_memory(ctx), true);
+            decode_in_batches(ctx, batch, logits, n_vocab, rethrow);
+            for (size_t i = i0; i < i1; ++i) {
+                const TokenizedWinogrande & t = tokenized[i];
+                float score[2];
+                for (size_t s = 0; s < 2; ++s) {
+                    const size_t from = scored_from(t, s);
+                    const size_t last = t.seq[s].size() - from > 1 ? 1 : 0;
+                    // The first sequence's outputs follow the prefix's; the second's follow
+                    // those, and where it does not skip the choice llama-perplexity starts
+                    // one output early (its FIXME), which is kept so the answers agree.
+                    size_t at = first_output[i - i0] + (s == 0 ? from - t.common_prefix
+                                                                : t.seq[0].size() - t.common_prefix + from - t.common_prefix);
+                    float sum = 0;
+                    for (size_t j = from - 1; j < t.seq[s].size() - 1 - last; ++j) {
+                        sum += token_logprob(logits.data() + at++ * size_t(n_vocab), n_vocab, t.seq[s][j + 1]);
+                    }
+                    // A sentence with nothing after the choice scores 0/0, and then loses, as there.
+                    score[s] = sum / float(t.seq[s].size() - from - last);
+                }
+                chosen.push_back(score[0] > score[1] ? 0 : 1);
+            }
+            i0 = i1;
+        }
+    } catch (...) {
+        llama_batch_free(batch);
+        throw;
+    }
+    llama_batch_free(batch);
+    return chosen;
+}
+
 nlohmann::json to_json(const TaskFigures & f) {
     return {{"tasks", f.tasks},
             {"correct", f.correct},
@@ -232,12 +444,12 @@ nlohmann::json to_json(const TaskFigures & f) {
             {"answers", f.answers}};
 }
 
-TaskFigures task_figures(const std::vector<ChoiceTask> & tasks, const std::vector<size_t> & selection,
-                         const std::vector<size_t> & chosen, const std::vector<size_t> & base_chosen) {
+TaskFigures task_figures(const std::vector<size_t> & gold, const std::vector<size_t> & chosen,
+                         const std::vector<size_t> & base_chosen) {
     TaskFigures f;
     f.tasks = chosen.size();
     for (size_t i = 0; i < chosen.size(); ++i) {
-        const bool right = chosen[i] == tasks[selection[i]].gold, base_right = base_chosen[i] == tasks[selection[i]].gold;
+        const bool right = chosen[i] == gold[i], base_right = base_chosen[i] == gold[i];
         f.correct += right;
         f.kept_base_correct += right && base_right;
         f.new_correct += right && !base_right;

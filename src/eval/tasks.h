@@ -35,6 +35,33 @@ std::vector<ChoiceTask> read_hellaswag(const std::filesystem::path & path);
 // scored.
 std::vector<size_t> llama_task_selection(size_t count, size_t n);
 
+// One WinoGrande task as llama.cpp's CSV holds it (index, sentence with a "_" where the
+// choice goes, choice 1, choice 2, answer 1 or 2), split at the "_".
+struct WinograndeTask {
+    std::string first, second;
+    std::string choices[2];
+    size_t gold = 0;   // 0 or 1
+    size_t line = 0;   // from 1
+};
+
+// As llama-perplexity reads the CSV: its -f drops the file's final newline and its loop
+// stops at the end of the text, so the last line is never read. A first line that is not
+// a task (a header) is skipped as llama-perplexity skips it; any other line that is not a
+// task is refused with the file and line named (llama-perplexity skips those too, and
+// scores fewer tasks than the file seems to hold).
+std::vector<WinograndeTask> read_winogrande(const std::filesystem::path & path);
+
+// llama-perplexity's --winogrande-tasks N: all, in file order, when N is 0 or not below the
+// count; else N drawn by std::mt19937 seeded 1 in its float arithmetic.
+std::vector<size_t> llama_winogrande_selection(size_t count, size_t n);
+
+// The choice (0 or 1) each selected task's higher mean log-probability of the words after
+// the choice picks, as llama-perplexity scores it (its two tasks per decode and its use of
+// the first sequence's last logits where it does not skip the choice word included).
+std::vector<size_t> score_winogrande(llama_context * ctx, const std::vector<WinograndeTask> & tasks,
+                                     const std::vector<size_t> & selection, const std::string & origin,
+                                     const std::function<void()> & rethrow);
+
 // llama-perplexity's context for choice tasks: four sequences on one cache of 4 x `ctx`
 // tokens, as it sets n_parallel 4 and a unified cache.
 ContextSettings choice_context(int ctx, int ubatch, int threads, ggml_backend_sched_eval_callback callback,
@@ -55,9 +82,9 @@ struct TaskFigures {
     uint64_t new_correct = 0;             // tasks it answers right and the base does not
     std::string answers;                  // the ending chosen per task, in the order scored ("0312...")
 };
-// `chosen` and `base_chosen` per selected task, against its gold ending.
-TaskFigures task_figures(const std::vector<ChoiceTask> & tasks, const std::vector<size_t> & selection,
-                         const std::vector<size_t> & chosen, const std::vector<size_t> & base_chosen);
+// `chosen` and `base_chosen` per selected task, against `gold`.
+TaskFigures task_figures(const std::vector<size_t> & gold, const std::vector<size_t> & chosen,
+                         const std::vector<size_t> & base_chosen);
 nlohmann::json to_json(const TaskFigures & f);
 
 } // namespace moeprune

@@ -205,6 +205,11 @@ TEST(Eval, BadInputsAreRefusedByNameWithNothingWritten) {
     test::write_text(dir / "short.txt", task + "A second task\n2\na\nb\nc\n");
     test::write_text(dir / "label.txt", task + "A second task\n4\na\nb\nc\nd\n");
     test::write_text(dir / "long.txt", task + std::string(400, 'x') + "\n0\na\nb\nc\nd\n");
+    // WinoGrande CSVs (a header line is skipped, as llama-perplexity skips it): an answer
+    // out of range, a sentence without the blank.
+    const std::string wino = "index,sentence,option1,option2,answer\n0,The cup fell so _ broke.,cup,table,1\n";
+    test::write_text(dir / "wino.csv", wino + "1,The dog ran so _ won.,dog,cat,3\n2,A _ b.,x,y,1\n");
+    test::write_text(dir / "blank.csv", "0,A _ b.,x,y,1\n1,No blank here.,a,b,1\n2,A _ c.,x,y,2\n");
     auto r = test::run_command(moeprune_cmd(fmt::format("eval -m {} -f {} --keep {} -c 128 --base-out {}", m, text,
                                                         (dir / "k4.json").string(), (dir / "b.mpkl").string())));
     ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -233,8 +238,12 @@ TEST(Eval, BadInputsAreRefusedByNameWithNothingWritten) {
          "label.txt: line 8 (task 2): the label is \"4\", not an ending's index 0 to 3"},
         {fmt::format("eval -m {} -f {} --hellaswag {} -c 8 {}", m, text, (dir / "long.txt").string(), outs),
          "long.txt line 7 (task 2): needs"},
-        {fmt::format("eval -m {} -f {} --hellaswag {} --tasks 0 -c 128 {}", m, text, (dir / "long.txt").string(), outs),
-         "--tasks 0: the number of tasks to score must be at least 1"},
+        {fmt::format("eval -m {} -f {} --hellaswag {} --tasks -1 -c 128 {}", m, text, (dir / "long.txt").string(), outs),
+         "--tasks -1: the number of tasks to score must be at least 1"},
+        {fmt::format("eval -m {} -f {} --winogrande {} -c 128 {}", m, text, (dir / "wino.csv").string(), outs),
+         "wino.csv: line 3 has the answer \"3\", not 1 or 2"},
+        {fmt::format("eval -m {} -f {} --winogrande {} -c 128 {}", m, text, (dir / "blank.csv").string(), outs),
+         "blank.csv: line 2 has no _ in its sentence"},
     };
     const std::string keep_bytes = test::read_bytes(dir / "k4.json");
     for (const auto & [args, says] : cases) {

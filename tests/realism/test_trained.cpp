@@ -499,3 +499,61 @@ TEST_F(TrainedRealism, HellaswagAnswersAreLlamaPerplexitysTaskForTask) {
     // Not a file every model answers alike: the base is right more often than chance.
     EXPECT_GT(report["base"]["accuracy"].get<double>(), 0.25) << report["base"];
 }
+
+// The same for llama.cpp's WinoGrande CSV: eval picks the choice llama-perplexity picks on
+// every task (the result column of its per-task lines), short sentences (scored from the
+// shared prefix, llama-perplexity's own quirk included) and long ones alike.
+TEST_F(TrainedRealism, WinograndeAnswersAreLlamaPerplexitysTaskForTask) {
+    const fs::path d = dir->path();
+    std::vector<std::string> words;
+    std::istringstream text(domain_text(fixture_dir / "eval.jsonl", "prose"));
+    for (std::string w; text >> w;)
+        if (w.find_first_of(",\"_") == std::string::npos) words.push_back(w);
+    std::mt19937 rng(4);
+    std::string csv = "index,sentence,option1,option2,answer\n";
+    for (int t = 0; t < 50; ++t) {
+        const size_t n = t % 2 ? 12 : 6, at = rng() % (words.size() - n), blank = n == 12 ? 1 + rng() % 10 : n - 2;
+        std::string sentence;
+        for (size_t i = 0; i < n; ++i) sentence += (i ? " " : "") + (i == blank ? std::string("_") : words[at + i]);
+        const std::string right = words[at + blank], wrong = words[rng() % words.size()];
+        const int answer = 1 + int(rng() % 2);
+        csv += fmt::format("{},{},{},{},{}\n", t, sentence, answer == 1 ? right : wrong, answer == 1 ? wrong : right, answer);
+    }
+    const fs::path tasks = d / "winogrande.csv";
+    test::write_text(tasks, csv);
+    const fs::path sliced = d / "winogrande-freq.gguf";
+    run_ok(moeprune_cmd(fmt::format("slice -m {} --keep {} -o {}", trained_model.string(),
+                                    (d / "maps" / map_file("freq")).string(), sliced.string())));
+    const fs::path out = d / "winogrande.json";
+    run_ok(moeprune_cmd(fmt::format("eval -m {} -f {} --keep {} --candidate {} --winogrande {} -c 128 -t 2 --json {}",
+                                    trained_model.string(), (fixture_dir / "eval.jsonl").string(),
+                                    (d / "maps" / map_file("freq")).string(), sliced.string(), tasks.string(),
+                                    out.string())));
+    const json report = read_json(out);
+    // llama-perplexity never reads the file's last line: 49 of the 50 tasks, in file order.
+    ASSERT_EQ(report["tasks"]["tasks"], 49) << report["tasks"];
+    const auto llama_choices = [&](const fs::path & model) {
+        for (int attempt = 0; attempt < 3; ++attempt) {
+            const auto r = test::run_command(fmt::format("{}/llama-perplexity -m {} -f {} --winogrande -c 128 -t 2 2>&1",
+                                                         MOEPRUNE_BIN_DIR, model.string(), tasks.string()));
+            std::string choices;
+            std::istringstream log(r.output);
+            for (std::string l; std::getline(log, l);) {
+                size_t n = 0;
+                double acc = 0;
+                float s1 = 0, s2 = 0;
+                int result = 0, answer = 0;
+                if (std::sscanf(l.c_str(), "%zu\t%lf\t%f %f %d %d", &n, &acc, &s1, &s2, &result, &answer) == 6 &&
+                    n == choices.size() + 1) {
+                    choices += char('0' + result - 1);
+                }
+            }
+            if (choices.size() == 49) return choices;
+        }
+        return std::string("llama-perplexity printed fewer than 49 tasks");
+    };
+    EXPECT_EQ(report["tasks"]["base"]["answers"], llama_choices(trained_model));
+    const std::string on_sliced = llama_choices(sliced);
+    for (const auto & c : report["candidates"]) EXPECT_EQ(c["tasks"]["answers"], on_sliced) << c["name"];
+    EXPECT_GT(report["tasks"]["base"]["accuracy"].get<double>(), 0.5) << report["tasks"]["base"];
+}
