@@ -80,6 +80,12 @@ void add_eval(CLI::App & app, Action & action) {
                     "--hellaswag scores it, for the base and every keep map and --candidate (docs/eval.md)");
     sub->add_option("--winogrande", opt->winogrande,
                     "Task accuracy: llama.cpp's WinoGrande CSV, scored as llama-perplexity --winogrande scores it");
+    sub->add_option("--multiple-choice", opt->multiple_choice,
+                    "Task accuracy: llama.cpp's binary multiple-choice file (ARC, MMLU, TruthfulQA), scored as "
+                    "llama-perplexity --multiple-choice scores it");
+    sub->add_option("--parallel", opt->parallel, "Task accuracy: sequences per decode, as llama-perplexity's -np (at "
+                                                 "least 4; a task needs one per answer)")
+        ->capture_default_str();
     sub->add_option("--tasks", opt->tasks, "Task accuracy: how many tasks, chosen as llama-perplexity's "
                                            "--hellaswag-tasks or --winogrande-tasks chooses them (0: its default, "
                                            "400 HellaSwag tasks, every WinoGrande one)")

@@ -94,13 +94,17 @@ void EvalRun::check_options() {
         throw Error(fmt::format("--tasks {}: the number of tasks to score must be at least 1 (0: llama-perplexity's "
                                 "default)", opt.tasks));
     }
-    if (!opt.hellaswag.empty() && !opt.winogrande.empty()) {
-        throw Error("--hellaswag and --winogrande: give one task file per run");
+    const int task_files = !opt.hellaswag.empty() + !opt.winogrande.empty() + !opt.multiple_choice.empty();
+    if (task_files > 1) {
+        throw Error("--hellaswag, --winogrande, --multiple-choice: give one task file per run");
     }
-    if (keeps.empty() && opt.candidates.empty() && opt.base_out.empty() && !closed_loop && opt.hellaswag.empty() &&
-        opt.winogrande.empty()) {
+    if (opt.parallel < 1 || opt.parallel > 256) {
+        throw Error(fmt::format("--parallel {}: llama-perplexity's sequences per decode, 1 to 256 (fewer than 4 count as 4)",
+                                opt.parallel));
+    }
+    if (keeps.empty() && opt.candidates.empty() && opt.base_out.empty() && !closed_loop && task_files == 0) {
         throw Error("nothing to evaluate: give --keep, --keep-dir, --candidate or --cache-policy (or --base-out to record "
-                    "the base alone, --hellaswag or --winogrande to score its accuracy alone)");
+                    "the base alone, a task file to score its accuracy alone)");
     }
 }
 
@@ -114,6 +118,7 @@ void EvalRun::read_model() {
     inputs.push_back(opt.mmproj);
     inputs.push_back(opt.hellaswag);
     inputs.push_back(opt.winogrande);
+    inputs.push_back(opt.multiple_choice);
     inputs.insert(inputs.end(), keeps.begin(), keeps.end());
     for (const fs::path & c : opt.candidates) {
         const GgufModel cm = GgufModel::open(c);

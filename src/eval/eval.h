@@ -65,11 +65,13 @@ struct EvalOptions {
     std::filesystem::path mmproj;                   // projector for the corpus' images and audio (libmtmd)
     bool text_only = false;                         // leave out documents with media (run's closed loop)
 
-    // Task accuracy (eval/tasks.h): llama.cpp's HellaSwag file or WinoGrande CSV, scored as
-    // llama-perplexity --hellaswag or --winogrande scores it, on `tasks` of its tasks chosen
-    // as it chooses them (0: its default, 400 HellaSwag tasks, every WinoGrande one).
-    std::filesystem::path hellaswag, winogrande;
+    // Task accuracy (eval/tasks.h): llama.cpp's HellaSwag file, WinoGrande CSV or binary
+    // multiple-choice file, scored as llama-perplexity --hellaswag, --winogrande or
+    // --multiple-choice scores it, on `tasks` of its tasks chosen as it chooses them (0:
+    // its default, 400 HellaSwag tasks, every other one).
+    std::filesystem::path hellaswag, winogrande, multiple_choice;
     int64_t tasks = 0;
+    int parallel = 4;                               // llama-perplexity's -np: sequences per decode (at least 4)
 };
 
 struct EvalStats {

@@ -180,8 +180,10 @@ private:
     std::vector<Prompt> prompts;
     std::vector<ChoiceTask> choice_tasks;   // --hellaswag
     std::vector<WinograndeTask> winogrande_tasks;
+    std::vector<MultipleChoiceTask> multiple_choice_tasks;   // the selected ones, in the order scored
+    size_t tasks_in_file = 0;
     std::vector<size_t> task_selection;     // llama-perplexity's, of --tasks
-    std::vector<size_t> task_gold, task_lines;   // per selected task
+    std::vector<size_t> task_lines;   // per selected task: the line of its context, or its number in a binary file
     json settings, base_identity;
     uint32_t top = 0;
     std::optional<RouterMask> mask;  // made from the model's facts, before the contexts that call it

@@ -135,9 +135,13 @@ void EvalRun::describe_run() {
     if (!opt.mmproj.empty()) {
         rep.inputs["mmproj"] = opt.mmproj.string();
     }
-    for (const auto & [key, file] : {std::pair{"hellaswag", opt.hellaswag}, {"winogrande", opt.winogrande}}) {
+    for (const auto & [key, file] : {std::pair{"hellaswag", opt.hellaswag}, {"winogrande", opt.winogrande},
+                                     {"multiple_choice", opt.multiple_choice}}) {
         if (!file.empty()) {
-            rep.inputs[key] = {{"file", file.string()}, {"digest", content_digest(read_text_file(file))}, {"tasks", opt.tasks}};
+            rep.inputs[key] = {{"file", file.string()},
+                               {"digest", content_digest(read_text_file(file))},
+                               {"tasks", opt.tasks},
+                               {"parallel", std::max(4, opt.parallel)}};
         }
     }
     if (opt.text_only) {

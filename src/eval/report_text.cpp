@@ -116,7 +116,9 @@ void task_table(std::ostringstream & o, const EvalReport & r) {
                      "{:<32} {:>8} {:>10} {:>8} {:>12} {:>8}\n{:<32} {:>8} {:>9.2f}% {:>7.2f}%\n",
                      r.tasks["tasks"].get<uint64_t>(), r.tasks["tasks_in_file"].get<uint64_t>(),
                      r.tasks["file"].get<std::string>(),
-                     r.tasks["format"] == "hellaswag" ? "HellaSwag, acc_norm" : "WinoGrande, the words after the choice",
+                     r.tasks["format"] == "hellaswag"    ? "HellaSwag, acc_norm"
+                     : r.tasks["format"] == "winogrande" ? "WinoGrande, the words after the choice"
+                                                         : "multiple choice, acc_norm",
                      "candidate", "correct", "accuracy", "stderr", "kept of base",
                      "new", "base", base["correct"].get<uint64_t>(), 100 * base["accuracy"].get<double>(),
                      100 * base["stderr"].get<double>());

@@ -18,17 +18,23 @@ constexpr size_t kHellaswagDefaultTasks = 400;   // llama-perplexity's --hellasw
 void EvalRun::read_tasks() {
     if (!opt.hellaswag.empty()) {
         choice_tasks = read_hellaswag(opt.hellaswag);
+        tasks_in_file = choice_tasks.size();
         task_selection = llama_task_selection(choice_tasks.size(), opt.tasks > 0 ? size_t(opt.tasks) : kHellaswagDefaultTasks);
         for (size_t i : task_selection) {
-            task_gold.push_back(choice_tasks[i].gold);
             task_lines.push_back(choice_tasks[i].line);
         }
     } else if (!opt.winogrande.empty()) {
         winogrande_tasks = read_winogrande(opt.winogrande);
+        tasks_in_file = winogrande_tasks.size();
         task_selection = llama_winogrande_selection(winogrande_tasks.size(), size_t(opt.tasks));
         for (size_t i : task_selection) {
-            task_gold.push_back(winogrande_tasks[i].gold);
             task_lines.push_back(winogrande_tasks[i].line);
+        }
+    } else if (!opt.multiple_choice.empty()) {
+        multiple_choice_tasks = read_multiple_choice(opt.multiple_choice, size_t(opt.tasks), tasks_in_file);
+        for (size_t i = 0; i < multiple_choice_tasks.size(); ++i) {
+            task_selection.push_back(i);
+            task_lines.push_back(multiple_choice_tasks[i].index);
         }
     }
 }
@@ -37,20 +43,29 @@ void EvalRun::score_tasks() {
     if (task_selection.empty()) {
         return;
     }
-    const bool hellaswag = !choice_tasks.empty();
-    const std::string origin = (hellaswag ? opt.hellaswag : opt.winogrande).string();
+    const std::string format = !choice_tasks.empty() ? "hellaswag" : !winogrande_tasks.empty() ? "winogrande" : "multiple-choice";
+    const std::string origin = (format == "hellaswag" ? opt.hellaswag : format == "winogrande" ? opt.winogrande
+                                                                                               : opt.multiple_choice)
+                                   .string();
     Progress progress("tasks", 1 + maps.size() + files.size(), "models");
     const auto answers = [&](llama_model * model, ggml_backend_sched_eval_callback cb, void * cb_data,
                              const std::function<void()> & rethrow) {
-        const ContextPtr ctx = new_context(model, choice_context(opt.ctx, opt.ubatch, threads, cb, cb_data));
+        const ContextPtr ctx = new_context(model, choice_context(opt.ctx, opt.parallel, opt.ubatch, threads, cb, cb_data));
         std::vector<size_t> chosen =
-            hellaswag ? score_hellaswag(ctx.get(), choice_tasks, task_selection, origin, rethrow)
-                      : score_winogrande(ctx.get(), winogrande_tasks, task_selection, origin, rethrow);
+            format == "hellaswag"    ? score_hellaswag(ctx.get(), choice_tasks, task_selection, origin, rethrow)
+            : format == "winogrande" ? score_winogrande(ctx.get(), winogrande_tasks, task_selection, origin, rethrow)
+                                     : score_multiple_choice(ctx.get(), multiple_choice_tasks, origin, rethrow);
         progress.advance(1);
         return chosen;
     };
+    const auto right = [&](size_t task, size_t choice) {
+        const size_t i = task_selection[task];
+        return format == "hellaswag"    ? choice == choice_tasks[i].gold
+               : format == "winogrande" ? choice == winogrande_tasks[i].gold
+                                        : multiple_choice_tasks[i].labels[choice] == 1;
+    };
     const std::vector<size_t> base_chosen = answers(base.model.get(), nullptr, nullptr, {});
-    const auto figures = [&](const std::vector<size_t> & chosen) { return task_figures(task_gold, chosen, base_chosen); };
+    const auto figures = [&](const std::vector<size_t> & chosen) { return task_figures(right, chosen, base_chosen); };
     for (size_t k = 0; k < maps.size(); ++k) {
         mask->set(maps[k].second, maps[k].first.string());
         rep.candidates[k].tasks =
@@ -61,9 +76,9 @@ void EvalRun::score_tasks() {
         rep.candidates[maps.size() + f].tasks = figures(answers(files[f].model.get(), nullptr, nullptr, {}));
     }
     progress.finish();
-    rep.tasks = {{"format", hellaswag ? "hellaswag" : "winogrande"},
+    rep.tasks = {{"format", format},
                  {"file", origin},
-                 {"tasks_in_file", hellaswag ? choice_tasks.size() : winogrande_tasks.size()},
+                 {"tasks_in_file", tasks_in_file},
                  {"tasks", task_selection.size()},
                  {"selected", task_lines},
                  {"base", to_json(figures(base_chosen))}};

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <span>
 #include <sstream>
 
 namespace moeprune {
@@ -17,28 +18,38 @@ namespace {
 
 constexpr size_t kEndings = 4, kLinesPerTask = 2 + kEndings;
 
-// A task tokenized as llama-perplexity tokenizes it: context, a space and each ending,
-// with the model's BOS; the tokens all four sequences share are decoded once.
+// A task tokenized as llama-perplexity tokenizes it: the question (or context), a space
+// and each answer, with the model's BOS; the tokens all answers share are decoded once.
 struct TokenizedTask {
-    std::vector<llama_token> seq[kEndings];
+    std::vector<std::vector<llama_token>> seq;
     size_t common_prefix = 0, required = 0;
 };
 
-TokenizedTask tokenize_task(const llama_vocab * vocab, const ChoiceTask & t, const std::string & where) {
+TokenizedTask tokenize_task(const llama_vocab * vocab, const std::string & question,
+                            const std::vector<std::string> & answers, const std::string & where) {
     TokenizedTask out;
-    for (size_t s = 0; s < kEndings; ++s) {
-        out.seq[s] = tokenize(vocab, t.context + " " + t.endings[s], false, where);
+    for (const std::string & a : answers) {
+        out.seq.push_back(tokenize(vocab, question + " " + a, false, where));
     }
-    const size_t shortest = std::min({out.seq[0].size(), out.seq[1].size(), out.seq[2].size(), out.seq[3].size()});
-    while (out.common_prefix < shortest && out.seq[0][out.common_prefix] == out.seq[1][out.common_prefix] &&
-           out.seq[0][out.common_prefix] == out.seq[2][out.common_prefix] &&
-           out.seq[0][out.common_prefix] == out.seq[3][out.common_prefix]) {
+    size_t shortest = out.seq[0].size();
+    for (const auto & q : out.seq) {
+        shortest = std::min(shortest, q.size());
+    }
+    const auto shared = [&](size_t k) {
+        return std::all_of(out.seq.begin(), out.seq.end(), [&](const auto & q) { return q[k] == out.seq[0][k]; });
+    };
+    while (out.common_prefix < shortest && shared(out.common_prefix)) {
         ++out.common_prefix;
     }
+    if (out.common_prefix == 0) {
+        fail_file(where, "has answers that share no first token (the model adds no BOS): llama-perplexity reads another "
+                         "task's logits for it");
+    }
     out.required = out.common_prefix;
-    for (size_t s = 0; s < kEndings; ++s) {
+    for (size_t s = 0; s < out.seq.size(); ++s) {
         if (out.seq[s].size() == out.common_prefix) {
-            fail_file(where, fmt::format("has ending {} adding no token to what the endings share: it has nothing to score", s));
+            fail_file(where, fmt::format("has answer {} adding no token to what the answers share: it has nothing to score",
+                                         s));
         }
         out.required += out.seq[s].size() - out.common_prefix;
     }
@@ -70,12 +81,53 @@ void decode_in_batches(llama_context * ctx, llama_batch & batch, std::vector<flo
     }
 }
 
+// A batch filled as llama-perplexity fills one for its tasks, then decoded from a clean
+// cache with its outputs' logits copied in order.
+class TaskBatch {
+public:
+    TaskBatch(size_t tokens, size_t seqs) : batch_(llama_batch_init(int32_t(tokens), 0, int32_t(seqs))) {}
+    ~TaskBatch() { llama_batch_free(batch_); }
+    TaskBatch(const TaskBatch &) = delete;
+    TaskBatch & operator=(const TaskBatch &) = delete;
+
+    void clear() {
+        batch_.n_tokens = 0;
+        outputs_ = 0;
+    }
+    void add(llama_token tok, size_t pos, std::initializer_list<int> seqs, bool output) { add(tok, pos, {seqs.begin(), seqs.size()}, output); }
+    void add(llama_token tok, size_t pos, std::span<const int> seqs, bool output) {
+        const int k = batch_.n_tokens++;
+        batch_.token[k] = tok;
+        batch_.pos[k] = int(pos);
+        batch_.n_seq_id[k] = int32_t(seqs.size());
+        std::copy(seqs.begin(), seqs.end(), batch_.seq_id[k]);
+        batch_.logits[k] = output;
+        outputs_ += output;
+    }
+    // Makes the last token added an output (the shared prefix's last).
+    void output_last() {
+        outputs_ += !batch_.logits[batch_.n_tokens - 1];
+        batch_.logits[batch_.n_tokens - 1] = true;
+    }
+    size_t outputs() const { return outputs_; }
+    void decode(llama_context * ctx, std::vector<float> & logits, int n_vocab, const std::function<void()> & rethrow) {
+        logits.resize(outputs_ * size_t(n_vocab));
+        llama_memory_clear(llama_get_memory(ctx), true);
+        decode_in_batches(ctx, batch_, logits, n_vocab, rethrow);
+    }
+
+private:
+    llama_batch batch_;
+    size_t outputs_ = 0;
+};
+
+float largest(const float * logits, int n_vocab) {
+    return *std::max_element(logits, logits + n_vocab);
+}
+
 // llama-perplexity's log-probability of `tok`, in its float arithmetic.
 float token_logprob(const float * logits, int n_vocab, llama_token tok) {
-    float max_logit = logits[0];
-    for (int j = 1; j < n_vocab; ++j) {
-        max_logit = std::max(max_logit, logits[j]);
-    }
+    const float max_logit = largest(logits, n_vocab);
     float sum_p = 0.f;
     for (int j = 0; j < n_vocab; ++j) {
         sum_p += expf(logits[j] - max_logit);
@@ -85,10 +137,7 @@ float token_logprob(const float * logits, int n_vocab, llama_token tok) {
 
 // Its probability of `tok` after the shared prefix: a float softmax summed in double.
 float first_token_prob(const float * logits, int n_vocab, llama_token tok) {
-    float max_logit = logits[0];
-    for (int j = 0; j < n_vocab; ++j) {
-        max_logit = std::max(max_logit, logits[j]);
-    }
+    const float max_logit = largest(logits, n_vocab);
     double sum_exp = 0.0;
     for (int j = 0; j < n_vocab; ++j) {
         sum_exp += expf(logits[j] - max_logit);
@@ -145,81 +194,115 @@ std::vector<size_t> llama_task_selection(size_t count, size_t n) {
     return out;
 }
 
-ContextSettings choice_context(int ctx, int ubatch, int threads, ggml_backend_sched_eval_callback callback,
+ContextSettings choice_context(int ctx, int parallel, int ubatch, int threads, ggml_backend_sched_eval_callback callback,
                                void * callback_data) {
-    const int total = int(kEndings) * ctx;
+    const int sequences = std::max(4, parallel);
+    const int total = sequences * ctx;
     ContextSettings s{total, std::min(2048, total), std::min(ubatch, total), threads, callback, callback_data};
-    s.seq_max = int(kEndings);
+    s.seq_max = sequences;
     return s;
 }
+
+namespace {
+
+// llama-perplexity's HellaSwag and multiple-choice scoring, which differ only in whether an
+// answer's mean log-probability is summed in double (HellaSwag) or float: as many tasks per
+// decode as fit the context and its sequences (at most 128), the shared prefix on every
+// answer's sequence, outputs at its last token and at every answer token but the last.
+template <class Sum>
+std::vector<size_t> score_shared_prefix(llama_context * ctx, const std::vector<TokenizedTask> & tasks,
+                                        const std::vector<std::string> & where, const std::function<void()> & rethrow) {
+    const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(ctx)));
+    const size_t n_ctx = llama_n_ctx(ctx), max_seq = std::min<size_t>(4 * 32, llama_n_seq_max(ctx));
+    for (size_t i = 0; i < tasks.size(); ++i) {
+        if (tasks[i].seq.size() > max_seq) {
+            fail_file(where[i], fmt::format("has {} answers, more than the {} sequences of the context (llama-perplexity's "
+                                            "-np; eval's --parallel)", tasks[i].seq.size(), max_seq));
+        }
+        if (tasks[i].required > n_ctx) {
+            fail_file(where[i], fmt::format("needs {} tokens for its answers, more than the context's {} (--parallel x -c)",
+                                            tasks[i].required, n_ctx));
+        }
+    }
+    TaskBatch batch(n_ctx, max_seq);
+    std::vector<float> logits;
+    std::vector<size_t> chosen;
+    std::vector<int> seqs;
+    for (size_t i0 = 0; i0 < tasks.size();) {
+        batch.clear();
+        size_t i1 = i0, n_cur = 0, s0 = 0;
+        std::vector<size_t> first_output;
+        while (i1 < tasks.size() && n_cur + tasks[i1].required <= n_ctx && s0 + tasks[i1].seq.size() <= max_seq) {
+            const TokenizedTask & t = tasks[i1];
+            seqs.resize(t.seq.size());
+            for (size_t s = 0; s < t.seq.size(); ++s) {
+                seqs[s] = int(s0 + s);
+            }
+            for (size_t i = 0; i < t.common_prefix; ++i) {
+                batch.add(t.seq[0][i], i, seqs, false);
+            }
+            first_output.push_back(batch.outputs());
+            batch.output_last();
+            for (size_t s = 0; s < t.seq.size(); ++s) {
+                for (size_t i = t.common_prefix; i < t.seq[s].size(); ++i) {
+                    batch.add(t.seq[s][i], i, {int(s0 + s)}, i + 1 < t.seq[s].size());
+                }
+            }
+            s0 += t.seq.size();
+            n_cur += t.required;
+            ++i1;
+        }
+        batch.decode(ctx, logits, n_vocab, rethrow);
+        for (size_t i = i0; i < i1; ++i) {
+            const TokenizedTask & t = tasks[i];
+            const float * prefix = logits.data() + first_output[i - i0] * size_t(n_vocab);
+            size_t at = first_output[i - i0] + 1;
+            Sum best = 0;
+            size_t best_answer = 0;
+            for (size_t s = 0; s < t.seq.size(); ++s) {
+                Sum logprob = std::log(first_token_prob(prefix, n_vocab, t.seq[s][t.common_prefix]));
+                size_t count = 1;
+                for (size_t j = t.common_prefix; j + 1 < t.seq[s].size(); ++j, ++at, ++count) {
+                    logprob += token_logprob(logits.data() + at * size_t(n_vocab), n_vocab, t.seq[s][j + 1]);
+                }
+                logprob /= Sum(count);
+                if (s == 0 || logprob > best) {
+                    best = logprob;
+                    best_answer = s;
+                }
+            }
+            chosen.push_back(best_answer);
+        }
+        i0 = i1;
+    }
+    return chosen;
+}
+
+} // namespace
 
 std::vector<size_t> score_hellaswag(llama_context * ctx, const std::vector<ChoiceTask> & tasks,
                                     const std::vector<size_t> & selection, const std::string & origin,
                                     const std::function<void()> & rethrow) {
     const llama_vocab * vocab = llama_model_get_vocab(llama_get_model(ctx));
-    const int n_vocab = llama_vocab_n_tokens(vocab);
-    const int n_ctx = int(llama_n_ctx(ctx));
     std::vector<TokenizedTask> tokenized;
+    std::vector<std::string> where;
     for (size_t i : selection) {
-        const std::string where = fmt::format("{} line {} (task {})", origin, tasks[i].line, i + 1);
-        tokenized.push_back(tokenize_task(vocab, tasks[i], where));
-        if (tokenized.back().required > size_t(n_ctx)) {
-            fail_file(where, fmt::format("needs {} tokens for its four endings, more than the context's {} (4 x -c)",
-                                         tokenized.back().required, n_ctx));
-        }
+        where.push_back(fmt::format("{} line {} (task {})", origin, tasks[i].line, i + 1));
+        tokenized.push_back(tokenize_task(vocab, tasks[i].context, tasks[i].endings, where.back()));
     }
-    llama_batch batch = llama_batch_init(n_ctx, 0, int32_t(kEndings));
-    std::vector<float> logits;
-    std::vector<size_t> chosen;
-    try {
-        for (const TokenizedTask & t : tokenized) {
-            batch.n_tokens = 0;
-            const auto add = [&](llama_token tok, int pos, std::initializer_list<int> seqs, bool output) {
-                const int k = batch.n_tokens++;
-                batch.token[k] = tok;
-                batch.pos[k] = pos;
-                batch.n_seq_id[k] = int32_t(seqs.size());
-                std::copy(seqs.begin(), seqs.end(), batch.seq_id[k]);
-                batch.logits[k] = output;
-            };
-            for (size_t i = 0; i < t.common_prefix; ++i) {
-                add(t.seq[0][i], int(i), {0, 1, 2, 3}, false);
-            }
-            batch.logits[batch.n_tokens - 1] = true;
-            size_t n_out = 1;
-            for (size_t s = 0; s < kEndings; ++s) {
-                for (size_t i = t.common_prefix; i < t.seq[s].size(); ++i) {
-                    const bool output = i + 1 < t.seq[s].size();
-                    add(t.seq[s][i], int(i), {int(s)}, output);
-                    n_out += output;
-                }
-            }
-            logits.resize(n_out * size_t(n_vocab));
-            llama_memory_clear(llama_get_memory(ctx), true);
-            decode_in_batches(ctx, batch, logits, n_vocab, rethrow);
-            size_t at = 1;
-            double best = 0;
-            size_t best_ending = 0;
-            for (size_t s = 0; s < kEndings; ++s) {
-                double logprob = std::log(first_token_prob(logits.data(), n_vocab, t.seq[s][t.common_prefix]));
-                size_t count = 1;
-                for (size_t j = t.common_prefix; j + 1 < t.seq[s].size(); ++j, ++at, ++count) {
-                    logprob += token_logprob(logits.data() + at * size_t(n_vocab), n_vocab, t.seq[s][j + 1]);
-                }
-                logprob /= double(count);
-                if (s == 0 || logprob > best) {
-                    best = logprob;
-                    best_ending = s;
-                }
-            }
-            chosen.push_back(best_ending);
-        }
-    } catch (...) {
-        llama_batch_free(batch);
-        throw;
+    return score_shared_prefix<double>(ctx, tokenized, where, rethrow);
+}
+
+std::vector<size_t> score_multiple_choice(llama_context * ctx, const std::vector<MultipleChoiceTask> & tasks,
+                                          const std::string & origin, const std::function<void()> & rethrow) {
+    const llama_vocab * vocab = llama_model_get_vocab(llama_get_model(ctx));
+    std::vector<TokenizedTask> tokenized;
+    std::vector<std::string> where;
+    for (const MultipleChoiceTask & t : tasks) {
+        where.push_back(fmt::format("{} (task {})", origin, t.index));
+        tokenized.push_back(tokenize_task(vocab, t.question, t.answers, where.back()));
     }
-    llama_batch_free(batch);
-    return chosen;
+    return score_shared_prefix<float>(ctx, tokenized, where, rethrow);
 }
 
 namespace {
@@ -367,71 +450,161 @@ std::vector<size_t> score_winogrande(llama_context * ctx, const std::vector<Wino
         }
         tokenized.push_back(std::move(t));
     }
-    llama_batch batch = llama_batch_init(int32_t(n_ctx), 0, 2);
+    TaskBatch batch(n_ctx, 2);
     std::vector<float> logits;
     std::vector<size_t> chosen;
-    try {
-        for (size_t i0 = 0; i0 < tokenized.size();) {
-            // As many tasks as fit the context and the sequences, two sequences each.
-            batch.n_tokens = 0;
-            size_t i1 = i0, n_cur = 0, n_out = 0;
-            std::vector<size_t> first_output;
-            while (i1 < tokenized.size() && n_cur + tokenized[i1].required <= n_ctx && 2 * (i1 - i0) + 2 <= max_seq) {
-                const TokenizedWinogrande & t = tokenized[i1];
-                const int s0 = int(2 * (i1 - i0));
-                const auto add = [&](llama_token tok, size_t pos, std::initializer_list<int> seqs, bool output) {
-                    const int k = batch.n_tokens++;
-                    batch.token[k] = tok;
-                    batch.pos[k] = int(pos);
-                    batch.n_seq_id[k] = int32_t(seqs.size());
-                    std::copy(seqs.begin(), seqs.end(), batch.seq_id[k]);
-                    batch.logits[k] = output;
-                };
-                for (size_t i = 0; i < t.common_prefix; ++i) {
-                    add(t.seq[0][i], i, {s0, s0 + 1}, i + 1 == t.common_prefix);
-                }
-                first_output.push_back(n_out);
-                n_out += 1;
-                for (size_t s = 0; s < 2; ++s) {
-                    for (size_t i = t.common_prefix; i < t.seq[s].size(); ++i) {
-                        add(t.seq[s][i], i, {s0 + int(s)}, true);
-                        n_out += 1;
-                    }
-                }
-                n_cur += t.required;
-                ++i1;
+    for (size_t i0 = 0; i0 < tokenized.size();) {
+        // As many tasks as fit the context and the sequences, two sequences each.
+        batch.clear();
+        size_t i1 = i0, n_cur = 0;
+        std::vector<size_t> first_output;
+        while (i1 < tokenized.size() && n_cur + tokenized[i1].required <= n_ctx && 2 * (i1 - i0) + 2 <= max_seq) {
+            const TokenizedWinogrande & t = tokenized[i1];
+            const int s0 = int(2 * (i1 - i0));
+            for (size_t i = 0; i < t.common_prefix; ++i) {
+                batch.add(t.seq[0][i], i, {s0, s0 + 1}, false);
             }
-            logits.resize(n_out * size_t(n_vocab));
-            llama_memory_clear(llama_get_memory(ctx), true);
-            decode_in_batches(ctx, batch, logits, n_vocab, rethrow);
-            for (size_t i = i0; i < i1; ++i) {
-                const TokenizedWinogrande & t = tokenized[i];
-                float score[2];
-                for (size_t s = 0; s < 2; ++s) {
-                    const size_t from = scored_from(t, s);
-                    const size_t last = t.seq[s].size() - from > 1 ? 1 : 0;
-                    // The first sequence's outputs follow the prefix's; the second's follow
-                    // those, and where it does not skip the choice llama-perplexity starts
-                    // one output early (its FIXME), which is kept so the answers agree.
-                    size_t at = first_output[i - i0] + (s == 0 ? from - t.common_prefix
-                                                                : t.seq[0].size() - t.common_prefix + from - t.common_prefix);
-                    float sum = 0;
-                    for (size_t j = from - 1; j < t.seq[s].size() - 1 - last; ++j) {
-                        sum += token_logprob(logits.data() + at++ * size_t(n_vocab), n_vocab, t.seq[s][j + 1]);
-                    }
-                    // A sentence with nothing after the choice scores 0/0, and then loses, as there.
-                    score[s] = sum / float(t.seq[s].size() - from - last);
+            first_output.push_back(batch.outputs());
+            batch.output_last();
+            for (size_t s = 0; s < 2; ++s) {
+                for (size_t i = t.common_prefix; i < t.seq[s].size(); ++i) {
+                    batch.add(t.seq[s][i], i, {s0 + int(s)}, true);
                 }
-                chosen.push_back(score[0] > score[1] ? 0 : 1);
             }
-            i0 = i1;
+            n_cur += t.required;
+            ++i1;
         }
-    } catch (...) {
-        llama_batch_free(batch);
-        throw;
+        batch.decode(ctx, logits, n_vocab, rethrow);
+        for (size_t i = i0; i < i1; ++i) {
+            const TokenizedWinogrande & t = tokenized[i];
+            float score[2];
+            for (size_t s = 0; s < 2; ++s) {
+                const size_t from = scored_from(t, s);
+                const size_t last = t.seq[s].size() - from > 1 ? 1 : 0;
+                // The first sequence's outputs follow the prefix's; the second's follow
+                // those, and where it does not skip the choice llama-perplexity starts
+                // one output early (its FIXME), which is kept so the answers agree.
+                size_t at = first_output[i - i0] + (s == 0 ? from - t.common_prefix
+                                                            : t.seq[0].size() - t.common_prefix + from - t.common_prefix);
+                float sum = 0;
+                for (size_t j = from - 1; j < t.seq[s].size() - 1 - last; ++j) {
+                    sum += token_logprob(logits.data() + at++ * size_t(n_vocab), n_vocab, t.seq[s][j + 1]);
+                }
+                // A sentence with nothing after the choice scores 0/0, and then loses, as there.
+                score[s] = sum / float(t.seq[s].size() - from - last);
+            }
+            chosen.push_back(score[0] > score[1] ? 0 : 1);
+        }
+        i0 = i1;
     }
-    llama_batch_free(batch);
     return chosen;
+}
+
+namespace {
+
+// llama.cpp's serialized strings and answer sets: little-endian uint32 counts, then bytes
+// or int32 labels, as perplexity.cpp's deserialize reads them.
+struct ByteReader {
+    const std::string & bytes;
+    size_t at = 0;
+    bool u32(uint32_t & v) {
+        if (bytes.size() - at < 4) {
+            return false;
+        }
+        std::memcpy(&v, bytes.data() + at, 4);
+        at += 4;
+        return true;
+    }
+    bool string(std::string & s) {
+        uint32_t n = 0;
+        if (!u32(n) || bytes.size() - at < n) {
+            return false;
+        }
+        s.assign(bytes.data() + at, n);
+        at += n;
+        return true;
+    }
+    bool answers(std::vector<std::string> & answers, std::vector<int32_t> & labels) {
+        uint32_t n = 0;
+        if (!u32(n) || n > 100) {   // llama-perplexity's own bound
+            return false;
+        }
+        answers.resize(n);
+        for (std::string & a : answers) {
+            if (!string(a)) {
+                return false;
+            }
+        }
+        labels.resize(n);
+        if (bytes.size() - at < 4 * size_t(n)) {
+            return false;
+        }
+        std::memcpy(labels.data(), bytes.data() + at, 4 * size_t(n));
+        at += 4 * size_t(n);
+        return true;
+    }
+};
+
+} // namespace
+
+std::vector<MultipleChoiceTask> read_multiple_choice(const std::filesystem::path & path, size_t n, size_t & count) {
+    std::string bytes = read_text_file(path);
+    if (!bytes.empty() && bytes.back() == '\n') {
+        bytes.pop_back();   // llama.cpp's -f drops a final newline, whatever the file is
+    }
+    ByteReader in{bytes};
+    uint32_t n_task = 0;
+    if (!in.u32(n_task) || n_task == 0) {
+        fail_file(path.string(), "holds no multiple-choice tasks (its first 4 bytes, the task count, are missing or 0)");
+    }
+    std::vector<uint32_t> position(n_task);
+    for (uint32_t & p : position) {
+        if (!in.u32(p)) {
+            fail_file(path.string(), fmt::format("is cut short in its table of {} task positions", n_task));
+        }
+    }
+    count = n_task;
+    std::vector<size_t> order;
+    if (n == 0 || n >= n_task) {
+        for (size_t i = 0; i < n_task; ++i) {
+            order.push_back(i);   // read one after another from the end of the table
+        }
+    } else {
+        std::mt19937 rng(1);
+        std::vector<int> left(n_task);
+        for (uint32_t i = 0; i < n_task; ++i) {
+            left[i] = int(i);
+        }
+        const float scale = 1.f / (1.f + float(std::mt19937::max()));
+        for (size_t i = 0; i < n; ++i) {
+            const int j = int(scale * float(rng()) * float(left.size()));
+            order.push_back(size_t(left[size_t(j)]));
+            left[size_t(j)] = left.back();
+            left.pop_back();
+        }
+    }
+    const bool sequential = n == 0 || n >= n_task;
+    std::vector<MultipleChoiceTask> tasks;
+    for (size_t i : order) {
+        MultipleChoiceTask t;
+        t.index = i + 1;
+        if (!sequential) {
+            in.at = position[i];
+        }
+        std::vector<std::string> several;
+        std::vector<int32_t> several_labels;
+        if (in.at > bytes.size() || !in.string(t.question) || !in.answers(t.answers, t.labels) ||
+            !in.answers(several, several_labels)) {
+            fail_file(path.string(), fmt::format("task {} (at byte {}) is cut short or has more than 100 answers", i + 1,
+                                                 sequential ? in.at : size_t(position[i])));
+        }
+        if (t.question.empty() || t.answers.empty() ||
+            std::any_of(t.answers.begin(), t.answers.end(), [](const std::string & a) { return a.empty(); })) {
+            fail_file(path.string(), fmt::format("task {} has an empty question or answer", i + 1));
+        }
+        tasks.push_back(std::move(t));
+    }
+    return tasks;
 }
 
 nlohmann::json to_json(const TaskFigures & f) {
@@ -444,16 +617,16 @@ nlohmann::json to_json(const TaskFigures & f) {
             {"answers", f.answers}};
 }
 
-TaskFigures task_figures(const std::vector<size_t> & gold, const std::vector<size_t> & chosen,
+TaskFigures task_figures(const std::function<bool(size_t, size_t)> & right, const std::vector<size_t> & chosen,
                          const std::vector<size_t> & base_chosen) {
     TaskFigures f;
     f.tasks = chosen.size();
     for (size_t i = 0; i < chosen.size(); ++i) {
-        const bool right = chosen[i] == gold[i], base_right = base_chosen[i] == gold[i];
-        f.correct += right;
-        f.kept_base_correct += right && base_right;
-        f.new_correct += right && !base_right;
-        f.answers += char('0' + chosen[i]);
+        const bool ok = right(i, chosen[i]), base_ok = right(i, base_chosen[i]);
+        f.correct += ok;
+        f.kept_base_correct += ok && base_ok;
+        f.new_correct += ok && !base_ok;
+        f.answers += chosen[i] < 10 ? char('0' + chosen[i]) : char('a' + chosen[i] - 10);
     }
     if (f.tasks > 0) {
         f.accuracy = double(f.correct) / double(f.tasks);

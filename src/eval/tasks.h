@@ -62,9 +62,9 @@ std::vector<size_t> score_winogrande(llama_context * ctx, const std::vector<Wino
                                      const std::vector<size_t> & selection, const std::string & origin,
                                      const std::function<void()> & rethrow);
 
-// llama-perplexity's context for choice tasks: four sequences on one cache of 4 x `ctx`
-// tokens, as it sets n_parallel 4 and a unified cache.
-ContextSettings choice_context(int ctx, int ubatch, int threads, ggml_backend_sched_eval_callback callback,
+// llama-perplexity's context for choice tasks: `parallel` sequences (its -np, at least 4)
+// on one cache of parallel x `ctx` tokens, a unified cache, batches of at most 2048.
+ContextSettings choice_context(int ctx, int parallel, int ubatch, int threads, ggml_backend_sched_eval_callback callback,
                                void * callback_data);
 
 // The ending each selected task's highest mean log-probability picks (acc_norm), from a
@@ -74,6 +74,28 @@ std::vector<size_t> score_hellaswag(llama_context * ctx, const std::vector<Choic
                                     const std::vector<size_t> & selection, const std::string & origin,
                                     const std::function<void()> & rethrow);
 
+// One task of llama.cpp's binary multiple-choice file (ARC, MMLU, TruthfulQA as
+// llama-perplexity --multiple-choice reads them): a question, its answers and their labels
+// (1: right); the second set of answers (several right) is read and not scored, as there.
+struct MultipleChoiceTask {
+    std::string question;
+    std::vector<std::string> answers;
+    std::vector<int32_t> labels;
+    size_t index = 0;   // in the file, from 1
+};
+
+// The tasks llama-perplexity scores for --multiple-choice-tasks `n`: every task in file
+// order when n is 0 or not below the count, else n drawn by std::mt19937 seeded 1 (in its
+// float arithmetic), each read at its position from the file's table. `count` gets the
+// number of tasks the file holds. A file cut short, a task with more than 100 answers, an
+// empty question or answer: refused, naming the file and the task.
+std::vector<MultipleChoiceTask> read_multiple_choice(const std::filesystem::path & path, size_t n, size_t & count);
+
+// The answer with the highest mean log-probability per task (acc_norm, in llama-perplexity's
+// float arithmetic), as many tasks per decode as fit the context and the sequences.
+std::vector<size_t> score_multiple_choice(llama_context * ctx, const std::vector<MultipleChoiceTask> & tasks,
+                                          const std::string & origin, const std::function<void()> & rethrow);
+
 // Accuracy of a candidate against the base's answers on the same tasks.
 struct TaskFigures {
     uint64_t tasks = 0, correct = 0;
@@ -82,8 +104,9 @@ struct TaskFigures {
     uint64_t new_correct = 0;             // tasks it answers right and the base does not
     std::string answers;                  // the ending chosen per task, in the order scored ("0312...")
 };
-// `chosen` and `base_chosen` per selected task, against `gold`.
-TaskFigures task_figures(const std::vector<size_t> & gold, const std::vector<size_t> & chosen,
+// `chosen` and `base_chosen` per selected task; `right(task, choice)` says whether a
+// choice of the task-th selected task is right.
+TaskFigures task_figures(const std::function<bool(size_t, size_t)> & right, const std::vector<size_t> & chosen,
                          const std::vector<size_t> & base_chosen);
 nlohmann::json to_json(const TaskFigures & f);
 

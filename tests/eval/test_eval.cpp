@@ -210,6 +210,17 @@ TEST(Eval, BadInputsAreRefusedByNameWithNothingWritten) {
     const std::string wino = "index,sentence,option1,option2,answer\n0,The cup fell so _ broke.,cup,table,1\n";
     test::write_text(dir / "wino.csv", wino + "1,The dog ran so _ won.,dog,cat,3\n2,A _ b.,x,y,1\n");
     test::write_text(dir / "blank.csv", "0,A _ b.,x,y,1\n1,No blank here.,a,b,1\n2,A _ c.,x,y,2\n");
+    // A binary multiple-choice file cut short inside its one task.
+    std::string mc;
+    const auto u32 = [&](uint32_t v) { mc.append(reinterpret_cast<const char *>(&v), 4); };
+    u32(1);
+    u32(8);
+    u32(9);
+    mc += "Question?";
+    u32(2);
+    u32(3);
+    mc += "yes";
+    test::write_text(dir / "cut.bin", mc);
     auto r = test::run_command(moeprune_cmd(fmt::format("eval -m {} -f {} --keep {} -c 128 --base-out {}", m, text,
                                                         (dir / "k4.json").string(), (dir / "b.mpkl").string())));
     ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -244,6 +255,8 @@ TEST(Eval, BadInputsAreRefusedByNameWithNothingWritten) {
          "wino.csv: line 3 has the answer \"3\", not 1 or 2"},
         {fmt::format("eval -m {} -f {} --winogrande {} -c 128 {}", m, text, (dir / "blank.csv").string(), outs),
          "blank.csv: line 2 has no _ in its sentence"},
+        {fmt::format("eval -m {} -f {} --multiple-choice {} -c 128 {}", m, text, (dir / "cut.bin").string(), outs),
+         "cut.bin: task 1 (at byte"},
     };
     const std::string keep_bytes = test::read_bytes(dir / "k4.json");
     for (const auto & [args, says] : cases) {

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -55,6 +56,56 @@ std::string domain_text(const fs::path & jsonl, const std::string & domain) {
     for (std::string line; std::getline(in, line);) {
         const json j = json::parse(line);
         if (j.value("domain", "") == domain && j.contains("text")) out += j["text"].get<std::string>() + "\n";
+    }
+    return out;
+}
+
+// Words of the fixture's held-out text of these domains, leaving out those holding any of
+// `refused`.
+std::vector<std::string> held_out_words(std::initializer_list<const char *> domains, const std::string & refused = "") {
+    std::vector<std::string> words;
+    for (const char * domain : domains) {
+        std::istringstream in(domain_text(fixture_dir / "eval.jsonl", domain));
+        for (std::string w; in >> w;)
+            if (refused.empty() || w.find_first_of(refused) == std::string::npos) words.push_back(w);
+    }
+    return words;
+}
+
+std::string words_at(const std::vector<std::string> & words, size_t at, size_t n) {
+    std::string s;
+    for (size_t i = at; i < at + n; ++i) s += (s.empty() ? "" : " ") + words[i];
+    return s;
+}
+
+// llama-perplexity's per-task results on a task file, one character per task, read from its
+// output by `read` ("" when lines are missing: its logger can lose the last lines at exit,
+// and the run is repeated).
+std::string llama_task_results(const fs::path & model, const fs::path & tasks, const std::string & flags, size_t expected,
+                               const std::function<std::string(const std::string &)> & read) {
+    for (int attempt = 0; attempt < 3; ++attempt) {
+        const auto r = test::run_command(fmt::format("{}/llama-perplexity -m {} -f {} {} -c 128 -t 2 2>&1", MOEPRUNE_BIN_DIR,
+                                                     model.string(), tasks.string(), flags));
+        const std::string results = read(r.output);
+        if (results.size() == expected) return results;
+    }
+    return fmt::format("llama-perplexity printed fewer than {} tasks", expected);
+}
+
+// Right ('1') or wrong ('0') per task from the running accuracy (percent) of its HellaSwag
+// and multiple-choice lines, "N<tab>ACC...".
+std::string rights_from_running_accuracy(const std::string & output) {
+    std::string out;
+    std::istringstream log(output);
+    long before = 0;
+    for (std::string l; std::getline(log, l);) {
+        size_t n = 0;
+        double acc = 0;
+        if (std::sscanf(l.c_str(), "%zu\t%lf", &n, &acc) == 2 && n == out.size() + 1 && l.find('.') != std::string::npos) {
+            const long correct = std::lround(acc * double(n) / 100);
+            out += correct > before ? '1' : '0';
+            before = correct;
+        }
     }
     return out;
 }
@@ -227,6 +278,15 @@ protected:
         throw std::runtime_error("no candidate " + name);
     }
     static std::string map_name(const std::string & metric) { return fmt::format("{}-k{}", metric, kept); }
+    // The freq map sliced, made once for the tests that compare with llama.cpp's tools.
+    static fs::path sliced_freq() {
+        const fs::path out = dir->path() / "freq-sliced.gguf";
+        if (!fs::exists(out)) {
+            run_ok(moeprune_cmd(fmt::format("slice -m {} --keep {} -o {}", trained_model.string(),
+                                            (dir->path() / "maps" / map_file("freq")).string(), out.string())));
+        }
+        return out;
+    }
     static std::string map_file(const std::string & metric) { return map_name(metric) + ".json"; }
 };
 
@@ -422,16 +482,8 @@ TEST_F(TrainedRealism, HellaswagAnswersAreLlamaPerplexitysTaskForTask) {
     const fs::path d = dir->path();
     // 16 words of a domain's held-out text, then its next 8 words and 8 words from three
     // other places of the same text.
-    std::vector<std::string> words;
-    for (const char * domain : {"prose", "code", "zh"}) {
-        std::istringstream in(domain_text(fixture_dir / "eval.jsonl", domain));
-        for (std::string w; in >> w;) words.push_back(w);
-    }
-    const auto span = [&](size_t at, size_t n) {
-        std::string s;
-        for (size_t i = at; i < at + n; ++i) s += (s.empty() ? "" : " ") + words[i];
-        return s;
-    };
+    const std::vector<std::string> words = held_out_words({"prose", "code", "zh"});
+    const auto span = [&](size_t at, size_t n) { return words_at(words, at, n); };
     std::mt19937 rng(5);
     std::string file;
     for (int t = 0; t < 60; ++t) {
@@ -442,9 +494,7 @@ TEST_F(TrainedRealism, HellaswagAnswersAreLlamaPerplexitysTaskForTask) {
     }
     const fs::path tasks = d / "hellaswag.txt";
     test::write_text(tasks, file);
-    const fs::path sliced = d / "hellaswag-freq.gguf";
-    run_ok(moeprune_cmd(fmt::format("slice -m {} --keep {} -o {}", trained_model.string(),
-                                    (d / "maps" / map_file("freq")).string(), sliced.string())));
+    const fs::path sliced = sliced_freq();
     const fs::path out = d / "tasks.json";
     run_ok(moeprune_cmd(fmt::format("eval -m {} -f {} --keep {} --candidate {} --hellaswag {} --tasks 40 -c 128 -t 2 "
                                     "--json {}", trained_model.string(), (fixture_dir / "eval.jsonl").string(),
@@ -465,28 +515,9 @@ TEST_F(TrainedRealism, HellaswagAnswersAreLlamaPerplexitysTaskForTask) {
         }
         return r;
     };
-    // The same from llama-perplexity's running accuracy, one line per task (its logger can
-    // lose the last lines at exit: a run that lacks some is repeated).
+    // The same from llama-perplexity's running accuracy, one line per task.
     const auto llama_rights = [&](const fs::path & model) {
-        for (int attempt = 0; attempt < 3; ++attempt) {
-            const auto r = test::run_command(fmt::format("{}/llama-perplexity -m {} -f {} --hellaswag --hellaswag-tasks 40 "
-                                                         "-c 128 -t 2 2>&1", MOEPRUNE_BIN_DIR, model.string(),
-                                                         tasks.string()));
-            std::string out;
-            std::istringstream log(r.output);
-            long before = 0;
-            for (std::string l; std::getline(log, l);) {
-                size_t n = 0;
-                double acc = 0;
-                if (std::sscanf(l.c_str(), "%zu\t%lf%%", &n, &acc) == 2 && n == out.size() + 1 && l.find('[') != std::string::npos) {
-                    const long correct = std::lround(acc * double(n) / 100);
-                    out += correct > before ? '1' : '0';
-                    before = correct;
-                }
-            }
-            if (out.size() == 40) return out;
-        }
-        return std::string("llama-perplexity printed fewer than 40 tasks");
+        return llama_task_results(model, tasks, "--hellaswag --hellaswag-tasks 40", 40, rights_from_running_accuracy);
     };
     const std::string base = rights(report["base"]);
     EXPECT_EQ(base, llama_rights(trained_model));
@@ -505,10 +536,7 @@ TEST_F(TrainedRealism, HellaswagAnswersAreLlamaPerplexitysTaskForTask) {
 // shared prefix, llama-perplexity's own quirk included) and long ones alike.
 TEST_F(TrainedRealism, WinograndeAnswersAreLlamaPerplexitysTaskForTask) {
     const fs::path d = dir->path();
-    std::vector<std::string> words;
-    std::istringstream text(domain_text(fixture_dir / "eval.jsonl", "prose"));
-    for (std::string w; text >> w;)
-        if (w.find_first_of(",\"_") == std::string::npos) words.push_back(w);
+    const std::vector<std::string> words = held_out_words({"prose"}, ",\"_");
     std::mt19937 rng(4);
     std::string csv = "index,sentence,option1,option2,answer\n";
     for (int t = 0; t < 50; ++t) {
@@ -521,9 +549,7 @@ TEST_F(TrainedRealism, WinograndeAnswersAreLlamaPerplexitysTaskForTask) {
     }
     const fs::path tasks = d / "winogrande.csv";
     test::write_text(tasks, csv);
-    const fs::path sliced = d / "winogrande-freq.gguf";
-    run_ok(moeprune_cmd(fmt::format("slice -m {} --keep {} -o {}", trained_model.string(),
-                                    (d / "maps" / map_file("freq")).string(), sliced.string())));
+    const fs::path sliced = sliced_freq();
     const fs::path out = d / "winogrande.json";
     run_ok(moeprune_cmd(fmt::format("eval -m {} -f {} --keep {} --candidate {} --winogrande {} -c 128 -t 2 --json {}",
                                     trained_model.string(), (fixture_dir / "eval.jsonl").string(),
@@ -532,12 +558,11 @@ TEST_F(TrainedRealism, WinograndeAnswersAreLlamaPerplexitysTaskForTask) {
     const json report = read_json(out);
     // llama-perplexity never reads the file's last line: 49 of the 50 tasks, in file order.
     ASSERT_EQ(report["tasks"]["tasks"], 49) << report["tasks"];
+    // Its lines: task, running accuracy, the two scores, its choice (1 or 2), the answer.
     const auto llama_choices = [&](const fs::path & model) {
-        for (int attempt = 0; attempt < 3; ++attempt) {
-            const auto r = test::run_command(fmt::format("{}/llama-perplexity -m {} -f {} --winogrande -c 128 -t 2 2>&1",
-                                                         MOEPRUNE_BIN_DIR, model.string(), tasks.string()));
+        return llama_task_results(model, tasks, "--winogrande", 49, [](const std::string & output) {
             std::string choices;
-            std::istringstream log(r.output);
+            std::istringstream log(output);
             for (std::string l; std::getline(log, l);) {
                 size_t n = 0;
                 double acc = 0;
@@ -548,12 +573,76 @@ TEST_F(TrainedRealism, WinograndeAnswersAreLlamaPerplexitysTaskForTask) {
                     choices += char('0' + result - 1);
                 }
             }
-            if (choices.size() == 49) return choices;
-        }
-        return std::string("llama-perplexity printed fewer than 49 tasks");
+            return choices;
+        });
     };
     EXPECT_EQ(report["tasks"]["base"]["answers"], llama_choices(trained_model));
     const std::string on_sliced = llama_choices(sliced);
     for (const auto & c : report["candidates"]) EXPECT_EQ(c["tasks"]["answers"], on_sliced) << c["name"];
     EXPECT_GT(report["tasks"]["base"]["accuracy"].get<double>(), 0.5) << report["tasks"]["base"];
+}
+
+// The same for llama.cpp's binary multiple-choice file (ARC, MMLU, TruthfulQA), made here
+// with two to four answers a task, so that some decodes hold several tasks: every task of
+// the file in order, and 30 drawn as --multiple-choice-tasks 30 draws them.
+TEST_F(TrainedRealism, MultipleChoiceAnswersAreLlamaPerplexitysTaskForTask) {
+    const fs::path d = dir->path();
+    const std::vector<std::string> words = held_out_words({"prose", "code"});
+    const auto span = [&](size_t at, size_t n) { return words_at(words, at, n); };
+    const auto u32 = [](std::string & out, uint32_t v) { out.append(reinterpret_cast<const char *>(&v), 4); };
+    const auto str = [&](std::string & out, const std::string & s) {
+        u32(out, uint32_t(s.size()));
+        out += s;
+    };
+    std::mt19937 rng(9);
+    std::vector<std::string> bodies;
+    std::vector<std::vector<int32_t>> labels;
+    for (int t = 0; t < 50; ++t) {
+        const size_t at = rng() % (words.size() - 20), n = 2 + rng() % 3, right = rng() % n;
+        std::string body;
+        str(body, span(at, 12));
+        u32(body, uint32_t(n));
+        std::vector<int32_t> l(n, 0);
+        l[right] = 1;
+        for (size_t a = 0; a < n; ++a) str(body, a == right ? span(at + 12, 6) : span(rng() % (words.size() - 8), 6));
+        body.append(reinterpret_cast<const char *>(l.data()), 4 * n);
+        u32(body, 0);   // no answers with several right ones
+        bodies.push_back(body);
+        labels.push_back(l);
+    }
+    std::string file;
+    u32(file, uint32_t(bodies.size()));
+    uint32_t offset = uint32_t(4 + 4 * bodies.size());
+    for (const std::string & b : bodies) {
+        u32(file, offset);
+        offset += uint32_t(b.size());
+    }
+    for (const std::string & b : bodies) file += b;
+    const fs::path tasks = d / "multiple-choice.bin";
+    test::write_text(tasks, file);
+    const fs::path sliced = sliced_freq();
+    for (const int n : {0, 30}) {
+        const fs::path out = d / fmt::format("multiple-choice-{}.json", n);
+        run_ok(moeprune_cmd(fmt::format("eval -m {} -f {} --keep {} --candidate {} --multiple-choice {} --tasks {} -c 128 "
+                                        "-t 2 --json {}", trained_model.string(), (fixture_dir / "eval.jsonl").string(),
+                                        (d / "maps" / map_file("freq")).string(), sliced.string(), tasks.string(), n,
+                                        out.string())));
+        const json report = read_json(out);
+        const json & selected = report["tasks"]["selected"];
+        ASSERT_EQ(selected.size(), n == 0 ? 50u : 30u);
+        const auto rights = [&](const json & figures) {
+            std::string r;
+            const std::string answers = figures["answers"].get<std::string>();
+            for (size_t i = 0; i < answers.size(); ++i)
+                r += labels[selected[i].get<size_t>() - 1][size_t(answers[i] - '0')] == 1 ? '1' : '0';
+            return r;
+        };
+        const auto llama_rights = [&](const fs::path & model) {
+            return llama_task_results(model, tasks, fmt::format("--multiple-choice --multiple-choice-tasks {}", n),
+                                      selected.size(), rights_from_running_accuracy);
+        };
+        EXPECT_EQ(rights(report["tasks"]["base"]), llama_rights(trained_model)) << n;
+        const std::string on_sliced = llama_rights(sliced);
+        for (const auto & c : report["candidates"]) EXPECT_EQ(rights(c["tasks"]), on_sliced) << c["name"] << " " << n;
+    }
 }
