@@ -40,6 +40,11 @@ void add_run(CLI::App & app, Action & action) {
         ->check(CLI::IsMember({"llama.cpp", "any"}));
     sub->add_option("--llama-bin", c->llama_bin, "The folder of llama.cpp's tools the printed commands name");
     sub->add_option("--tokens", *tokens, "Calib tokens shared by weighted corpus sources");
+    sub->add_option("--hellaswag", c->hellaswag, "Task accuracy beside KLD: llama.cpp's HellaSwag file, scored by eval "
+                                                 "for the base and every keep map as llama-perplexity scores it");
+    sub->add_option("--winogrande", c->winogrande, "Task accuracy: llama.cpp's WinoGrande CSV");
+    sub->add_option("--multiple-choice", c->multiple_choice, "Task accuracy: llama.cpp's binary multiple-choice file");
+    sub->add_option("--tasks", c->tasks, "Tasks of the task file, drawn as llama-perplexity draws them (0: its default)");
     sub->add_option("-c,--ctx-size", c->ctx, "Context of collect and eval windows");
     sub->add_option("-t,--threads", c->threads, "Threads (0: one per core)")->check(thread_count());
     auto seed = std::make_shared<uint64_t>(0);
@@ -89,6 +94,12 @@ void add_run(CLI::App & app, Action & action) {
             if (given("--max-kld")) merged.max_kld = *max_kld;
             if (given("--tokens")) merged.tokens = *tokens;
             if (given("--ctx-size")) merged.ctx = c->ctx;
+            if (given("--hellaswag")) merged.hellaswag = std::filesystem::absolute(c->hellaswag).lexically_normal();
+            if (given("--winogrande")) merged.winogrande = std::filesystem::absolute(c->winogrande).lexically_normal();
+            if (given("--multiple-choice")) {
+                merged.multiple_choice = std::filesystem::absolute(c->multiple_choice).lexically_normal();
+            }
+            if (given("--tasks")) merged.tasks = c->tasks;
             if (given("--threads")) merged.threads = c->threads;
             if (given("--seed")) merged.seed = *seed;
             if (given("--slice")) merged.slice = c->slice;

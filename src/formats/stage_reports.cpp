@@ -52,6 +52,21 @@ EvalFigures figures_of(const JsonFields & f) {
     return e;
 }
 
+EvalTaskFigures task_figures_of(const JsonFields & t) {
+    EvalTaskFigures f;
+    f.tasks = t.integer("tasks", 1, int64_t(1) << 40);
+    f.correct = t.integer("correct", 0, f.tasks);
+    f.kept_base_correct = t.integer("kept_base_correct", 0, f.correct);
+    f.new_correct = t.integer("new_correct", 0, f.correct - f.kept_base_correct);
+    f.accuracy = t.number("accuracy", 0, 1);
+    f.stderr_ = t.number("stderr", 0, 1);
+    if (std::abs(f.accuracy - double(f.correct) / double(f.tasks)) > 1e-9) {
+        t.fail("accuracy", fmt::format("is {}, but {} of {} tasks right make {}: the report was edited", f.accuracy,
+                                       f.correct, f.tasks, double(f.correct) / double(f.tasks)));
+    }
+    return f;
+}
+
 EvalFileCandidate candidate_of(const JsonFields & c) {
     EvalFileCandidate out;
     out.place = c.place();
@@ -81,6 +96,9 @@ EvalFileCandidate candidate_of(const JsonFields & c) {
             for (const auto & [modality, unused] : c.any("modalities").items()) {
                 out.modalities.emplace_back(modality, figures_of(modalities.object(modality)));
             }
+        }
+        if (c.has("tasks")) {
+            out.tasks = task_figures_of(c.object("tasks"));
         }
     }
     return out;
@@ -250,6 +268,12 @@ EvalFile read_eval_report(const std::filesystem::path & path) {
     }
     for (const JsonFields & c : report.objects("candidates")) {
         out.candidates.push_back(candidate_of(c));
+    }
+    if (report.has("tasks")) {
+        const JsonFields tasks = report.object("tasks");
+        out.task_format = tasks.string("format");
+        out.task_file = tasks.string("file");
+        out.base_tasks = task_figures_of(tasks.object("base"));
     }
     return out;
 }

@@ -33,6 +33,12 @@ struct ClosedLoopFigures {
     std::optional<double> misses_per_token, open_loop_misses_per_token, tok_per_s, open_loop_tok_per_s;
 };
 
+// A model's answers to eval's task file (docs/eval.md, "Task accuracy").
+struct EvalTaskFigures {
+    int64_t tasks = 0, correct = 0, kept_base_correct = 0, new_correct = 0;
+    double accuracy = 0, stderr_ = 0;
+};
+
 struct EvalFileCandidate {
     JsonPlace place;                 // "candidates[3]"
     std::string kind;                // "keep" (a masked keep map), "closed-loop", or one later stages pass over
@@ -46,6 +52,7 @@ struct EvalFileCandidate {
     std::vector<std::pair<std::string, EvalFigures>> domains;
     std::vector<std::pair<std::string, EvalFigures>> modalities;  // text, image, audio; empty without media
     ClosedLoopFigures loop;          // closed-loop only
+    std::optional<EvalTaskFigures> tasks;   // keep: with a task file
 };
 
 // The base model's MTP head, as eval measured it.
@@ -60,6 +67,10 @@ struct EvalFile {
     ModelIdentity base;              // the model measured ("base")
     std::optional<EvalMtpFigures> base_mtp;        // "base.mtp", for a model with an MTP head
     std::vector<EvalFileCandidate> candidates;
+    // With a task file: its format ("hellaswag", "winogrande", "multiple-choice"), the file
+    // and the base's answers.
+    std::string task_format, task_file;
+    std::optional<EvalTaskFigures> base_tasks;
 };
 
 // A moeprune-eval report; refuses another format and impossible values by field.

@@ -6,6 +6,7 @@ namespace moeprune {
 ReportSection summary_section();
 ReportSection quality_section();
 ReportSection modality_section();
+ReportSection tasks_section();
 ReportSection layers_section();
 ReportSection replay_section();
 ReportSection plan_section();
@@ -18,7 +19,7 @@ ReportSection inputs_section();
 
 const std::vector<ReportSection> & report_sections() {
     static const std::vector<ReportSection> sections = {
-        summary_section(),  quality_section(),  modality_section(),    layers_section(), replay_section(),
+        summary_section(),  quality_section(),  modality_section(), tasks_section(),    layers_section(), replay_section(),
         plan_section(),     runs_on_section(), measured_section(), draft_section(),       closed_loop_section(), corpus_section(),
         inputs_section(),
     };

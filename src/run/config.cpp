@@ -81,6 +81,18 @@ template <class T> ConfigKey list(const char * key, std::vector<T> RunConfig::*m
             [m](const RunConfig & c) -> std::optional<std::string> { return toml_array(c.*m); }, comment};
 }
 
+// A file named relative to run.toml's folder, written only when given.
+ConfigKey task_file(const char * key, fs::path RunConfig::*m, const char * comment) {
+    return {key, [key, m](RunConfig & c, const toml::node & n, const std::string & where, const fs::path & base) {
+                const std::string file = value<std::string>(n, where, key);
+                c.*m = file.empty() ? fs::path() : from_base(file, base);
+            },
+            [m](const RunConfig & c) -> std::optional<std::string> {
+                return (c.*m).empty() ? std::nullopt : std::optional<std::string>(toml_value(c.*m));
+            },
+            comment};
+}
+
 const std::vector<ConfigKey> & config_keys() {
     static const std::vector<ConfigKey> keys = {
         {"model", [](RunConfig & c, const toml::node & n, const std::string & where, const fs::path & base) {
@@ -117,6 +129,10 @@ const std::vector<ConfigKey> & config_keys() {
              c.llama_bin = dir.empty() ? dir : from_base(dir, base).string();
          }, [](const RunConfig & c) -> std::optional<std::string> { return toml_value(c.llama_bin); },
          "        # llama.cpp's tools for the printed commands; empty: the PATH"},
+        task_file("hellaswag", &RunConfig::hellaswag, "   # llama.cpp's HellaSwag file: task accuracy beside KLD"),
+        task_file("winogrande", &RunConfig::winogrande, "  # llama.cpp's WinoGrande CSV"),
+        task_file("multiple_choice", &RunConfig::multiple_choice, "  # llama.cpp's binary multiple-choice file"),
+        one("tasks", &RunConfig::tasks, "                # of the task file; 0: llama-perplexity's default"),
         one("ctx", &RunConfig::ctx),
         one("threads", &RunConfig::threads),
         maybe("seed", &RunConfig::seed, "", "# corpus settings given here override the manifest's\n"),

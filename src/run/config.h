@@ -33,6 +33,10 @@ struct RunConfig {
     std::string llama_bin;                 // llama.cpp's tools, for the recommendation's commands; empty: the PATH
     int ctx = 512;
     int threads = 0;
+    // A task file of llama.cpp's (at most one), scored by the eval stage for the base and
+    // every keep map, and `tasks` of its tasks (0: llama-perplexity's default).
+    std::filesystem::path hellaswag, winogrande, multiple_choice;
+    int64_t tasks = 0;
     // Corpus settings: unset, a manifest's own values (or the corpus defaults) hold.
     std::optional<uint64_t> seed;
     std::optional<double> eval_share;

@@ -254,6 +254,12 @@ InspectReport check_run_options(const RunOptions & opt) {
     if (c.measure_shortlist < 0 || c.measure_shortlist > 64) {
         throw Error(fmt::format("measure_shortlist is {}: 0 (none) to 64 options", c.measure_shortlist));
     }
+    if (!c.hellaswag.empty() + !c.winogrande.empty() + !c.multiple_choice.empty() > 1) {
+        throw Error("hellaswag, winogrande, multiple_choice: give one task file per run");
+    }
+    if (c.tasks < 0) {
+        throw Error(fmt::format("tasks is {}: at least 1 (0: llama-perplexity's default)", c.tasks));
+    }
     if (c.measure_tokens < 1) {
         throw Error(fmt::format("measure_tokens {} must be at least 1", c.measure_tokens));
     }
@@ -438,6 +444,13 @@ void eval_stage(Runner & run, const RunOptions & opt, const InspectReport & mode
     }
     eval_inputs.insert(eval_inputs.end(), m.maps.begin(), m.maps.end());
     json eval_settings = {{"ctx", c.ctx}};
+    for (const auto & [format, file] : {std::pair{"hellaswag", c.hellaswag}, {"winogrande", c.winogrande},
+                                        {"multiple_choice", c.multiple_choice}}) {
+        if (!file.empty()) {
+            eval_inputs.push_back(file);
+            eval_settings["tasks"] = {{"format", format}, {"tasks", c.tasks}};
+        }
+    }
     if (!m.closed_evals.empty()) {
         eval_settings["closed_loop"] = {{"policies", m.online}, {"cache_shares", c.cache_shares}, {"lambdas", m.rerouting},
                                         {"moce_j", moce_j({}, int(model.n_expert_used))}};
@@ -452,6 +465,10 @@ void eval_stage(Runner & run, const RunOptions & opt, const InspectReport & mode
         o.threads = c.threads;
         o.json_out = at.eval_json;
         o.progress = opt.progress;
+        o.hellaswag = c.hellaswag;
+        o.winogrande = c.winogrande;
+        o.multiple_choice = c.multiple_choice;
+        o.tasks = c.tasks;
         run_eval(o);
         std::vector<fs::path> written{at.eval_json};
         for (size_t i = 0; i < m.closed_evals.size(); ++i) {
@@ -463,6 +480,9 @@ void eval_stage(Runner & run, const RunOptions & opt, const InspectReport & mode
             k.lambdas = m.rerouting;
             k.text_only = true;  // the closed loop routes text only; documents with media are scored above
             k.json_out = m.closed_evals[i];
+            k.hellaswag.clear();   // the masked maps answered above
+            k.winogrande.clear();
+            k.multiple_choice.clear();
             run_eval(k);
             written.push_back(m.closed_evals[i]);
         }

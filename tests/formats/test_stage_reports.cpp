@@ -165,6 +165,21 @@ TEST(StageReports, ImpossibleValuesAreRefusedByFileAndField) {
     e = eval_doc();
     e["candidates"][1]["domains"]["code"]["same_top1"] = 2;
     expect_refused(read_eval_report, write(dir, "d.json", e), "candidates[1].domains.code.same_top1: is 2");
+    // Task answers: an accuracy its counts do not make, more base answers kept than right.
+    const json task_figures = {{"tasks", 10}, {"correct", 6}, {"accuracy", 0.6}, {"stderr", 0.15},
+                               {"kept_base_correct", 5}, {"new_correct", 1}, {"answers", "0123012301"}};
+    e = eval_doc();
+    e["tasks"] = {{"format", "hellaswag"}, {"file", "t.txt"}, {"base", task_figures}};
+    e["candidates"][1]["tasks"] = task_figures;
+    const EvalFile with_tasks = read_eval_report(write(dir, "d2.json", e));
+    ASSERT_TRUE(with_tasks.base_tasks && with_tasks.candidates[1].tasks);
+    EXPECT_EQ(with_tasks.candidates[1].tasks->kept_base_correct, 5);
+    EXPECT_EQ(with_tasks.task_format, "hellaswag");
+    e["candidates"][1]["tasks"]["accuracy"] = 0.7;
+    expect_refused(read_eval_report, write(dir, "d3.json", e), "candidates[1].tasks.accuracy: is 0.7, but 6 of 10");
+    e["candidates"][1]["tasks"] = task_figures;
+    e["tasks"]["base"]["kept_base_correct"] = 7;
+    expect_refused(read_eval_report, write(dir, "d4.json", e), "tasks.base.kept_base_correct: is 7");
 
     json r = replay_doc();
     r["records"][1]["slots"] = {4, -1};

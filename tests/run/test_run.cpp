@@ -184,6 +184,48 @@ TEST_F(RunTest, RunsEveryStageSkipsWhatIsUnchangedAndRendersTheReport) {
 
 // λ > 0 asked for: every map's rerouted options are measured in the closed loop, the plan
 // gives them that KLD (never the open-loop one of their map), the report shows both loops.
+// A task file given to run is scored by its eval stage for the base and every keep map, and
+// the report shows the accuracies beside KLD.
+TEST_F(RunTest, ATaskFileIsScoredForEveryKeepMapAndReported) {
+    std::string tasks;
+    static const char * words[] = {"ka lo", "mi ne", "ru ta", "vo xe", "zi pu"};
+    for (int t = 0; t < 8; ++t) {
+        tasks += fmt::format("{} {} {}\n{}\n", words[t % 5], words[(t + 1) % 5], words[(t + 2) % 5], t % 4);
+        for (int e = 0; e < 4; ++e) tasks += fmt::format("{} {}\n", words[(t + e) % 5], words[(t + 2 * e) % 5]);
+    }
+    test::write_text(tmp_ / "tasks.txt", tasks);
+    const fs::path run = tmp_ / "run";
+    const std::string args = base_args() + fmt::format(" -k 8 --hellaswag {} --tasks 6 -o {}", (tmp_ / "tasks.txt").string(),
+                                                       run.string());
+    auto r = test::run_command(moeprune_cmd(args));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const json eval = read_json(run / "eval" / "eval.json");
+    ASSERT_TRUE(eval.contains("tasks")) << eval.dump().substr(0, 400);
+    EXPECT_EQ(eval["tasks"]["format"], "hellaswag");
+    EXPECT_EQ(eval["tasks"]["tasks"], 6);
+    size_t keep_maps = 0;
+    for (const json & c : eval["candidates"]) {
+        if (c["kind"] == "keep") {
+            EXPECT_EQ(c["tasks"]["tasks"], 6) << c["name"];
+            ++keep_maps;
+        }
+    }
+    EXPECT_EQ(keep_maps, 2u);
+    const json report = read_json(run / "report.json");
+    ASSERT_EQ(report["tasks"]["rows"].size(), 1 + keep_maps) << report["tasks"];
+    EXPECT_EQ(report["tasks"]["rows"][0]["map"], "base");
+    EXPECT_EQ(report["tasks"]["rows"][0]["correct"], eval["tasks"]["base"]["correct"]);
+    EXPECT_TRUE(fs::exists(run / "report" / "tasks.csv"));
+    EXPECT_NE(test::read_bytes(run / "report.html").find("Task accuracy"), std::string::npos);
+    EXPECT_NE(test::read_bytes(run / "run.toml").find("hellaswag = "), std::string::npos);
+    // Another draw of tasks is another eval.
+    r = test::run_command(moeprune_cmd(base_args() + fmt::format(" -k 8 --hellaswag {} --tasks 5 -o {}",
+                                                                 (tmp_ / "tasks.txt").string(), run.string())));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("eval     running"), std::string::npos) << r.output;
+    EXPECT_EQ(read_json(run / "eval" / "eval.json")["tasks"]["tasks"], 5);
+}
+
 TEST_F(RunTest, ReroutingIsMeasuredInTheClosedLoop) {
     const fs::path run = tmp_ / "run";
     auto r = test::run_command(moeprune_cmd(base_args() + " -k 6 --policies lru,belady --cache-shares 0.5 "
@@ -447,7 +489,7 @@ TEST_F(RunTest, MeasuredRunCalibratesThePlanAndVerifiesTheRecommendation) {
 TEST(RunConfigKeys, EveryKeyIsDocumentedAndReadsBackAsWritten) {
     const std::string docs = test::read_bytes(fs::path(MOEPRUNE_SOURCE_DIR) / "docs" / "run.md");
     const std::vector<std::string> keys = run_config_keys();
-    ASSERT_EQ(keys.size(), 32u) << "one key per RunConfig member";
+    ASSERT_EQ(keys.size(), 36u) << "one key per RunConfig member";
     for (const std::string & k : keys) {
         EXPECT_NE(docs.find("`" + k + "`"), std::string::npos) << k << " is not in docs/run.md";
     }
@@ -471,6 +513,10 @@ TEST(RunConfigKeys, EveryKeyIsDocumentedAndReadsBackAsWritten) {
     c.max_kld = 0.05;
     c.runs_on = "any";
     c.llama_bin = "/opt/llama/bin";
+    c.hellaswag = "/t/hellaswag.txt";
+    c.winogrande = "/t/winogrande.csv";
+    c.multiple_choice = "/t/mc.bin";
+    c.tasks = 50;
     c.ctx = 256;
     c.threads = 2;
     c.seed = 7;
