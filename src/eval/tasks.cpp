@@ -18,6 +18,15 @@ namespace {
 
 constexpr size_t kEndings = 4, kLinesPerTask = 2 + kEndings;
 
+// A task file as llama.cpp's -f reads a prompt: whole, less one final newline.
+std::string prompt_file(const std::filesystem::path & path) {
+    std::string text = read_text_file(path);
+    if (!text.empty() && text.back() == '\n') {
+        text.pop_back();
+    }
+    return text;
+}
+
 // A task tokenized as llama-perplexity tokenizes it: the question (or context), a space
 // and each answer, with the model's BOS; the tokens all answers share are decoded once.
 struct TokenizedTask {
@@ -148,10 +157,7 @@ float first_token_prob(const float * logits, int n_vocab, llama_token tok) {
 } // namespace
 
 std::vector<ChoiceTask> read_hellaswag(const std::filesystem::path & path) {
-    std::string text = read_text_file(path);
-    if (!text.empty() && text.back() == '\n') {
-        text.pop_back();   // as llama.cpp's -f reads a prompt file
-    }
+    const std::string text = prompt_file(path);
     std::vector<std::string> lines;
     std::istringstream in(text);
     for (std::string line; std::getline(in, line, '\n');) {
@@ -366,10 +372,7 @@ size_t scored_from(const TokenizedWinogrande & t, size_t s) {
 } // namespace
 
 std::vector<WinograndeTask> read_winogrande(const std::filesystem::path & path) {
-    std::string text = read_text_file(path);
-    if (!text.empty() && text.back() == '\n') {
-        text.pop_back();
-    }
+    const std::string text = prompt_file(path);
     std::vector<WinograndeTask> tasks;
     std::istringstream in(text);
     size_t number = 0;
@@ -548,41 +551,22 @@ struct ByteReader {
 } // namespace
 
 std::vector<MultipleChoiceTask> read_multiple_choice(const std::filesystem::path & path, size_t n, size_t & count) {
-    std::string bytes = read_text_file(path);
-    if (!bytes.empty() && bytes.back() == '\n') {
-        bytes.pop_back();   // llama.cpp's -f drops a final newline, whatever the file is
-    }
+    const std::string bytes = prompt_file(path);   // a final newline dropped, binary or not, as there
     ByteReader in{bytes};
     uint32_t n_task = 0;
     if (!in.u32(n_task) || n_task == 0) {
         fail_file(path.string(), "holds no multiple-choice tasks (its first 4 bytes, the task count, are missing or 0)");
     }
+    if ((bytes.size() - in.at) / 4 < n_task) {
+        fail_file(path.string(), fmt::format("is cut short in its table of {} task positions", n_task));
+    }
     std::vector<uint32_t> position(n_task);
     for (uint32_t & p : position) {
-        if (!in.u32(p)) {
-            fail_file(path.string(), fmt::format("is cut short in its table of {} task positions", n_task));
-        }
+        in.u32(p);
     }
     count = n_task;
-    std::vector<size_t> order;
-    if (n == 0 || n >= n_task) {
-        for (size_t i = 0; i < n_task; ++i) {
-            order.push_back(i);   // read one after another from the end of the table
-        }
-    } else {
-        std::mt19937 rng(1);
-        std::vector<int> left(n_task);
-        for (uint32_t i = 0; i < n_task; ++i) {
-            left[i] = int(i);
-        }
-        const float scale = 1.f / (1.f + float(std::mt19937::max()));
-        for (size_t i = 0; i < n; ++i) {
-            const int j = int(scale * float(rng()) * float(left.size()));
-            order.push_back(size_t(left[size_t(j)]));
-            left[size_t(j)] = left.back();
-            left.pop_back();
-        }
-    }
+    // All: one after another from the end of the table; else each at its position.
+    const std::vector<size_t> order = llama_winogrande_selection(n_task, n);
     const bool sequential = n == 0 || n >= n_task;
     std::vector<MultipleChoiceTask> tasks;
     for (size_t i : order) {

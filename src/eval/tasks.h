@@ -51,8 +51,9 @@ struct WinograndeTask {
 // scores fewer tasks than the file seems to hold).
 std::vector<WinograndeTask> read_winogrande(const std::filesystem::path & path);
 
-// llama-perplexity's --winogrande-tasks N: all, in file order, when N is 0 or not below the
-// count; else N drawn by std::mt19937 seeded 1 in its float arithmetic.
+// llama-perplexity's --winogrande-tasks N (and --multiple-choice-tasks N, drawn alike): all,
+// in file order, when N is 0 or not below the count; else N drawn by std::mt19937 seeded 1
+// in its float arithmetic.
 std::vector<size_t> llama_winogrande_selection(size_t count, size_t n);
 
 // The choice (0 or 1) each selected task's higher mean log-probability of the words after

@@ -623,7 +623,10 @@ std::string to_text(const MeasureReport & r) {
         }
         out += fmt::format(", {:.2f} ms per expert (median)\n", p.expert_ms_median);
     }
-    for (const StreamCalibration & c : r.median_error >= 0 ? r.calibrations : std::vector<StreamCalibration>{}) {
+    for (const StreamCalibration & c : r.calibrations) {
+        if (r.median_error < 0) {
+            break;   // not calibrated: a busy machine, or no probe
+        }
         out += fmt::format("calibration at read-ahead {}: {:.2f} ms per token resident, {:.2f} ms per read-around, "
                            "{:.3f} GB/s\n", c.read_ahead_kb ? fmt::format("{} KB", *c.read_ahead_kb) : "(unknown)",
                            c.compute_ms, c.fault_ms, c.read_gbps);
