@@ -39,6 +39,7 @@ cat > "$demo/corpus.toml.tmp" <<TOML
 [corpus]
 tokens = 30000
 doc_tokens = 1024
+tasks_per_domain = 50   # choice tasks from the held-out side, scored for every keep map
 
 [[source]]
 name = "llama.cpp docs"

@@ -28,6 +28,7 @@ std::string summary(const CorpusReport & r) {
     out += fmt::format("leak check (eval vs calib): exact {}, near {}, shared {}-grams {}, shared groups {}{}\n", l.exact,
                        l.near, l.ngram_units, l.shared_ngrams, l.shared_groups,
                        l.clean ? " (clean)" : " (see corpus.json for examples)");
+    out += fmt::format("tasks {} choice tasks -> {}\n", r.outputs.tasks.tasks, r.outputs.tasks.path);
     for (const std::string & s : r.shortfalls) {
         out += "shortfall: " + s + "\n";
     }
@@ -46,6 +47,9 @@ void add_corpus(CLI::App & app, Action & action) {
     auto tokens = std::make_shared<std::optional<uint64_t>>();
     auto doc_tokens = std::make_shared<std::optional<uint32_t>>();
     auto strip = std::make_shared<bool>(false);
+    auto task_context = std::make_shared<std::optional<int64_t>>();
+    auto task_ending = std::make_shared<std::optional<int64_t>>();
+    auto tasks_per_domain = std::make_shared<std::optional<int64_t>>();
     CLI::App * sub = app.add_subcommand(
         "corpus", "Build leak-free, token-budgeted calib.jsonl and eval.jsonl from text, Markdown and JSONL sources "
                   "(docs/corpus.md)");
@@ -64,6 +68,13 @@ void add_corpus(CLI::App & app, Action & action) {
         ->check(CLI::Range(uint64_t(1), uint64_t(1) << 50));
     sub->add_option("--doc-tokens", *doc_tokens, "Longest document in tokens; longer ones are cut (default 4096)")
         ->check(CLI::Range(16u, 1u << 24));
+    sub->add_option("--tasks-per-domain", *tasks_per_domain,
+                    "Choice tasks per domain from the held-out side, in tasks.txt (default 100; 0: none)")
+        ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
+    sub->add_option("--task-context", *task_context, "Tokens of context per choice task (default 64)")
+        ->check(CLI::Range(int64_t(1), int64_t(1) << 16));
+    sub->add_option("--task-ending", *task_ending, "Tokens per ending of a choice task (default 48)")
+        ->check(CLI::Range(int64_t(1), int64_t(1) << 16));
     sub->add_flag("--strip-boilerplate", *strip, "Keep a long prefix shared by many documents in the first only");
     sub->add_flag("--allow-shortfall", opt->allow_shortfall, "Build even when a source cannot meet its budget");
     sub->add_option("--json", opt->report, "Also write the report (moeprune-corpus JSON) here");
@@ -95,6 +106,9 @@ void add_corpus(CLI::App & app, Action & action) {
                 opt->spec.doc_tokens = **doc_tokens;
             }
             opt->spec.strip_boilerplate = opt->spec.strip_boilerplate || *strip;
+            opt->spec.task_context = task_context->value_or(opt->spec.task_context);
+            opt->spec.task_ending = task_ending->value_or(opt->spec.task_ending);
+            opt->spec.tasks_per_domain = tasks_per_domain->value_or(opt->spec.tasks_per_domain);
             init_llama({});
             std::printf("%s", summary(build_corpus(*opt)).c_str());
             return 0;

@@ -78,6 +78,8 @@ void add_eval(CLI::App & app, Action & action) {
     sub->add_option("--hellaswag", opt->hellaswag,
                     "Task accuracy: llama.cpp's HellaSwag file (6 lines per task), scored as llama-perplexity "
                     "--hellaswag scores it, for the base and every keep map and --candidate (docs/eval.md)");
+    sub->add_option("--task-domains", opt->task_domains,
+                    "With --hellaswag: corpus' tasks.json for that file; accuracy is also given per domain");
     sub->add_option("--winogrande", opt->winogrande,
                     "Task accuracy: llama.cpp's WinoGrande CSV, scored as llama-perplexity --winogrande scores it");
     sub->add_option("--multiple-choice", opt->multiple_choice,

@@ -40,6 +40,7 @@ void add_plan(CLI::App & app, Action & action) {
     auto reserve = std::make_shared<std::string>();
     auto other_gb = std::make_shared<std::optional<double>>();
     auto max_kld = std::make_shared<std::optional<double>>();
+    auto min_accuracy = std::make_shared<std::optional<double>>();
     auto mtp_acceptance = std::make_shared<std::optional<double>>();
     auto json_out = std::make_shared<std::filesystem::path>();
     CLI::App * sub = app.add_subcommand(
@@ -80,6 +81,10 @@ void add_plan(CLI::App & app, Action & action) {
         ->check(CLI::NonNegativeNumber);
     sub->add_option("--max-kld", *max_kld, "Recommend the fastest option with mean KLD at most this")
         ->check(CLI::NonNegativeNumber);
+    sub->add_option("--min-accuracy", *min_accuracy,
+                    "Recommend only options whose task accuracy (eval's choice tasks) is at least this share of the "
+                    "base's")
+        ->check(CLI::Range(0.0, 1.0));
     sub->add_option("--mtp-acceptance", *mtp_acceptance,
                     "A model with an MTP head: price every option with one draft token per step at this acceptance, "
                     "in place of the ones --eval measured")
@@ -113,6 +118,7 @@ void add_plan(CLI::App & app, Action & action) {
                 }
             }
             opt->max_kld = *max_kld;
+            opt->min_accuracy = *min_accuracy;
             opt->mtp_acceptance = *mtp_acceptance;
             std::vector<std::filesystem::path> inputs = opt->replays;
             inputs.insert(inputs.end(), opt->evals.begin(), opt->evals.end());

@@ -16,6 +16,7 @@ void add_run(CLI::App & app, Action & action) {
     auto config = std::make_shared<std::filesystem::path>();
     auto c = std::make_shared<RunConfig>();  // flags given on the command line
     auto max_kld = std::make_shared<std::optional<double>>();
+    auto min_accuracy = std::make_shared<std::optional<double>>();
     auto tokens = std::make_shared<std::optional<uint64_t>>();
     CLI::App * sub = app.add_subcommand(
         "run", "From a model and a corpus to an answer: corpus, collect, select, eval, replay, plan and an HTML report "
@@ -35,6 +36,9 @@ void add_run(CLI::App & app, Action & action) {
     sub->add_option("--cache-shares", c->cache_shares, "Per-layer cache sizes as shares of K")->delimiter(',');
     sub->add_option("--lambda", c->lambdas, "Cache-aware routing strengths (0: unbiased)")->delimiter(',');
     sub->add_option("--max-kld", *max_kld, "Recommend the fastest option within this mean KLD");
+    sub->add_option("--min-accuracy", *min_accuracy,
+                    "Recommend only options keeping this share of the base's task accuracy")
+        ->check(CLI::Range(0.0, 1.0));
     sub->add_option("--runs-on", c->runs_on,
                     "Recommend among what stock llama.cpp runs, or any option (the simulated expert caches too)")
         ->check(CLI::IsMember({"llama.cpp", "any"}));
@@ -92,6 +96,7 @@ void add_run(CLI::App & app, Action & action) {
             if (given("--cache-shares")) merged.cache_shares = c->cache_shares;
             if (given("--lambda")) merged.lambdas = c->lambdas;
             if (given("--max-kld")) merged.max_kld = *max_kld;
+            if (given("--min-accuracy")) merged.min_accuracy = *min_accuracy;
             if (given("--tokens")) merged.tokens = *tokens;
             if (given("--ctx-size")) merged.ctx = c->ctx;
             if (given("--hellaswag")) merged.hellaswag = std::filesystem::absolute(c->hellaswag).lexically_normal();

@@ -53,6 +53,7 @@ CorpusReport build_corpus(const CorpusOptions & opt) {
     b.report.leak_check = check_leaks(b);
     lap(b.report.seconds.leak_check);
 
+    make_tasks(b, model.get());
     stage_jsonl(b);
     lap(b.report.seconds.write);
 

@@ -156,7 +156,10 @@ void finish_report(CorpusBuild & b, const llama_model * model, const LshIndex & 
                   .allow_shortfall = opt.allow_shortfall,
                   .tokens_counted_as = "llama.cpp tokenizer with BOS where the model adds one, special tokens parsed; "
                                        "conversations rendered with the model's chat template",
-                  .minhash = {kShingleUnits, kSignatureSize, lsh.rows(), lsh.bands()}};
+                  .minhash = {kShingleUnits, kSignatureSize, lsh.rows(), lsh.bands()},
+                  .task_context = spec.task_context,
+                  .task_ending = spec.task_ending,
+                  .tasks_per_domain = spec.tasks_per_domain};
 }
 
 } // namespace moeprune::corpus_build

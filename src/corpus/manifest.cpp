@@ -91,7 +91,8 @@ void read_corpus_table(const toml::node & c, const std::string & file, CorpusSpe
     }
     const toml::table & t = *c.as_table();
     check_keys(t, file,
-               {"seed", "near_dup", "eval_share", "tokens", "doc_tokens", "strip_boilerplate", "group", "group_on",
+               {"seed", "near_dup", "eval_share", "tokens", "doc_tokens", "strip_boilerplate", "task_context", "task_ending",
+                "tasks_per_domain", "group", "group_on",
                 "weight", "format", "split", "truncate"},
                "[corpus]");
     for (const auto & [k, n] : t) {
@@ -113,6 +114,12 @@ void read_corpus_table(const toml::node & c, const std::string & file, CorpusSpe
             spec.tokens = toml_fields::count(n, where, key, 1);
         } else if (key == "doc_tokens") {
             spec.doc_tokens = uint32_t(std::min<uint64_t>(toml_fields::count(n, where, key, 16), 1u << 24));
+        } else if (key == "task_context") {
+            spec.task_context = int64_t(std::min<uint64_t>(toml_fields::count(n, where, key, 1), 1u << 16));
+        } else if (key == "task_ending") {
+            spec.task_ending = int64_t(std::min<uint64_t>(toml_fields::count(n, where, key, 1), 1u << 16));
+        } else if (key == "tasks_per_domain") {
+            spec.tasks_per_domain = int64_t(std::min<uint64_t>(toml_fields::count(n, where, key, 0), 1u << 24));
         } else if (key == "strip_boilerplate") {
             spec.strip_boilerplate = toml_fields::value<bool>(n, where, key);
         } else if (key == "group") {

@@ -6,6 +6,7 @@
 #include "corpus/documents.h"
 #include "corpus/units.h"
 #include "formats/corpus_report.h"
+#include "formats/task_set.h"
 
 #include <nlohmann/json.hpp>
 
@@ -46,7 +47,7 @@ struct CorpusBuild {
     // prepare_files
     std::vector<std::vector<fs::path>> paths;
     uint64_t total_bytes = 0;
-    fs::path calib_path, eval_path, report_path;
+    fs::path calib_path, eval_path, report_path, tasks_path, task_set_path;
     std::string model_identity;
 
     // read_sources
@@ -74,6 +75,10 @@ struct CorpusBuild {
     // interleave
     std::array<std::vector<const Unit *>, 2> sequence;
     std::array<uint64_t, 2> side_tokens{0, 0};
+
+    // make_tasks: tasks.txt's text and tasks.json's record
+    std::string tasks_text;
+    TaskSet tasks;
 
     // stage_jsonl, commit_outputs
     std::vector<std::unique_ptr<AtomicOutput>> staged;
@@ -107,6 +112,9 @@ void refuse_empty_sides(const CorpusBuild & b);
 void interleave(CorpusBuild & b);
 void stage_jsonl(CorpusBuild & b);
 void commit_outputs(CorpusBuild & b);
+
+// tasks.cpp
+void make_tasks(CorpusBuild & b, const llama_model * model);
 
 // leak_check.cpp
 CorpusLeakCheck check_leaks(const CorpusBuild & b);

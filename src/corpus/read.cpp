@@ -63,7 +63,9 @@ void prepare_files(CorpusBuild & b) {
     b.calib_path = opt.out_dir / "calib.jsonl";
     b.eval_path = opt.out_dir / "eval.jsonl";
     b.report_path = opt.out_dir / "corpus.json";
-    std::vector<fs::path> outputs{b.calib_path, b.eval_path, b.report_path};
+    b.tasks_path = opt.out_dir / "tasks.txt";
+    b.task_set_path = opt.out_dir / "tasks.json";
+    std::vector<fs::path> outputs{b.calib_path, b.eval_path, b.report_path, b.tasks_path, b.task_set_path};
     if (!opt.report.empty()) {
         outputs.push_back(opt.report);
     }

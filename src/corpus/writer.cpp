@@ -101,6 +101,12 @@ void stage_jsonl(CorpusBuild & b) {
         b.staged.push_back(std::make_unique<AtomicOutput>(path));
         write_temp_file(*b.staged.back(), bytes);
     }
+    b.report.outputs.tasks = {b.tasks_path.string(), b.tasks.task_domains.size(), b.tasks.file_digest,
+                              b.task_set_path.string()};
+    b.staged.push_back(std::make_unique<AtomicOutput>(b.tasks_path));
+    write_temp_file(*b.staged.back(), b.tasks_text);
+    b.staged.push_back(std::make_unique<AtomicOutput>(b.task_set_path));
+    write_temp_file(*b.staged.back(), to_json(b.tasks).dump(1) + "\n");
 }
 
 // The report staged beside the JSONL (and its copy, if asked for), then every output renamed together.

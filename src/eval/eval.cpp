@@ -98,6 +98,9 @@ void EvalRun::check_options() {
     if (task_files > 1) {
         throw Error("--hellaswag, --winogrande, --multiple-choice: give one task file per run");
     }
+    if (!opt.task_domains.empty() && opt.hellaswag.empty()) {
+        throw Error("--task-domains describes a HellaSwag file made by corpus: give it with --hellaswag");
+    }
     if (opt.parallel < 1 || opt.parallel > 256) {
         throw Error(fmt::format("--parallel {}: llama-perplexity's sequences per decode, 1 to 256 (fewer than 4 count as 4)",
                                 opt.parallel));
@@ -119,6 +122,7 @@ void EvalRun::read_model() {
     inputs.push_back(opt.hellaswag);
     inputs.push_back(opt.winogrande);
     inputs.push_back(opt.multiple_choice);
+    inputs.push_back(opt.task_domains);
     inputs.insert(inputs.end(), keeps.begin(), keeps.end());
     for (const fs::path & c : opt.candidates) {
         const GgufModel cm = GgufModel::open(c);

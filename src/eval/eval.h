@@ -71,6 +71,8 @@ struct EvalOptions {
     // its default, 400 HellaSwag tasks, every other one).
     std::filesystem::path hellaswag, winogrande, multiple_choice;
     int64_t tasks = 0;
+    // With --hellaswag: corpus' tasks.json for that file, whose domains give per-domain figures.
+    std::filesystem::path task_domains;
     int parallel = 4;                               // llama-perplexity's -np: sequences per decode (at least 4)
 };
 

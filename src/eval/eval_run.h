@@ -139,6 +139,7 @@ public:
     void check_behaviour();
     void read_tasks();
     void score_tasks();
+    void read_task_domains();
     void finish_passes();
     void score_statistics();
     void describe_run();
@@ -183,7 +184,8 @@ private:
     std::vector<MultipleChoiceTask> multiple_choice_tasks;   // the selected ones, in the order scored
     size_t tasks_in_file = 0;
     std::vector<size_t> task_selection;     // llama-perplexity's, of --tasks
-    std::vector<size_t> task_lines;   // per selected task: the line of its context, or its number in a binary file
+    std::vector<size_t> task_lines;
+    std::vector<std::string> domain_order, task_domain;   // --task-domains: the domains, and each selected task's   // per selected task: the line of its context, or its number in a binary file
     json settings, base_identity;
     uint32_t top = 0;
     std::optional<RouterMask> mask;  // made from the model's facts, before the contexts that call it

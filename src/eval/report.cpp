@@ -141,6 +141,7 @@ void EvalRun::describe_run() {
             rep.inputs[key] = {{"file", file.string()},
                                {"digest", content_digest(read_text_file(file))},
                                {"tasks", opt.tasks},
+                               {"domains", opt.task_domains.empty() ? json(nullptr) : json(opt.task_domains.string())},
                                {"parallel", std::max(4, opt.parallel)}};
         }
     }

@@ -122,11 +122,28 @@ void task_table(std::ostringstream & o, const EvalReport & r) {
                      "candidate", "correct", "accuracy", "stderr", "kept of base",
                      "new", "base", base["correct"].get<uint64_t>(), 100 * base["accuracy"].get<double>(),
                      100 * base["stderr"].get<double>());
+    const auto row = [&](const std::string & name, const TaskFigures & f) {
+        o << fmt::format("{:<32} {:>8} {:>9.2f}% {:>7.2f}% {:>12} {:>8}\n", name, f.correct, 100 * f.accuracy,
+                         100 * f.stderr_, f.kept_base_correct, f.new_correct);
+    };
     for (const EvalCandidate & c : r.candidates) {
         if (c.tasks) {
-            o << fmt::format("{:<32} {:>8} {:>9.2f}% {:>7.2f}% {:>12} {:>8}\n", c.name, c.tasks->correct,
-                             100 * c.tasks->accuracy, 100 * c.tasks->stderr_, c.tasks->kept_base_correct,
-                             c.tasks->new_correct);
+            row(c.name, *c.tasks);
+        }
+    }
+    if (!base.contains("domains")) {
+        return;
+    }
+    o << "per domain (chance 25%):\n";
+    for (const json & d : base["domains"]) {
+        o << fmt::format("{:<32} {:>8} {:>9.2f}% {:>7.2f}%\n", "base " + d["domain"].get<std::string>(),
+                         d["correct"].get<uint64_t>(), 100 * d["accuracy"].get<double>(), 100 * d["stderr"].get<double>());
+    }
+    for (const EvalCandidate & c : r.candidates) {
+        if (c.tasks) {
+            for (const TaskDomainFigures & d : c.tasks->domains) {
+                row(c.name + " " + d.domain, d.figures);
+            }
         }
     }
 }

@@ -2,7 +2,11 @@
 // it and every candidate file answer the same tasks, each in a context made as
 // llama-perplexity makes one for them (eval/tasks.h).
 #include "eval/eval_run.h"
+#include "core/atomic_file.h"
+#include "core/digest.h"
+#include "core/errors.h"
 #include "core/progress.h"
+#include "formats/task_set.h"
 
 #include <fmt/format.h>
 
@@ -23,6 +27,9 @@ void EvalRun::read_tasks() {
         for (size_t i : task_selection) {
             task_lines.push_back(choice_tasks[i].line);
         }
+        if (!opt.task_domains.empty()) {
+            read_task_domains();
+        }
     } else if (!opt.winogrande.empty()) {
         winogrande_tasks = read_winogrande(opt.winogrande);
         tasks_in_file = winogrande_tasks.size();
@@ -36,6 +43,25 @@ void EvalRun::read_tasks() {
             task_selection.push_back(i);
             task_lines.push_back(multiple_choice_tasks[i].index);
         }
+    }
+}
+
+// corpus' tasks.json beside the HellaSwag file it describes: each selected task's domain.
+void EvalRun::read_task_domains() {
+    const TaskSet set = read_task_set(opt.task_domains);
+    const std::string digest = xxh64_hex(read_text_file(opt.hellaswag));
+    if (set.file_digest != digest || set.task_domains.size() != choice_tasks.size()) {
+        fail_file(opt.task_domains.string(),
+                  fmt::format("describes {} tasks of a file with xxh64 {}, not {} ({} tasks, xxh64 {})",
+                              set.task_domains.size(), set.file_digest, opt.hellaswag.string(), choice_tasks.size(), digest));
+    }
+    for (const TaskSetDomain & d : set.domains) {
+        if (d.tasks > 0) {
+            domain_order.push_back(d.domain);
+        }
+    }
+    for (const size_t i : task_selection) {
+        task_domain.push_back(set.task_domains[i]);
     }
 }
 
@@ -65,7 +91,9 @@ void EvalRun::score_tasks() {
                                         : multiple_choice_tasks[i].labels[choice] == 1;
     };
     const std::vector<size_t> base_chosen = answers(base.model.get(), nullptr, nullptr, {});
-    const auto figures = [&](const std::vector<size_t> & chosen) { return task_figures(right, chosen, base_chosen); };
+    const auto figures = [&](const std::vector<size_t> & chosen) {
+        return task_figures(right, chosen, base_chosen, domain_order, task_domain);
+    };
     for (size_t k = 0; k < maps.size(); ++k) {
         mask->set(maps[k].second, maps[k].first.string());
         rep.candidates[k].tasks =
@@ -81,6 +109,7 @@ void EvalRun::score_tasks() {
                  {"tasks_in_file", tasks_in_file},
                  {"tasks", task_selection.size()},
                  {"selected", task_lines},
+                 {"domains", opt.task_domains.empty() ? json(nullptr) : json(opt.task_domains.string())},
                  {"base", to_json(figures(base_chosen))}};
 }
 

@@ -592,13 +592,23 @@ std::vector<MultipleChoiceTask> read_multiple_choice(const std::filesystem::path
 }
 
 nlohmann::json to_json(const TaskFigures & f) {
-    return {{"tasks", f.tasks},
-            {"correct", f.correct},
-            {"accuracy", f.accuracy},
-            {"stderr", f.stderr_},
-            {"kept_base_correct", f.kept_base_correct},
-            {"new_correct", f.new_correct},
-            {"answers", f.answers}};
+    nlohmann::json j = {{"tasks", f.tasks},
+                        {"correct", f.correct},
+                        {"accuracy", f.accuracy},
+                        {"stderr", f.stderr_},
+                        {"kept_base_correct", f.kept_base_correct},
+                        {"new_correct", f.new_correct},
+                        {"answers", f.answers}};
+    if (!f.domains.empty()) {
+        j["domains"] = nlohmann::json::array();
+        for (const auto & [domain, d] : f.domains) {
+            nlohmann::json row = to_json(d);
+            row.erase("answers");
+            row["domain"] = domain;
+            j["domains"].push_back(std::move(row));
+        }
+    }
+    return j;
 }
 
 TaskFigures task_figures(const std::function<bool(size_t, size_t)> & right, const std::vector<size_t> & chosen,
@@ -615,6 +625,28 @@ TaskFigures task_figures(const std::function<bool(size_t, size_t)> & right, cons
     if (f.tasks > 0) {
         f.accuracy = double(f.correct) / double(f.tasks);
         f.stderr_ = std::sqrt(f.accuracy * (1 - f.accuracy) / double(f.tasks));
+    }
+    return f;
+}
+
+TaskFigures task_figures(const std::function<bool(size_t, size_t)> & right, const std::vector<size_t> & chosen,
+                         const std::vector<size_t> & base_chosen, const std::vector<std::string> & domains,
+                         const std::vector<std::string> & domain_of) {
+    TaskFigures f = task_figures(right, chosen, base_chosen);
+    for (const std::string & domain : domains) {
+        std::vector<size_t> at, mine, base;
+        for (size_t i = 0; i < chosen.size(); ++i) {
+            if (domain_of[i] == domain) {
+                at.push_back(i);
+                mine.push_back(chosen[i]);
+                base.push_back(base_chosen[i]);
+            }
+        }
+        if (!at.empty()) {
+            TaskFigures d = task_figures([&](size_t i, size_t c) { return right(at[i], c); }, mine, base);
+            d.answers.clear();
+            f.domains.push_back({domain, std::move(d)});
+        }
     }
     return f;
 }

@@ -97,6 +97,8 @@ std::vector<MultipleChoiceTask> read_multiple_choice(const std::filesystem::path
 std::vector<size_t> score_multiple_choice(llama_context * ctx, const std::vector<MultipleChoiceTask> & tasks,
                                           const std::string & origin, const std::function<void()> & rethrow);
 
+struct TaskDomainFigures;
+
 // Accuracy of a candidate against the base's answers on the same tasks.
 struct TaskFigures {
     uint64_t tasks = 0, correct = 0;
@@ -104,11 +106,22 @@ struct TaskFigures {
     uint64_t kept_base_correct = 0;       // tasks both answer right
     uint64_t new_correct = 0;             // tasks it answers right and the base does not
     std::string answers;                  // the ending chosen per task, in the order scored ("0312...")
+    // With the tasks' domains (corpus' tasks.json): the same figures over each domain's
+    // tasks, in the domains' order; their answers are left empty.
+    std::vector<TaskDomainFigures> domains;
+};
+struct TaskDomainFigures {
+    std::string domain;
+    TaskFigures figures;
 };
 // `chosen` and `base_chosen` per selected task; `right(task, choice)` says whether a
 // choice of the task-th selected task is right.
 TaskFigures task_figures(const std::function<bool(size_t, size_t)> & right, const std::vector<size_t> & chosen,
                          const std::vector<size_t> & base_chosen);
+// The same, and per domain: `domain_of[i]` is the i-th selected task's, `domains` their order.
+TaskFigures task_figures(const std::function<bool(size_t, size_t)> & right, const std::vector<size_t> & chosen,
+                         const std::vector<size_t> & base_chosen, const std::vector<std::string> & domains,
+                         const std::vector<std::string> & domain_of);
 nlohmann::json to_json(const TaskFigures & f);
 
 } // namespace moeprune

@@ -114,6 +114,9 @@ CorpusSettings settings_of(const JsonFields & s) {
     out.strip_boilerplate = s.boolean("strip_boilerplate");
     out.allow_shortfall = s.boolean("allow_shortfall");
     out.tokens_counted_as = s.string("tokens_counted_as");
+    out.task_context = s.integer("task_context", 1, 1 << 16);
+    out.task_ending = s.integer("task_ending", 1, 1 << 16);
+    out.tasks_per_domain = s.integer("tasks_per_domain", 0, 1 << 24);
     const JsonFields mh = s.object("minhash");
     out.minhash = {mh.integer("shingle_units", 1, 1 << 20), mh.integer("signature", 1, 1 << 20),
                    mh.integer("lsh_rows", 1, 1 << 20), mh.integer("lsh_bands", 1, 1 << 20)};
@@ -247,7 +250,11 @@ void to_json(json & j, const CorpusLeakCheck & l) {
          {"examples", l.examples}};
 }
 
-void to_json(json & j, const CorpusOutputs & o) { j = {{"calib", output_json(o.calib)}, {"eval", output_json(o.eval)}}; }
+void to_json(json & j, const CorpusOutputs & o) {
+    j = {{"calib", output_json(o.calib)},
+         {"eval", output_json(o.eval)},
+         {"tasks", {{"path", o.tasks.path}, {"tasks", o.tasks.tasks}, {"digest", o.tasks.digest}, {"domains", o.tasks.domains}}}};
+}
 
 void to_json(json & j, const CorpusReport & r) { j = to_json(r); }
 
@@ -275,6 +282,9 @@ json to_json(const CorpusReport & r) {
           {"strip_boilerplate", s.strip_boilerplate},
           {"allow_shortfall", s.allow_shortfall},
           {"tokens_counted_as", s.tokens_counted_as},
+          {"task_context", s.task_context},
+          {"task_ending", s.task_ending},
+          {"tasks_per_domain", s.tasks_per_domain},
           {"minhash", {{"shingle_units", s.minhash.shingle_units}, {"signature", s.minhash.signature},
                        {"lsh_rows", s.minhash.lsh_rows}, {"lsh_bands", s.minhash.lsh_bands}}}}},
         {"sources", sources},
@@ -320,7 +330,9 @@ CorpusReport read_corpus_report(const std::filesystem::path & path) {
     out.tokenized_bytes = count(f, "tokenized_bytes");
     out.seconds = seconds_of(f.object("seconds"));
     const JsonFields outputs = f.object("outputs");
-    out.outputs = {output_of(outputs.object("calib")), output_of(outputs.object("eval"))};
+    const JsonFields tasks = outputs.object("tasks");
+    out.outputs = {output_of(outputs.object("calib")), output_of(outputs.object("eval")),
+                   {tasks.string("path"), count(tasks, "tasks"), tasks.string("digest"), tasks.string("domains")}};
     return out;
 }
 

@@ -42,6 +42,7 @@ struct CorpusSettings {
     bool strip_boilerplate = false, allow_shortfall = false;
     std::string tokens_counted_as;
     CorpusMinhash minhash;
+    int64_t task_context = 64, task_ending = 48, tasks_per_domain = 100;   // the choice tasks' (tasks.json)
     bool operator==(const CorpusSettings &) const = default;
 };
 
@@ -133,8 +134,18 @@ struct CorpusOutput {
     bool operator==(const CorpusOutput &) const = default;
 };
 
+// tasks.txt, the choice tasks in llama.cpp's HellaSwag format, and tasks.json beside it.
+struct CorpusTasksOutput {
+    std::string path;
+    uint64_t tasks = 0;
+    std::string digest;
+    std::string domains;   // tasks.json's path
+    bool operator==(const CorpusTasksOutput &) const = default;
+};
+
 struct CorpusOutputs {
     CorpusOutput calib, eval;
+    CorpusTasksOutput tasks;
     bool operator==(const CorpusOutputs &) const = default;
 };
 

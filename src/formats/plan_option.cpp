@@ -110,7 +110,8 @@ json to_json(const PlanOption & o) {
                 {"bound", o.bound},
                 {"kld_mean", or_null(o.kld_mean)},
                 {"kld_measured", o.kld_measured ? json(*o.kld_measured) : json(nullptr)},
-                {"kld_loop", o.kld_loop}};
+                {"kld_loop", o.kld_loop},
+                {"task_accuracy", or_null(o.task_accuracy)}};
     if (!o.note.empty()) {
         out["note"] = o.note;
     }
@@ -201,6 +202,7 @@ PlanOption read_plan_option(const JsonFields & f) {
         o.kld_measured = f.boolean("kld_measured");
     }
     o.kld_loop = f.has("kld_loop") ? f.string("kld_loop") : "open";
+    o.task_accuracy = optional_number(f, "task_accuracy", 0, 1);
     o.kld_note = optional_text(f, "kld_note");
     if (f.has("mtp_draft")) {
         o.mtp_draft = read_draft(f.object("mtp_draft"));

@@ -76,6 +76,7 @@ struct PlanOption {
     bool feasible = true;
     bool bound = false;                        // an offline bound (Belady): never recommended
     std::optional<double> kld_mean;
+    std::optional<double> task_accuracy;       // its keep map's on the eval's choice tasks (the base's at K = all)
     std::optional<bool> kld_measured;          // false: interpolated in K
     std::string kld_loop = "open";             // "closed": measured with the cache in the loop
     std::string kld_note;

@@ -64,6 +64,18 @@ EvalTaskFigures task_figures_of(const JsonFields & t) {
         t.fail("accuracy", fmt::format("is {}, but {} of {} tasks right make {}: the report was edited", f.accuracy,
                                        f.correct, f.tasks, double(f.correct) / double(f.tasks)));
     }
+    if (t.has("domains")) {
+        int64_t tasks = 0, correct = 0;
+        for (const JsonFields & d : t.objects("domains")) {
+            f.domains.push_back({d.string("domain"), task_figures_of(d)});
+            tasks += f.domains.back().figures.tasks;
+            correct += f.domains.back().figures.correct;
+        }
+        if (tasks != f.tasks || correct != f.correct) {
+            t.fail("domains", fmt::format("add up to {} right of {} tasks, not the {} of {} of the whole", correct, tasks,
+                                          f.correct, f.tasks));
+        }
+    }
     return f;
 }
 

@@ -34,9 +34,16 @@ struct ClosedLoopFigures {
 };
 
 // A model's answers to eval's task file (docs/eval.md, "Task accuracy").
+struct EvalTaskDomain;
+
 struct EvalTaskFigures {
     int64_t tasks = 0, correct = 0, kept_base_correct = 0, new_correct = 0;
     double accuracy = 0, stderr_ = 0;
+    std::vector<EvalTaskDomain> domains;   // with the tasks' domains (corpus' tasks.json)
+};
+struct EvalTaskDomain {
+    std::string domain;
+    EvalTaskFigures figures;
 };
 
 struct EvalFileCandidate {

@@ -98,6 +98,9 @@ void check_plan_options(const PlanOptions & opt) {
     if (opt.mtp_acceptance && !(*opt.mtp_acceptance >= 0 && *opt.mtp_acceptance <= 1)) {
         throw Error(fmt::format("--mtp-acceptance {} must be a share of drafts in [0, 1]", *opt.mtp_acceptance));
     }
+    if (opt.min_accuracy && !(*opt.min_accuracy >= 0 && *opt.min_accuracy <= 1)) {
+        throw Error(fmt::format("--min-accuracy {} must be a share of the base's accuracy in [0, 1]", *opt.min_accuracy));
+    }
     if (opt.max_kld && !(std::isfinite(*opt.max_kld) && *opt.max_kld >= 0)) {
         throw Error(fmt::format("--max-kld {} must be a finite KLD >= 0", *opt.max_kld));
     }

@@ -82,11 +82,17 @@ void Planner::read_evals() {
                                                      k, g.n_expert, g.used));
                 }
                 kld[{criterion, k}] = measured_kld(c);
+                if (c.tasks) {
+                    accuracy[{criterion, k}] = c.tasks->accuracy;
+                }
                 if (!c.source.empty()) {
                     keep_maps.emplace(std::pair{criterion, k}, c.source);
                 }
                 read_acceptance(c.all, {criterion, k}, path);
             }
+        }
+        if (report.base_tasks) {
+            base_accuracy = report.base_tasks->accuracy;
         }
         if (report.base_mtp) {
             EvalFigures base;
@@ -482,6 +488,10 @@ nlohmann::json make_plan(const PlanOptions & given) {
     plan_impl::Planner planner(opt, geometry(opt), std::move(measured));
     planner.check_settings();
     planner.read_evals();
+    if (opt.min_accuracy && !planner.has_task_accuracy()) {
+        throw Error("--min-accuracy: no --eval report has task accuracy (eval --hellaswag, --winogrande or "
+                    "--multiple-choice, or run's choice tasks)");
+    }
     planner.read_replays();
     planner.add_given_options();
     planner.add_measured_options();

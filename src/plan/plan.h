@@ -48,6 +48,9 @@ struct PlanOptions {
     // at this acceptance, in place of the one its eval measured.
     std::optional<double> mtp_acceptance;
     std::optional<double> max_kld;         // recommend the fastest option within this
+    // Recommend only options whose keep map answers the eval's choice tasks with at least
+    // this share of the base model's accuracy.
+    std::optional<double> min_accuracy;
     double speed_share = 0.9;              // else the most accurate within this share of the fastest
     // A moeprune-measure report of the same model: compute time per token, storage as page
     // faults meet it, and the process's own memory replace the guesses, and every measured

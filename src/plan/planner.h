@@ -10,6 +10,7 @@
 #include "plan/plan.h"
 #include "sim/throughput.h"
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -75,12 +76,15 @@ public:
     // The shortlist's measurements replace the predictions of the options they ran.
     void apply_shortlist();
 
+    bool has_task_accuracy() const { return base_accuracy.has_value(); }
+
     // Whether the recommendation may be `o`: with --runs-on llama.cpp, only what stock
     // llama.cpp runs; after a shortlist, only what llama.cpp was measured running, so that
     // an optimistic prediction cannot beat a measurement.
     bool eligible(const PlanOption & o) const {
         return (opt.runs_on == "any" || o.runs_on == kRunsOnLlamaCpp) &&
-               (opt.shortlist.empty() || o.shortlist || o.measured);
+               (opt.shortlist.empty() || o.shortlist || o.measured) &&
+               (!opt.min_accuracy || (o.task_accuracy && base_accuracy && *o.task_accuracy >= *opt.min_accuracy * *base_accuracy));
     }
 
     // Pareto front of tokens/s (higher; unknown is unbounded) against KLD (lower), of every
@@ -97,7 +101,11 @@ public:
 private:
     std::string runs_on_words() const {
         return std::string(opt.runs_on == "any" ? "" : " that stock llama.cpp runs") +
-               (opt.shortlist.empty() ? "" : " and that were measured");
+               (opt.shortlist.empty() ? "" : " and that were measured") + accuracy_words();
+    }
+
+    std::string accuracy_words() const {
+        return opt.min_accuracy ? fmt::format(" with task accuracy at least {} of the base's", *opt.min_accuracy) : "";
     }
 
     // What the recommendation's sentence adds: its RAM, its draft, and what runs it.
@@ -145,6 +153,8 @@ private:
     const double budget;
     std::string model_digest_seen, model_digest_from;
     std::map<std::pair<std::string, int64_t>, double> kld;
+    std::map<std::pair<std::string, int64_t>, double> accuracy;   // on the eval's choice tasks
+    std::optional<double> base_accuracy;
     std::map<std::pair<std::string, int64_t>, std::pair<double, std::string>> acceptance;  // and where it came from
     using ClosedKey = std::tuple<std::string, int64_t, std::string, int64_t, double>;
     std::map<ClosedKey, double> closed_kld;

@@ -50,8 +50,8 @@ std::pair<std::optional<size_t>, std::string> Planner::recommend(const std::vect
             for (const size_t i : pareto) {
                 if (*options[i].kld_mean <= *opt.max_kld) {
                     recommended = i;
-                    why = fmt::format("the fastest option with mean KLD within --max-kld {}: {}, mean KLD {}",
-                                      *opt.max_kld, options[i].describe(), kld_text(options[i]));
+                    why = fmt::format("the fastest option{} with mean KLD within --max-kld {}: {}, mean KLD {}",
+                                      accuracy_words(), *opt.max_kld, options[i].describe(), kld_text(options[i]));
                     break;
                 }
             }
@@ -251,6 +251,11 @@ void Planner::add(PlanOption o) {
             o.kld_measured = measured;
         }
         o.kld_loop = "open";
+        if (o.k == g.n_expert) {
+            o.task_accuracy = base_accuracy;
+        } else if (const auto it = accuracy.find({o.criterion, o.k}); it != accuracy.end()) {
+            o.task_accuracy = it->second;
+        }
     }
     options.push_back(std::move(o));
 }

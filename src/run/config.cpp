@@ -123,6 +123,7 @@ const std::vector<ConfigKey> & config_keys() {
         list("cache_shares", &RunConfig::cache_shares, "   # per-layer caches as shares of K"),
         list("lambdas", &RunConfig::lambdas),
         maybe("max_kld", &RunConfig::max_kld),
+        maybe("min_accuracy", &RunConfig::min_accuracy),
         one("runs_on", &RunConfig::runs_on, "          # recommend among \"llama.cpp\" options or \"any\""),
         {"llama_bin", [](RunConfig & c, const toml::node & n, const std::string & where, const fs::path & base) {
              const std::string dir = value<std::string>(n, where, "llama_bin");

@@ -29,6 +29,7 @@ struct RunConfig {
     std::vector<double> cache_shares{0.125, 0.25, 0.5};  // per-layer cache sizes as shares of K
     std::vector<double> lambdas{0.0};
     std::optional<double> max_kld;
+    std::optional<double> min_accuracy;
     std::string runs_on = "llama.cpp";    // what the plan recommends among: "llama.cpp" or "any"
     std::string llama_bin;                 // llama.cpp's tools, for the recommendation's commands; empty: the PATH
     int ctx = 512;

@@ -10,9 +10,11 @@
 #include "corpus/build.h"
 #include "corpus/sources.h"
 #include "eval/eval.h"
+#include "formats/corpus_report.h"
 #include "formats/keep_map.h"
 #include "formats/stage_reports.h"
 #include "formats/stats.h"
+#include "formats/task_set.h"
 #include "formats/verify_summary.h"
 #include "measure/measure.h"
 #include "model/model_file.h"
@@ -281,6 +283,7 @@ struct RunPaths {
     fs::path dir;
     fs::path calib = dir / "corpus" / "calib.jsonl", eval_text = dir / "corpus" / "eval.jsonl",
              corpus_report = dir / "corpus" / "corpus.json";
+    fs::path tasks = dir / "corpus" / "tasks.txt", task_set = dir / "corpus" / "tasks.json";
     fs::path stats = dir / "collect" / "stats.json", heldout = dir / "heldout" / "stats.json",
              trace = dir / "heldout" / "router.trace";
     fs::path maps_dir = dir / "select" / "maps", select_json = dir / "select" / "select.json";
@@ -339,7 +342,7 @@ void corpus_stage(Runner & run, const RunConfig & c, const RunPaths & at) {
                   o.out_dir = dir / "corpus";
                   o.threads = c.threads;
                   build_corpus(o);
-                  return std::vector<fs::path>{at.calib, at.eval_text, at.corpus_report};
+                  return std::vector<fs::path>{at.calib, at.eval_text, at.corpus_report, at.tasks, at.task_set};
               });
 
 }
@@ -451,6 +454,14 @@ void eval_stage(Runner & run, const RunOptions & opt, const InspectReport & mode
             eval_settings["tasks"] = {{"format", format}, {"tasks", c.tasks}};
         }
     }
+    // Without a task file, the choice tasks corpus made from the held-out text, all of them.
+    const bool own_tasks = c.hellaswag.empty() && c.winogrande.empty() && c.multiple_choice.empty() &&
+                           read_corpus_report(at.corpus_report).outputs.tasks.tasks > 0;
+    if (own_tasks) {
+        eval_inputs.push_back(at.tasks);
+        eval_inputs.push_back(at.task_set);
+        eval_settings["tasks"] = {{"format", "hellaswag"}, {"generated", true}, {"tasks", c.tasks}};
+    }
     if (!m.closed_evals.empty()) {
         eval_settings["closed_loop"] = {{"policies", m.online}, {"cache_shares", c.cache_shares}, {"lambdas", m.rerouting},
                                         {"moce_j", moce_j({}, int(model.n_expert_used))}};
@@ -469,6 +480,11 @@ void eval_stage(Runner & run, const RunOptions & opt, const InspectReport & mode
         o.winogrande = c.winogrande;
         o.multiple_choice = c.multiple_choice;
         o.tasks = c.tasks;
+        if (own_tasks) {
+            o.hellaswag = at.tasks;
+            o.task_domains = at.task_set;
+            o.tasks = c.tasks > 0 ? c.tasks : int64_t(read_task_set(at.task_set).task_domains.size());
+        }
         run_eval(o);
         std::vector<fs::path> written{at.eval_json};
         for (size_t i = 0; i < m.closed_evals.size(); ++i) {
@@ -481,6 +497,7 @@ void eval_stage(Runner & run, const RunOptions & opt, const InspectReport & mode
             k.text_only = true;  // the closed loop routes text only; documents with media are scored above
             k.json_out = m.closed_evals[i];
             k.hellaswag.clear();   // the masked maps answered above
+            k.task_domains.clear();
             k.winogrande.clear();
             k.multiple_choice.clear();
             run_eval(k);
@@ -602,7 +619,8 @@ void plan_stage(Runner & run, const RunOptions & opt, const RunPaths & at, const
     plan_inputs.insert(plan_inputs.end(), m.closed_evals.begin(), m.closed_evals.end());
     plan_inputs.insert(plan_inputs.end(), m.replays.begin(), m.replays.end());
     run.stage("plan", {{"k", c.ks}, {"ram", c.ram}, {"reserve", c.reserve}, {"throughput", to_json(throughput_of(c))},
-                       {"max_kld", c.max_kld ? json(*c.max_kld) : json(nullptr)}, {"runs_on", c.runs_on},
+                       {"max_kld", c.max_kld ? json(*c.max_kld) : json(nullptr)},
+                       {"min_accuracy", c.min_accuracy ? json(*c.min_accuracy) : json(nullptr)}, {"runs_on", c.runs_on},
                        {"llama_bin", c.llama_bin}, {"threads", c.threads}, {"ctx", c.ctx},
                        {"measure_shortlist", shortlisting(c) ? c.measure_shortlist : 0}, {"measure_tokens", c.measure_tokens}},
               plan_inputs, [&] {
@@ -622,6 +640,7 @@ void plan_stage(Runner & run, const RunOptions & opt, const RunPaths & at, const
                   o.evals = {at.eval_json};
                   o.evals.insert(o.evals.end(), m.closed_evals.begin(), m.closed_evals.end());
                   o.max_kld = c.max_kld;
+                  o.min_accuracy = c.min_accuracy;
                   o.runs_on = c.runs_on;
                   o.sliced_dir = at.dir / "slice";
                   o.threads = c.threads;

@@ -4,6 +4,8 @@
 #include "corpus/build.h"
 #include "corpus/dedupe.h"
 #include "corpus/sources.h"
+#include "core/digest.h"
+#include "formats/task_set.h"
 #include "engine/session.h"
 #include "support/test_support.h"
 
@@ -12,6 +14,8 @@
 
 #include <fmt/format.h>
 
+#include <array>
+#include <cctype>
 #include <map>
 #include <random>
 #include <set>
@@ -584,4 +588,215 @@ TEST_F(CorpusTest, BadInputIsRefusedByNameWithNothingWritten) {
     EXPECT_NE(shortfall.output.find("shortfall"), std::string::npos);
     const json r = json::parse(test::read_bytes(out / "corpus.json"));
     EXPECT_GT(r["sources"][0]["calib"]["shortfall"].get<uint64_t>(), 0u);
+}
+
+namespace {
+
+// A line of tasks.txt is its text with every whitespace run one space.
+std::string flat(const std::string & s) {
+    std::string out;
+    for (const char c : s) {
+        if (std::isspace(static_cast<unsigned char>(c))) {
+            if (!out.empty() && out.back() != ' ') {
+                out += ' ';
+            }
+        } else {
+            out += c;
+        }
+    }
+    while (!out.empty() && out.back() == ' ') {
+        out.pop_back();
+    }
+    return out;
+}
+
+// Held-out prose of six documents, each of its own words in sentences over lines; a
+// conversation domain; a domain of one document; and calib prose that must never show.
+void write_task_sources(const fs::path & dir) {
+    std::mt19937_64 rng(5);
+    std::string prose, chat, solo, calib;
+    for (int d = 0; d < 6; ++d) {
+        std::string text;
+        for (int s = 0; s < 24; ++s) {
+            text += join(words(rng, 6 + rng() % 6)) + (s % 5 == 4 ? ".\n" : ". ");
+        }
+        prose += json({{"text", text}}).dump() + "\n";
+    }
+    for (int i = 0; i < 30; ++i) {
+        chat += json({{"messages",
+                       {{{"role", "user"}, {"content", "What is " + join(words(rng, 3)) + "?"}},
+                        {{"role", "assistant"}, {"content", join(words(rng, 8)) + "."}}}}})
+                    .dump() +
+                "\n";
+    }
+    std::string only;
+    for (int s = 0; s < 30; ++s) {
+        only += join(words(rng, 8)) + ". ";
+    }
+    solo = json({{"text", only}}).dump() + "\n";
+    for (int d = 0; d < 20; ++d) {
+        calib += json({{"text", "calibonly " + join(words(rng, 40)) + ". calibonly again."}}).dump() + "\n";
+    }
+    test::write_text(dir / "prose.jsonl", prose);
+    test::write_text(dir / "chat.jsonl", chat);
+    test::write_text(dir / "solo.jsonl", solo);
+    test::write_text(dir / "calib.jsonl", calib);
+    test::write_text(dir / "corpus.toml", R"(
+[corpus]
+seed = 3
+task_context = 24
+task_ending = 10
+tasks_per_domain = 20
+
+[[source]]
+path = "prose.jsonl"
+domain = "prose"
+group = "file"
+split = "eval"
+
+[[source]]
+path = "chat.jsonl"
+domain = "chat"
+split = "eval"
+group = "file"
+
+[[source]]
+path = "solo.jsonl"
+domain = "solo"
+split = "eval"
+
+[[source]]
+path = "calib.jsonl"
+domain = "prose"
+split = "calib"
+)");
+}
+
+struct ReadTask {
+    std::string context;
+    int gold = -1;
+    std::vector<std::string> endings;
+};
+
+std::vector<ReadTask> read_tasks_txt(const fs::path & p) {
+    std::vector<std::string> lines;
+    std::istringstream in(test::read_bytes(p));
+    for (std::string line; std::getline(in, line);) {
+        lines.push_back(line);
+    }
+    EXPECT_EQ(lines.size() % 6, 0u);
+    std::vector<ReadTask> out;
+    for (size_t i = 0; i + 6 <= lines.size(); i += 6) {
+        out.push_back({lines[i], std::stoi(lines[i + 1]), {lines.begin() + long(i) + 2, lines.begin() + long(i) + 6}});
+    }
+    return out;
+}
+
+} // namespace
+
+// corpus' choice tasks: each context followed by its true ending is a held-out document's
+// text, and each wrong ending starts a sentence of another held-out document of the same
+// domain; a conversation's ending is its answer; a domain of one document has none, and
+// says why; calib text never shows; the same seed gives the same bytes.
+TEST_F(CorpusTest, ChoiceTasksComeFromHeldOutDocumentsOfTheirDomain) {
+    write_task_sources(tmp_.path());
+    CorpusOptions o;
+    o.model = model();
+    o.spec = read_manifest(tmp_ / "corpus.toml");
+    o.out_dir = tmp_ / "out";
+    const CorpusReport r = build_corpus(o);
+    const TaskSet set = read_task_set(tmp_ / "out" / "tasks.json");
+    const std::vector<ReadTask> tasks = read_tasks_txt(tmp_ / "out" / "tasks.txt");
+    ASSERT_EQ(tasks.size(), set.task_domains.size());
+    EXPECT_EQ(r.outputs.tasks.tasks, tasks.size());
+    EXPECT_EQ(set.file_digest, xxh64_hex(test::read_bytes(tmp_ / "out" / "tasks.txt")));
+    EXPECT_EQ(set.context_tokens, 24);
+    EXPECT_EQ(set.ending_tokens, 10);
+
+    std::map<std::string, TaskSetDomain> domains;
+    for (const TaskSetDomain & d : set.domains) {
+        domains[d.domain] = d;
+    }
+    ASSERT_EQ(domains.size(), 3u);
+    EXPECT_EQ(domains["prose"].tasks, 20u);
+    EXPECT_EQ(domains["prose"].documents, 6u);
+    EXPECT_EQ(domains["chat"].tasks, 20u);
+    EXPECT_EQ(domains["solo"].tasks, 0u);
+    EXPECT_NE(domains["solo"].skipped.find("one document"), std::string::npos) << domains["solo"].skipped;
+
+    // The held-out documents as one line each, and each conversation's question and answer.
+    std::vector<std::string> prose_docs;
+    std::map<std::string, std::string> answer_of;
+    std::set<std::string> answers;
+    for (const json & line : read_jsonl(tmp_ / "out" / "eval.jsonl")) {
+        if (line["domain"] == "prose") {
+            prose_docs.push_back(flat(line["text"].get<std::string>()));
+        } else if (line["domain"] == "chat") {
+            const std::string q = flat(line["messages"][0]["content"].get<std::string>());
+            answer_of[q] = flat(line["messages"][1]["content"].get<std::string>());
+            answers.insert(answer_of[q]);
+        }
+    }
+    ASSERT_EQ(prose_docs.size(), 6u);
+    std::array<int, 4> golds{};
+    for (size_t t = 0; t < tasks.size(); ++t) {
+        const ReadTask & task = tasks[t];
+        ASSERT_GE(task.gold, 0);
+        ASSERT_LT(task.gold, 4);
+        ++golds[size_t(task.gold)];
+        const std::string & truth = task.endings[size_t(task.gold)];
+        EXPECT_EQ(std::set<std::string>(task.endings.begin(), task.endings.end()).size(), 4u) << "task " << t;
+        for (const std::string & e : task.endings) {
+            EXPECT_EQ(e.find("calibonly"), std::string::npos);
+            EXPECT_FALSE(e.empty());
+        }
+        EXPECT_EQ(task.context.find("calibonly"), std::string::npos);
+        if (set.task_domains[t] == "chat") {
+            ASSERT_TRUE(answer_of.contains(task.context)) << task.context;
+            EXPECT_TRUE(answer_of[task.context].starts_with(truth)) << truth;
+            for (size_t e = 0; e < 4; ++e) {
+                if (int(e) != task.gold) {
+                    EXPECT_TRUE(std::any_of(answers.begin(), answers.end(), [&](const std::string & a) {
+                        return a.starts_with(task.endings[e]) && a != answer_of[task.context];
+                    })) << task.endings[e];
+                }
+            }
+            continue;
+        }
+        ASSERT_EQ(set.task_domains[t], "prose");
+        // The context ends a sentence and the true ending follows it in one document.
+        EXPECT_TRUE(task.context.ends_with(".")) << task.context;
+        size_t home = prose_docs.size();
+        for (size_t d = 0; d < prose_docs.size(); ++d) {
+            if (prose_docs[d].find(task.context + " " + truth) != std::string::npos) {
+                home = d;
+            }
+        }
+        ASSERT_LT(home, prose_docs.size()) << "task " << t << ": " << task.context << " | " << truth;
+        for (size_t e = 0; e < 4; ++e) {
+            if (int(e) == task.gold) {
+                continue;
+            }
+            bool found = false;
+            for (size_t d = 0; d < prose_docs.size(); ++d) {
+                const size_t at = prose_docs[d].find(task.endings[e]);
+                found = found || (d != home && at != std::string::npos && (at == 0 || prose_docs[d].substr(at - 2, 2) == ". "));
+            }
+            EXPECT_TRUE(found) << "task " << t << " ending " << e << ": " << task.endings[e];
+        }
+    }
+    EXPECT_GT(*std::min_element(golds.begin(), golds.end()), 0) << "the right ending's place is drawn";
+
+    // Same seed, same bytes; another seed, other tasks; none asked for, none made.
+    o.out_dir = tmp_ / "again";
+    build_corpus(o);
+    EXPECT_EQ(test::read_bytes(tmp_ / "again" / "tasks.txt"), test::read_bytes(tmp_ / "out" / "tasks.txt"));
+    o.spec.seed = 4;
+    o.out_dir = tmp_ / "other";
+    build_corpus(o);
+    EXPECT_NE(test::read_bytes(tmp_ / "other" / "tasks.txt"), test::read_bytes(tmp_ / "out" / "tasks.txt"));
+    o.spec.tasks_per_domain = 0;
+    o.out_dir = tmp_ / "none";
+    EXPECT_EQ(build_corpus(o).outputs.tasks.tasks, 0u);
+    EXPECT_EQ(test::read_bytes(tmp_ / "none" / "tasks.txt"), "");
 }

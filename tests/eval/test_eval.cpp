@@ -205,6 +205,12 @@ TEST(Eval, BadInputsAreRefusedByNameWithNothingWritten) {
     test::write_text(dir / "short.txt", task + "A second task\n2\na\nb\nc\n");
     test::write_text(dir / "label.txt", task + "A second task\n4\na\nb\nc\nd\n");
     test::write_text(dir / "long.txt", task + std::string(400, 'x') + "\n0\na\nb\nc\nd\n");
+    // corpus' domains of two tasks, for another file than long.txt.
+    test::write_text(dir / "domains.json",
+                     R"({"format": "moeprune-tasks", "version": 1, "file": "tasks.txt", "xxh64": "0123456789abcdef",
+                         "eval": "eval.jsonl", "settings": {"seed": 0, "context_tokens": 64, "ending_tokens": 24,
+                         "tasks_per_domain": 100}, "tasks": 2, "domains": [{"domain": "prose", "tasks": 2,
+                         "documents": 3, "overlapping": 0}], "task_domains": ["prose", "prose"]})");
     // WinoGrande CSVs (a header line is skipped, as llama-perplexity skips it): an answer
     // out of range, a sentence without the blank.
     const std::string wino = "index,sentence,option1,option2,answer\n0,The cup fell so _ broke.,cup,table,1\n";
@@ -251,6 +257,12 @@ TEST(Eval, BadInputsAreRefusedByNameWithNothingWritten) {
          "long.txt line 7 (task 2): needs"},
         {fmt::format("eval -m {} -f {} --hellaswag {} --tasks -1 -c 128 {}", m, text, (dir / "long.txt").string(), outs),
          "--tasks -1: the number of tasks to score must be at least 1"},
+        {fmt::format("eval -m {} -f {} --hellaswag {} --task-domains {} -c 128 {}", m, text, (dir / "long.txt").string(),
+                     (dir / "domains.json").string(), outs),
+         "domains.json: describes 2 tasks of a file with xxh64 0123456789abcdef, not"},
+        {fmt::format("eval -m {} -f {} --keep {} --task-domains {} -c 128 {}", m, text, (dir / "k4.json").string(),
+                     (dir / "domains.json").string(), outs),
+         "--task-domains describes a HellaSwag file made by corpus: give it with --hellaswag"},
         {fmt::format("eval -m {} -f {} --winogrande {} -c 128 {}", m, text, (dir / "wino.csv").string(), outs),
          "wino.csv: line 3 has the answer \"3\", not 1 or 2"},
         {fmt::format("eval -m {} -f {} --winogrande {} -c 128 {}", m, text, (dir / "blank.csv").string(), outs),

@@ -148,6 +148,61 @@ TEST(Plan, ParetoFrontAndRecommendationFromMeasurements) {
     EXPECT_NE(q["why"].get<std::string>().find("max-kld"), std::string::npos);
 }
 
+// --min-accuracy R: only options whose keep map keeps R of the base's task accuracy are
+// eligible, as --max-kld keeps those within a KLD; without task accuracy it is refused.
+TEST(Plan, MinAccuracyLeavesOutMapsThatLoseTheBasesAnswers) {
+    test::TempDir dir;
+    test::write_text(dir / "r224.json", replay_result("maps/reap-k224.json", 224, {{"lru", 64, 60}, {"lru", 128, 30}}).dump());
+    test::write_text(dir / "r320.json", replay_result("maps/reap-k320.json", 320, {{"lru", 64, 70}, {"lru", 128, 40}}).dump());
+    json eval = eval_report({{"reap-k224", 0.30}, {"reap-k320", 0.10}});
+    test::write_text(dir / "plain.json", eval.dump());
+    const auto figures = [](int correct) {
+        return json{{"tasks", 100}, {"correct", correct}, {"accuracy", correct / 100.0}, {"stderr", 0.04},
+                    {"kept_base_correct", correct}, {"new_correct", 0}};
+    };
+    eval["tasks"] = {{"format", "hellaswag"}, {"file", "tasks.txt"}, {"base", figures(80)}};
+    eval["candidates"][0]["tasks"] = figures(60);   // K 224: 75% of the base's
+    eval["candidates"][1]["tasks"] = figures(78);   // K 320: 97.5%
+    test::write_text(dir / "eval.json", eval.dump());
+    PlanOptions o = seed_geometry();
+    o.other_gb = 3.0;
+    o.ram_bytes = 20e9;
+    o.reserve_bytes = 2e9;
+    o.throughput.ssd_gbps = 6.8;
+    o.throughput.compute_ms = 12;
+    o.runs_on = "any";
+    o.replays = {dir / "r224.json", dir / "r320.json"};
+    o.evals = {dir / "eval.json"};
+    o.max_kld = 0.5;
+    const json all = make_plan(o);
+    ASSERT_FALSE(all["recommended"].is_null());
+    EXPECT_EQ(all["options"][all["recommended"].get<size_t>()]["k"], 224) << "the fastest within the KLD";
+    std::map<int64_t, double> accuracy;
+    for (const json & x : all["options"]) {
+        accuracy[x["k"].get<int64_t>()] = x["task_accuracy"].get<double>();
+    }
+    EXPECT_EQ(accuracy[224], 0.60);
+    EXPECT_EQ(accuracy[320], 0.78);
+
+    o.min_accuracy = 0.95;
+    const json kept = make_plan(o);
+    ASSERT_FALSE(kept["recommended"].is_null()) << kept["why"];
+    EXPECT_EQ(kept["options"][kept["recommended"].get<size_t>()]["k"], 320);
+    EXPECT_EQ(kept["inputs"]["min_accuracy"], 0.95);
+    EXPECT_NE(kept["why"].get<std::string>().find("task accuracy at least 0.95"), std::string::npos) << kept["why"];
+    for (const json & i : kept["pareto_runs_on"]) {
+        EXPECT_NE(kept["options"][i.get<size_t>()]["k"], 224);
+    }
+
+    o.evals = {dir / "plain.json"};
+    try {
+        make_plan(o);
+        ADD_FAILURE() << "--min-accuracy without task accuracy was accepted";
+    } catch (const Error & e) {
+        EXPECT_NE(std::string(e.what()).find("--min-accuracy"), std::string::npos) << e.what();
+    }
+}
+
 TEST(Plan, RecommendsWhatStockLlamaCppRunsUnlessAskedForAnyAndSaysHowToRunIt) {
     test::TempDir dir;
     test::write_text(dir / "r224.json", replay_result("maps/reap-k224.json", 224, {{"lru", 64, 60}, {"lru", 128, 30}}).dump());

@@ -531,6 +531,122 @@ TEST_F(TrainedRealism, HellaswagAnswersAreLlamaPerplexitysTaskForTask) {
     EXPECT_GT(report["base"]["accuracy"].get<double>(), 0.25) << report["base"];
 }
 
+// corpus' choice tasks from the held-out text, on the trained fixture: at least 50 per
+// domain; eval's answers are llama-perplexity's task for task on the same file; over all
+// tasks the base is above chance; seeded random maps answer fewer right at K = 4 than at
+// K = 24; and at K = 4 the informed criteria keep more of the base's accuracy than random.
+// The figures per domain and per map are printed for docs/trained-model.md.
+// A ctest of its own (realism-tasks), beside the suite above: its own collect, at -c 128.
+TEST(TrainedTasks, HeldOutChoiceTasksArePerDomainAndFallWithK) {
+    const test::TempDir dir;
+    const fs::path d = dir.path();
+    fs::create_directories(d / "src");
+    std::map<std::string, std::string> by_domain;
+    {
+        std::istringstream in(test::read_bytes(fixture_dir / "eval.jsonl"));
+        for (std::string line; std::getline(in, line);) {
+            by_domain[json::parse(line)["domain"].get<std::string>()] += line + "\n";
+        }
+    }
+    std::string manifest = "[corpus]\ntasks_per_domain = 50\n";
+    for (const auto & [domain, lines] : by_domain) {
+        test::write_text(d / "src" / (domain + ".jsonl"), lines);
+        manifest += fmt::format("[[source]]\npath = \"src/{0}.jsonl\"\ndomain = \"{0}\"\nsplit = \"eval\"\n", domain);
+    }
+    test::write_text(d / "corpus.toml", manifest);
+    run_ok(moeprune_cmd(fmt::format("corpus -m {} --manifest {} -o {}", trained_model.string(),
+                                    (d / "corpus.toml").string(), (d / "corpus").string())));
+    const json set = read_json(d / "corpus" / "tasks.json");
+    for (const json & dom : set["domains"]) {
+        std::printf("[ trained  ] choice tasks: %-6s %3d tasks from %d documents (%d overlapping another)\n",
+                    dom["domain"].get<std::string>().c_str(), dom["tasks"].get<int>(), dom["documents"].get<int>(),
+                    dom["overlapping"].get<int>());
+        EXPECT_GE(dom["tasks"].get<int>(), 50) << dom;
+    }
+    EXPECT_EQ(set["domains"].size(), by_domain.size());
+
+    // Seeded random maps at K 4 and 24, the informed criteria at K 4.
+    const std::string stats_file = (d / "stats.json").string();
+    run_ok(moeprune_cmd(fmt::format("collect -m {} -f {} -o {} -c 128 -t 2", trained_model.string(),
+                                    (fixture_dir / "calib.jsonl").string(), stats_file)));
+    const std::vector<int> seeds = {7, 8, 9};
+    const std::vector<std::string> criteria = {"reap", "freq", "hybrid"};
+    for (const int seed : seeds) {
+        const fs::path out = d / fmt::format("random{}", seed);
+        run_ok(moeprune_cmd(fmt::format("select --stats {} -k 4 24 --metric random --seed {} -o {}", stats_file, seed, out.string())));
+        for (const int k : {4, 24}) {
+            fs::create_directories(d / "maps");
+            fs::copy_file(out / fmt::format("random-k{}.json", k), d / "maps" / fmt::format("random{}-k{}.json", seed, k));
+        }
+    }
+    run_ok(moeprune_cmd(fmt::format("select --stats {} -k 4 --metric {} -o {}", stats_file, fmt::join(criteria, " "),
+                                    (d / "maps").string())));
+    // KLD is not what this test is about: one short document keeps its share of the time small.
+    test::write_text(d / "one.jsonl", by_domain["prose"].substr(0, by_domain["prose"].find('\n') + 1));
+    const size_t n = set["tasks"].get<size_t>();
+    run_ok(moeprune_cmd(fmt::format("eval -m {} -f {} --keep-dir {} --hellaswag {} --task-domains {} --tasks {} -c 128 -t 2 "
+                                    "--json {}", trained_model.string(), (d / "one.jsonl").string(), (d / "maps").string(),
+                                    (d / "corpus" / "tasks.txt").string(), (d / "corpus" / "tasks.json").string(), n,
+                                    (d / "eval.json").string())));
+    const json report = read_json(d / "eval.json")["tasks"];
+    ASSERT_EQ(report["tasks"].get<size_t>(), n);
+
+    // The base's right answers, task for task, against llama-perplexity on the same file.
+    std::vector<std::string> lines;
+    {
+        std::istringstream in(test::read_bytes(d / "corpus" / "tasks.txt"));
+        for (std::string l; std::getline(in, l);) lines.push_back(l);
+    }
+    std::string base;
+    const std::string answers = report["base"]["answers"].get<std::string>();
+    for (size_t i = 0; i < answers.size(); ++i) {
+        base += answers[i] == lines[report["selected"][i].get<size_t>()][0] ? '1' : '0';
+    }
+    EXPECT_EQ(base, llama_task_results(trained_model, d / "corpus" / "tasks.txt",
+                                       fmt::format("--hellaswag --hellaswag-tasks {}", n), n, rights_from_running_accuracy));
+    for (const json & dom : report["base"]["domains"]) {
+        std::printf("[ trained  ] choice tasks: base %-6s %5.1f%% +- %.1f (%d of %d; chance 25%%)\n",
+                    dom["domain"].get<std::string>().c_str(), 100 * dom["accuracy"].get<double>(),
+                    100 * dom["stderr"].get<double>(), dom["correct"].get<int>(), dom["tasks"].get<int>());
+    }
+    const double base_accuracy = report["base"]["accuracy"].get<double>();
+    std::printf("[ trained  ] choice tasks: base all    %5.1f%% +- %.1f\n", 100 * base_accuracy,
+                100 * report["base"]["stderr"].get<double>());
+    EXPECT_GT(base_accuracy, 0.25 + 2 * report["base"]["stderr"].get<double>()) << "above chance over every task";
+
+    std::map<std::string, json> figures;
+    const json evaluated = read_json(d / "eval.json");
+    for (const json & c : evaluated["candidates"]) {
+        figures[c["name"].get<std::string>()] = c["tasks"];
+    }
+    const auto figure = [&](const std::string & name, const char * key) {
+        EXPECT_TRUE(figures.contains(name)) << name;
+        return figures.contains(name) ? figures[name][key].get<double>() : 0.0;
+    };
+    for (const auto & [name, f] : figures) {
+        std::printf("[ trained  ] choice tasks: %-14s %5.1f%% (%d of the base's %d right kept, %d new)\n", name.c_str(),
+                    100 * f["accuracy"].get<double>(), f["kept_base_correct"].get<int>(),
+                    report["base"]["correct"].get<int>(), f["new_correct"].get<int>());
+    }
+    // Means over the seeds and over the criteria: one map's answers to 200 tasks move by
+    // several tasks with the draw. The base's right answers kept is the paired figure.
+    const auto mean = [&](const std::vector<std::string> & names, const char * key) {
+        double sum = 0;
+        for (const std::string & name : names) sum += figure(name, key);
+        return sum / double(names.size());
+    };
+    std::vector<std::string> random4, random24, informed4;
+    for (const int seed : seeds) {
+        random4.push_back(fmt::format("random{}-k4", seed));
+        random24.push_back(fmt::format("random{}-k24", seed));
+    }
+    for (const std::string & c : criteria) informed4.push_back(c + "-k4");
+    EXPECT_LT(mean(random4, "accuracy"), mean(random24, "accuracy")) << "random maps: accuracy falls as K falls";
+    EXPECT_LT(mean(random4, "kept_base_correct"), mean(random24, "kept_base_correct"));
+    EXPECT_GT(mean(informed4, "accuracy"), mean(random4, "accuracy")) << "at K = 4 informed criteria beat random";
+    EXPECT_GT(mean(informed4, "kept_base_correct"), mean(random4, "kept_base_correct"));
+}
+
 // The same for llama.cpp's WinoGrande CSV: eval picks the choice llama-perplexity picks on
 // every task (the result column of its per-task lines), short sentences (scored from the
 // shared prefix, llama-perplexity's own quirk included) and long ones alike.

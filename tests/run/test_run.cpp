@@ -62,8 +62,10 @@ protected:
             test::write_text(d / "src" / "code" / fmt::format("c{}.cpp", i), code);
             test::write_text(d / "src" / "zh" / fmt::format("z{}.txt", i), zh);
         }
+        // Few choice tasks: every run test scores them for every map; one test checks them.
         test::write_text(d / "corpus.toml", R"([corpus]
 seed = 2
+tasks_per_domain = 6
 [[source]]
 path = "src/prose"
 domain = "prose"
@@ -224,6 +226,68 @@ TEST_F(RunTest, ATaskFileIsScoredForEveryKeepMapAndReported) {
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("eval     running"), std::string::npos) << r.output;
     EXPECT_EQ(read_json(run / "eval" / "eval.json")["tasks"]["tasks"], 5);
+}
+
+// Without a task file, the eval stage scores the choice tasks corpus made from the held-out
+// side, per domain; the report shows them beside KLD, with a chart; plan --min-accuracy
+// leaves out the maps that lose more of the base's accuracy than it allows.
+TEST_F(RunTest, WithoutATaskFileTheHeldOutChoiceTasksAreScoredPerDomain) {
+    const fs::path run = tmp_ / "run";
+    auto r = test::run_command(moeprune_cmd(base_args() + " -k 6,8 -o " + run.string()));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const json set = read_json(run / "corpus" / "tasks.json");
+    const json eval = read_json(run / "eval" / "eval.json");
+    ASSERT_TRUE(eval.contains("tasks")) << eval.dump().substr(0, 400);
+    EXPECT_EQ(eval["tasks"]["file"], (run / "corpus" / "tasks.txt").string());
+    EXPECT_EQ(eval["tasks"]["tasks"], set["tasks"]) << "every generated task";
+    std::map<std::string, int> per_domain;
+    for (const json & d : set["domains"]) {
+        if (d["tasks"].get<int>() > 0) {
+            per_domain[d["domain"].get<std::string>()] = d["tasks"].get<int>();
+        }
+    }
+    // The run tests' held-out side is small: a domain of one document, or without a
+    // sentence or line start after a full context, makes none and says why.
+    ASSERT_GE(per_domain.size(), 1u) << set.dump();
+    for (const json & d : set["domains"]) {
+        EXPECT_EQ(d["tasks"].get<int>() == 0, d.contains("skipped")) << d;
+    }
+    const json & base = eval["tasks"]["base"];
+    ASSERT_EQ(base["domains"].size(), per_domain.size());
+    int correct = 0;
+    for (const json & d : base["domains"]) {
+        EXPECT_EQ(d["tasks"].get<int>(), per_domain[d["domain"].get<std::string>()]) << d;
+        correct += d["correct"].get<int>();
+    }
+    EXPECT_EQ(correct, base["correct"].get<int>());
+
+    const json report = read_json(run / "report.json");
+    size_t maps = 0, domain_rows = 0;
+    for (const json & row : report["tasks"]["rows"]) {
+        maps += row["domain"] == "all";
+        domain_rows += row["domain"] != "all";
+    }
+    EXPECT_EQ(maps, 1u + 4u) << "the base and reap and freq at K 6 and 8";
+    EXPECT_EQ(domain_rows, maps * per_domain.size());
+    const std::string html = test::read_bytes(run / "report.html");
+    EXPECT_NE(html.find("Per domain of the held-out text"), std::string::npos);
+    EXPECT_NE(html.find("accuracy_vs_k"), std::string::npos);
+    EXPECT_NE(test::read_bytes(run / "report" / "tasks.csv").find("domain"), std::string::npos);
+
+    // --min-accuracy 1: only options whose map answers as well as the base are eligible.
+    r = test::run_command(moeprune_cmd(base_args() + " -k 6,8 --min-accuracy 1 -o " + run.string()));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const json plan = read_json(run / "plan" / "plan.json");
+    EXPECT_EQ(plan["inputs"]["min_accuracy"], 1.0);
+    const double base_accuracy = base["accuracy"].get<double>();
+    for (const int i : plan["pareto_runs_on"].get<std::vector<int>>()) {
+        const json & o = plan["options"][size_t(i)];
+        ASSERT_FALSE(o["task_accuracy"].is_null()) << o.dump();
+        EXPECT_GE(o["task_accuracy"].get<double>(), base_accuracy) << o.dump();
+    }
+    if (!plan["recommended"].is_null()) {
+        EXPECT_GE(plan["options"][plan["recommended"].get<size_t>()]["task_accuracy"].get<double>(), base_accuracy);
+    }
 }
 
 TEST_F(RunTest, ReroutingIsMeasuredInTheClosedLoop) {
@@ -489,7 +553,7 @@ TEST_F(RunTest, MeasuredRunCalibratesThePlanAndVerifiesTheRecommendation) {
 TEST(RunConfigKeys, EveryKeyIsDocumentedAndReadsBackAsWritten) {
     const std::string docs = test::read_bytes(fs::path(MOEPRUNE_SOURCE_DIR) / "docs" / "run.md");
     const std::vector<std::string> keys = run_config_keys();
-    ASSERT_EQ(keys.size(), 36u) << "one key per RunConfig member";
+    ASSERT_EQ(keys.size(), 37u) << "one key per RunConfig member";
     for (const std::string & k : keys) {
         EXPECT_NE(docs.find("`" + k + "`"), std::string::npos) << k << " is not in docs/run.md";
     }
@@ -511,6 +575,7 @@ TEST(RunConfigKeys, EveryKeyIsDocumentedAndReadsBackAsWritten) {
     c.cache_shares = {0.5};
     c.lambdas = {0, 0.5};
     c.max_kld = 0.05;
+    c.min_accuracy = 0.9;
     c.runs_on = "any";
     c.llama_bin = "/opt/llama/bin";
     c.hellaswag = "/t/hellaswag.txt";
