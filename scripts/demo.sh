@@ -39,25 +39,29 @@ cat > "$demo/corpus.toml.tmp" <<TOML
 [corpus]
 tokens = 30000
 doc_tokens = 1024
-tasks_per_domain = 50   # choice tasks from the held-out side, scored for every keep map
+truncate = "left"       # one unit per document (its end), so the held-out side has several
+tasks_per_domain = 25   # choice tasks from the held-out side, scored for every keep map
 
 [[source]]
 name = "llama.cpp docs"
 path = "$root/$llama/docs"
 domain = "prose"
 weight = 2
+eval_tokens = 2500      # a task's wrong endings come from other held-out documents
 
 [[source]]
 name = "llama.cpp sources"
 path = "$root/$llama/src/*.cpp"
 domain = "code"
 weight = 2
+eval_tokens = 2500
 
 [[source]]
 name = "manpages-zh"
 path = "corpus/zh"
 domain = "zh"
 weight = 1
+eval_tokens = 2500
 TOML
 if ! cmp -s "$demo/corpus.toml.tmp" "$demo/corpus.toml"; then mv "$demo/corpus.toml.tmp" "$demo/corpus.toml"; else rm "$demo/corpus.toml.tmp"; fi
 
