@@ -136,9 +136,9 @@ std::string span(const Passage & p, size_t from, size_t n) {
 }
 
 // A text unit cuts at each sentence or line start with a full context before it and a
-// full ending after; its distractors start at sentence or line starts (at word starts
-// where it has none). A conversation cuts once, before its last answer, which is also
-// where its distractors start: the answer to another question.
+// full ending after, and its distractors start at its sentence or line starts (at word
+// starts where it has none but its beginning). A conversation cuts once, before its last
+// answer, which is also where its distractors start: the answer to another question.
 std::optional<Passage> passage_of(const Unit & u, const llama_vocab * vocab, size_t context, size_t ending) {
     Passage p;
     p.doc = u.doc;
@@ -176,18 +176,17 @@ std::optional<Passage> passage_of(const Unit & u, const llama_vocab * vocab, siz
         p.splits = p.starts = {size_t(first - p.at.begin())};
         return p;
     }
+    // Text without a sentence or line start after its beginning (one long line) is cut and
+    // drawn from at word starts instead.
+    bool sentences = false;
+    for (size_t i = 1; i < n && !sentences; ++i) {
+        sentences = sentence_start(p, i);
+    }
     for (size_t i = 0; i + ending <= n; ++i) {
-        if (i == 0 || sentence_start(p, i)) {
+        if (i == 0 || (sentences ? sentence_start(p, i) : word_start(p, i))) {
             p.starts.push_back(i);
             if (i >= context) {
                 p.splits.push_back(i);
-            }
-        }
-    }
-    if (p.starts.empty()) {
-        for (size_t i = 0; i + ending <= n; ++i) {
-            if (word_start(p, i)) {
-                p.starts.push_back(i);
             }
         }
     }

@@ -614,7 +614,7 @@ std::string flat(const std::string & s) {
 // conversation domain; a domain of one document; and calib prose that must never show.
 void write_task_sources(const fs::path & dir) {
     std::mt19937_64 rng(5);
-    std::string prose, chat, solo, calib;
+    std::string prose, chat, solo, calib, line;
     for (int d = 0; d < 6; ++d) {
         std::string text;
         for (int s = 0; s < 24; ++s) {
@@ -634,6 +634,9 @@ void write_task_sources(const fs::path & dir) {
         only += join(words(rng, 8)) + ". ";
     }
     solo = json({{"text", only}}).dump() + "\n";
+    for (int d = 0; d < 4; ++d) {
+        line += json({{"text", join(words(rng, 80))}}).dump() + "\n";   // no sentence, no line break
+    }
     for (int d = 0; d < 20; ++d) {
         calib += json({{"text", "calibonly " + join(words(rng, 40)) + ". calibonly again."}}).dump() + "\n";
     }
@@ -641,6 +644,7 @@ void write_task_sources(const fs::path & dir) {
     test::write_text(dir / "chat.jsonl", chat);
     test::write_text(dir / "solo.jsonl", solo);
     test::write_text(dir / "calib.jsonl", calib);
+    test::write_text(dir / "line.jsonl", line);
     test::write_text(dir / "corpus.toml", R"(
 [corpus]
 seed = 3
@@ -663,6 +667,11 @@ group = "file"
 [[source]]
 path = "solo.jsonl"
 domain = "solo"
+split = "eval"
+
+[[source]]
+path = "line.jsonl"
+domain = "line"
 split = "eval"
 
 [[source]]
@@ -717,7 +726,8 @@ TEST_F(CorpusTest, ChoiceTasksComeFromHeldOutDocumentsOfTheirDomain) {
     for (const TaskSetDomain & d : set.domains) {
         domains[d.domain] = d;
     }
-    ASSERT_EQ(domains.size(), 3u);
+    ASSERT_EQ(domains.size(), 4u);
+    EXPECT_GT(domains["line"].tasks, 0u) << "text without sentences is cut at word starts";
     EXPECT_EQ(domains["prose"].tasks, 20u);
     EXPECT_EQ(domains["prose"].documents, 6u);
     EXPECT_EQ(domains["chat"].tasks, 20u);
@@ -761,6 +771,9 @@ TEST_F(CorpusTest, ChoiceTasksComeFromHeldOutDocumentsOfTheirDomain) {
                     })) << task.endings[e];
                 }
             }
+            continue;
+        }
+        if (set.task_domains[t] == "line") {
             continue;
         }
         ASSERT_EQ(set.task_domains[t], "prose");
