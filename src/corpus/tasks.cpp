@@ -11,8 +11,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <map>
+#include <optional>
 #include <random>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
 
 namespace moeprune::corpus_build {
 
