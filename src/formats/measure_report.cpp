@@ -77,7 +77,8 @@ json to_json(const StreamCalibration & c) {
             {"fault_ms", c.fault_ms},
             {"process_bytes", c.process_bytes},
             {"page_bytes", c.page_bytes},
-            {"readaround_bytes", c.readaround_bytes}};
+            {"readaround_bytes", c.readaround_bytes},
+            {"fitted_on", c.fitted_on}};
 }
 
 // Physical bounds, far outside any machine: a token in at most 1000 s, at most 10^6
@@ -187,6 +188,9 @@ StreamCalibration read_calibration(const JsonFields & c) {
     k.process_bytes = uint64_t(c.number("process_bytes", 0, kMostBytes));
     k.page_bytes = uint64_t(c.number("page_bytes", 1, 1 << 30));
     k.readaround_bytes = uint64_t(c.number("readaround_bytes", 0, kMostBytes));
+    if (c.has("fitted_on")) {
+        k.fitted_on = c.strings("fitted_on");
+    }
     return k;
 }
 

@@ -27,6 +27,9 @@ struct StreamCalibration {
     uint64_t process_bytes = 0;            // the process's own memory, charged to the same limit
     uint64_t page_bytes = 4096;
     uint64_t readaround_bytes = 0;         // the mapping's readahead window
+    // The limited runs (--ram as written) whose decode read_gbps was fitted on, fault_ms
+    // then 0; empty: both are the storage probe's.
+    std::vector<std::string> fitted_on;
 };
 
 struct StreamPrediction {

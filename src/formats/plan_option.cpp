@@ -89,7 +89,8 @@ std::string PlanOption::describe() const {
     if (shortlist) {
         speed_text += fmt::format(" measured by llama.cpp under {}", shortlist->ram);
     }
-    return fmt::format("K {} by {}, {}: {}", k, criterion, cache, speed_text);
+    const std::string read_ahead = read_ahead_kb ? fmt::format(" at a read-ahead of {} KB", *read_ahead_kb) : "";
+    return fmt::format("K {} by {}, {}{}: {}", k, criterion, cache, read_ahead, speed_text);
 }
 
 json to_json(const PlanOption & o) {
@@ -120,6 +121,9 @@ json to_json(const PlanOption & o) {
     }
     if (o.keep_map) {
         out["keep_map"] = *o.keep_map;
+    }
+    if (o.read_ahead_kb) {
+        out["read_ahead_kb"] = *o.read_ahead_kb;
     }
     if (o.measured) {
         out["measured_ram"] = o.measured->ram;
@@ -177,11 +181,14 @@ PlanOption read_plan_option(const JsonFields & f) {
     if (f.has("keep_map")) {
         o.keep_map = f.string("keep_map");
     }
+    if (f.has("read_ahead_kb")) {
+        o.read_ahead_kb = uint64_t(f.integer("read_ahead_kb", 0, int64_t(1) << 40));
+    }
     if (f.has("measured_ram")) {
         o.measured = PlanMeasuredFigures{f.string("measured_ram"),
                                          f.has("measured_limit_bytes") ? f.number("measured_limit_bytes", 0, kInf) : 0.0,
                                          f.has("major_faults_per_token") ? f.number("major_faults_per_token", 0, kInf) : 0.0,
-                                         optional_number(f, "predicted_tok_per_s", 0, kInf)};
+                                         optional_number(f, "predicted_tok_per_s", 0, kInf), std::nullopt};
         if (f.has("measured_read_ahead_kb")) {
             o.measured->read_ahead_kb = uint64_t(f.integer("measured_read_ahead_kb", 0, int64_t(1) << 40));
         }

@@ -71,6 +71,9 @@ struct PlanOption {
     std::string runs_on;                       // kRunsOnLlamaCpp or kRunsOnExpertCache
     std::string runs_on_note;                  // which runtime would run a simulated one
     std::optional<std::string> keep_map;       // the keep map's file, when the plan saw it
+    // A sliced model streamed by llama.cpp: the device read-ahead it was priced at (KB);
+    // none: the device's own when measured.
+    std::optional<uint64_t> read_ahead_kb;
     std::optional<PlanMeasuredFigures> measured;
     std::optional<PlanShortlistFigures> shortlist;   // measured: tok_per_s is the measured figure
     bool feasible = true;

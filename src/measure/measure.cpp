@@ -19,6 +19,7 @@
 #include "model/model_file.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -134,6 +135,9 @@ void Measurement::check_options() {
         opt_.ctx > 2 * kMostTokens) {
         throw Error(fmt::format("--tokens {} and --warmup {}: tokens 1 to {}, warm-up 0 to {}; -c {}: 0 to {}",
                                 opt_.tokens, opt_.warmup, kMostTokens, kMostTokens, opt_.ctx, 2 * kMostTokens));
+    }
+    if (!(opt_.min_seconds >= 0 && opt_.min_seconds <= 600)) {
+        throw Error(fmt::format("--min-seconds {}: 0 (one pass) to 600 seconds of timed decode per run", opt_.min_seconds));
     }
     if (opt_.probe_mib < 0 || opt_.probe_mib > (int64_t(1) << 24)) {
         throw Error(fmt::format("--probe-mib {}: the storage probe reads 0 (none) to {} MiB (16 TiB)", opt_.probe_mib,
@@ -251,6 +255,7 @@ WorkerSpec Measurement::decode_spec(const std::string & label) const {
     s.threads = threads_;
     s.tokens = tokens_;
     s.warmup = opt_.warmup;
+    s.min_seconds = opt_.min_seconds;
     s.ctx = ctx_;
     s.repack = opt_.repack;
     return s;
@@ -509,8 +514,10 @@ void Measurement::limited_run(size_t i, size_t n, std::optional<uint64_t> read_a
     rep_.runs.push_back(std::move(r));
 }
 
-// Each limited run predicted from the calibration alone (resident run and probe), never
-// from the limited runs it is compared with.
+// Each limited run predicted from the resident run, the trace and a read rate that never
+// saw it: the decode's own, fitted on the other limits at its read-ahead
+// (fitted_read_gbps), or the storage probe's where no other limit streamed. The
+// calibration kept for the plan is fitted on every limit that streamed.
 void Measurement::predict() {
     if (!rep_.probed) {
         return;
@@ -526,26 +533,57 @@ void Measurement::predict() {
                       : p.read_gbps > 0                        ? p.read_gbps
                                                                : p.effective_gbps;
         c.fault_ms = p.sequential_gbps > 0 && p.fault_ms >= 0 ? p.fault_ms : 0;
-        if (p.read_ahead_kb == rep_.probe.read_ahead_kb) {
-            rep_.calibration = c;
-        }
     }
     const TraceReader trace = TraceReader::open(all_tokens_trace_);
-    std::vector<double> errors;
+    const auto calibration_of = [&](const MeasuredRun & r) {
+        return std::find_if(rep_.calibrations.begin(), rep_.calibrations.end(),
+                            [&](const StreamCalibration & c) { return c.read_ahead_kb == r.read_ahead_kb; });
+    };
     for (MeasuredRun & r : rep_.runs) {
         const json samples = r.detail.value("residency", json::array());
         std::vector<uint64_t> after;
         for (const json & sample : samples) {
             after.push_back(sample.at("token").get<uint64_t>());
         }
-        const auto at = std::find_if(rep_.calibrations.begin(), rep_.calibrations.end(),
-                                     [&](const StreamCalibration & c) { return c.read_ahead_kb == r.read_ahead_kb; });
-        r.prediction = predict_stream(*gguf_, trace, uint64_t(opt_.warmup), r.limit_bytes, *at, after);
+        r.prediction = predict_stream(*gguf_, trace, uint64_t(opt_.warmup), r.limit_bytes, *calibration_of(r), after);
         r.predicted = true;
         r.residency = residency_agreement(samples, r.prediction.resident_experts,
                                           info_.routed_layers().size() * size_t(info_.n_expert));
+    }
+    // The limits at one read-ahead that streamed, but for `left_out`.
+    const auto fit_points = [&](const StreamCalibration & c, const MeasuredRun * left_out, std::vector<std::string> * on) {
+        std::vector<StreamFitPoint> points;
+        for (const MeasuredRun & r : rep_.runs) {
+            if (&r != left_out && r.read_ahead_kb == c.read_ahead_kb && r.prediction.read_bytes_per_token > 0) {
+                points.push_back({r.prediction.read_bytes_per_token, r.decode.ms_mean});
+                if (on) {
+                    on->push_back(r.ram);
+                }
+            }
+        }
+        return points;
+    };
+    std::vector<double> errors;
+    for (MeasuredRun & r : rep_.runs) {
+        StreamCalibration c = *calibration_of(r);
+        if (const double gbps = fitted_read_gbps(fit_points(c, &r, nullptr), c.compute_ms); gbps > 0) {
+            c.read_gbps = gbps;
+            c.fault_ms = 0;
+        }
+        time_stream(r.prediction, c);
         r.error = std::abs(r.prediction.tokens_per_second - r.decode.tokens_per_second) / r.decode.tokens_per_second;
         errors.push_back(r.error);
+    }
+    for (StreamCalibration & c : rep_.calibrations) {
+        std::vector<std::string> on;
+        if (const double gbps = fitted_read_gbps(fit_points(c, nullptr, &on), c.compute_ms); gbps > 0) {
+            c.read_gbps = gbps;
+            c.fault_ms = 0;
+            c.fitted_on = on;
+        }
+        if (c.read_ahead_kb == rep_.probe.read_ahead_kb) {
+            rep_.calibration = c;
+        }
     }
     if (!errors.empty()) {
         rep_.median_error = quantile(errors, 0.5);
@@ -556,7 +594,7 @@ void Measurement::predict() {
 MeasureReport Measurement::finish() {
     utsname u{};
     ::uname(&u);
-    rep_.settings = {{"ram", opt_.ram},       {"tokens", opt_.tokens},       {"warmup", opt_.warmup},
+    rep_.settings = {{"ram", opt_.ram},       {"tokens", opt_.tokens},       {"warmup", opt_.warmup}, {"min_seconds", opt_.min_seconds},
                      {"ctx", ctx_},           {"threads", threads_},         {"probe_mib", opt_.probe_mib},
                      {"seed", opt_.seed},     {"batch", 1},                  {"mmap", true},
                      {"repack", opt_.repack}, {"text_only", opt_.text_only}, {"read_ahead_kb", opt_.read_ahead_kb}};
@@ -627,9 +665,15 @@ std::string to_text(const MeasureReport & r) {
         if (r.median_error < 0) {
             break;   // not calibrated: a busy machine, or no probe
         }
-        out += fmt::format("calibration at read-ahead {}: {:.2f} ms per token resident, {:.2f} ms per read-around, "
-                           "{:.3f} GB/s\n", c.read_ahead_kb ? fmt::format("{} KB", *c.read_ahead_kb) : "(unknown)",
-                           c.compute_ms, c.fault_ms, c.read_gbps);
+        const std::string at = c.read_ahead_kb ? fmt::format("{} KB", *c.read_ahead_kb) : "(unknown)";
+        if (c.fitted_on.empty()) {
+            out += fmt::format("calibration at read-ahead {}: {:.2f} ms per token resident, {:.2f} ms per read-around, "
+                               "{:.3f} GB/s (the probe's)\n", at, c.compute_ms, c.fault_ms, c.read_gbps);
+        } else {
+            out += fmt::format("calibration at read-ahead {}: {:.2f} ms per token resident, {:.3f} GB/s of simulated "
+                               "reads as llama.cpp decoded under {}\n", at, c.compute_ms, c.read_gbps,
+                               fmt::join(c.fitted_on, ", "));
+        }
     }
     for (const MeasuredRun * m : all_runs(r)) {
         if (!m->llama_bench.is_null()) {
@@ -643,7 +687,8 @@ std::string to_text(const MeasureReport & r) {
                            "figures, and plan --measured refuses them)\n", r.busy);
     }
     if (r.median_error >= 0) {
-        out += fmt::format("predicted from the resident run, the probe and the trace: median error {:.1f}%, max {:.1f}%\n",
+        out += fmt::format("each limit predicted from the resident run, the trace and the read rate of the other limits "
+                           "at its read-ahead (the probe's where none streamed): median error {:.1f}%, max {:.1f}%\n",
                            100 * r.median_error, 100 * r.max_error);
     }
     for (const MeasuredRun & m : r.runs) {

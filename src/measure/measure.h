@@ -23,6 +23,7 @@ struct MeasureOptions {
     std::vector<std::string> ram = {"50%"};
     int tokens = 128;           // timed tokens per run
     int warmup = 32;            // untimed tokens decoded first in every run
+    double min_seconds = 1;     // a run's timed tokens decoded again until this much decode is timed
     int ctx = 0;                // 0: warmup + tokens
     int threads = 0;            // 0: one per core
     int64_t probe_mib = 256;    // storage probe: MiB of random experts read; 0: no probe

@@ -198,11 +198,24 @@ StreamPrediction predict_stream(const GgufModel & model, const TraceSource & tra
     p.read_bytes_per_token = double(expert_read + other_read) / n;
     p.faults_per_token = double(faults) / n;
     p.expert_faults_per_token = double(expert_faults) / n;
+    time_stream(p, c);
+    return p;
+}
+
+void time_stream(StreamPrediction & p, const StreamCalibration & c) {
     // A read-around is waited for once however many of llama.cpp's threads fault on it.
     p.ms_per_token = c.compute_ms + p.faults_per_token * c.fault_ms +
                      (c.read_gbps > 0 ? p.read_bytes_per_token / (c.read_gbps * 1e9) * 1e3 : 0);
     p.tokens_per_second = p.ms_per_token > 0 ? 1e3 / p.ms_per_token : 0;
-    return p;
+}
+
+double fitted_read_gbps(std::span<const StreamFitPoint> points, double compute_ms) {
+    double bytes = 0, excess_ms = 0;
+    for (const StreamFitPoint & f : points) {
+        bytes += f.predicted_read_bytes_per_token;
+        excess_ms += f.measured_ms_per_token - compute_ms;
+    }
+    return bytes > 0 && excess_ms > 0 ? bytes / (excess_ms / 1e3) / 1e9 : 0;
 }
 
 } // namespace moeprune

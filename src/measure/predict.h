@@ -10,6 +10,7 @@
 #include "model/model_file.h"
 
 #include <cstdint>
+#include <span>
 
 namespace moeprune {
 
@@ -19,5 +20,22 @@ namespace moeprune {
 StreamPrediction predict_stream(const GgufModel & model, const TraceSource & trace, uint64_t warmup,
                                 uint64_t limit_bytes, const StreamCalibration & c,
                                 const std::vector<uint64_t> & residency_after = {});
+
+// The prediction's time per token from its simulated faults and reads, at `c`.
+void time_stream(StreamPrediction & p, const StreamCalibration & c);
+
+// One limited run, as the simulation read it and as llama.cpp took it.
+struct StreamFitPoint {
+    double predicted_read_bytes_per_token = 0;
+    double measured_ms_per_token = 0;
+};
+
+// The rate (10^9 bytes/s) at which a decode reads what the simulation says it faults in,
+// fitted on limited runs at one read-ahead: their time beyond `compute_ms`, summed, per
+// simulated byte, summed. It folds in what the probe's random reads do not see (how the
+// graph's threads wait on each other's faults, reclaim under the limit), which put the
+// probe's figures 30-80% from the measured ones (docs/measure.md). 0 when the points read
+// nothing or took no longer than compute.
+double fitted_read_gbps(std::span<const StreamFitPoint> points, double compute_ms);
 
 } // namespace moeprune

@@ -222,33 +222,65 @@ json decode_run(const WorkerSpec & s) {
     out["load_read_bytes"] = before_load.read_bytes < 0 ? json() : json(after_load.read_bytes - before_load.read_bytes);
     out["load_major_faults"] = after_load.major_faults - before_load.major_faults;
     ContextPtr ctx = decode_context(model.get(), s, nullptr, nullptr);
-    std::vector<double> wall_us;
     std::vector<int64_t> read_bytes, major_faults, minor_faults;
     std::optional<ResidencySampler> sampler;
     json residency = json::array();
     if (s.residency_every > 0) {
         sampler.emplace(s.residency_experts, s.shards);
     }
-    Progress progress(s.label, s.tokens.size(), "tokens");
-    for (size_t i = 0; i < s.tokens.size(); ++i) {
-        const Usage u0 = usage_now();
-        const auto t0 = Clock::now();
-        decode_one(ctx.get(), s.tokens[i], int(i));
-        const double us = seconds_since(t0) * 1e6;
-        const Usage u1 = usage_now();
-        if (int(i) >= s.warmup) {
-            wall_us.push_back(us);
-            read_bytes.push_back(u0.read_bytes < 0 ? -1 : u1.read_bytes - u0.read_bytes);
-            major_faults.push_back(u1.major_faults - u0.major_faults);
-            minor_faults.push_back(u1.minor_faults - u0.minor_faults);
-            const int timed = int(i) - s.warmup;
-            if (sampler && (timed + 1) % s.residency_every == 0) {
-                residency.push_back({{"token", timed}, {"resident", sampler->resident_experts()}});
+    // A pass shorter than min_seconds is too short to time (scheduling and clock changes
+    // alone move it by more than 10%): the tokens are decoded again from an empty context
+    // until that much decode is timed, and each token's time is its median over the passes.
+    // Faults, reads and residency are the first pass's, the one the trace routes.
+    constexpr int kMostPasses = 64;
+    std::vector<std::vector<double>> passes;
+    double timed_s = 0;
+    std::optional<Progress> progress(std::in_place, s.label, s.tokens.size(), "tokens");
+    do {
+        const bool first = passes.empty();
+        if (!first) {
+            llama_memory_clear(llama_get_memory(ctx.get()), true);
+        }
+        std::vector<double> & wall = passes.emplace_back();
+        for (size_t i = 0; i < s.tokens.size(); ++i) {
+            const Usage u0 = usage_now();
+            const auto t0 = Clock::now();
+            decode_one(ctx.get(), s.tokens[i], int(i));
+            const double us = seconds_since(t0) * 1e6;
+            const Usage u1 = usage_now();
+            if (int(i) >= s.warmup) {
+                wall.push_back(us);
+                timed_s += us / 1e6;
+            }
+            if (first && int(i) >= s.warmup) {   // what the trace routes
+                read_bytes.push_back(u0.read_bytes < 0 ? -1 : u1.read_bytes - u0.read_bytes);
+                major_faults.push_back(u1.major_faults - u0.major_faults);
+                minor_faults.push_back(u1.minor_faults - u0.minor_faults);
+                const int timed = int(i) - s.warmup;
+                if (sampler && (timed + 1) % s.residency_every == 0) {
+                    residency.push_back({{"token", timed}, {"resident", sampler->resident_experts()}});
+                }
+            }
+            if (progress) {
+                progress->advance(1);
             }
         }
-        progress.advance(1);
+        if (progress) {
+            progress->finish();
+            progress.reset();
+        }
+    } while (timed_s < s.min_seconds && passes.size() < kMostPasses);
+    std::vector<double> wall_us(passes.front().size());
+    for (size_t t = 0; t < wall_us.size(); ++t) {
+        std::vector<double> at;
+        for (const std::vector<double> & pass : passes) {
+            at.push_back(pass[t]);
+        }
+        std::nth_element(at.begin(), at.begin() + std::ptrdiff_t(at.size() / 2), at.end());
+        wall_us[t] = at[at.size() / 2];
     }
-    progress.finish();
+    out["passes"] = passes.size();
+    out["timed_seconds"] = timed_s;
     out["per_token"] = {{"wall_us", wall_us},
                         {"read_bytes", read_bytes},
                         {"major_faults", major_faults},
@@ -453,6 +485,7 @@ json probe_run(const WorkerSpec & s) {
 json to_json(const WorkerSpec & s) {
     return {{"mode", s.mode},         {"label", s.label},     {"model", s.model.string()}, {"threads", s.threads},
             {"tokens", s.tokens},   {"warmup", s.warmup},        {"ctx", s.ctx}, {"repack", s.repack},
+            {"min_seconds", s.min_seconds},
             {"trace", s.trace.string()}, {"trace_all", s.trace_all.string()}, {"trace_top", s.trace_top}, {"trace_meta", s.trace_meta},
             {"probe_bytes", s.probe_bytes}, {"seed", s.seed}, {"probe_cache_bytes", s.probe_cache_bytes},
             {"readaround_bytes", s.readaround_bytes}, {"residency_every", s.residency_every},
@@ -485,6 +518,7 @@ WorkerSpec worker_spec_from_json(const json & j, const std::string & origin) {
         s.threads = j.at("threads").get<int>();
         s.tokens = j.at("tokens").get<std::vector<int32_t>>();
         s.warmup = j.at("warmup").get<int>();
+        s.min_seconds = j.at("min_seconds").get<double>();
         s.ctx = j.at("ctx").get<int>();
         s.repack = j.at("repack").get<bool>();
         s.trace = j.at("trace").get<std::string>();

@@ -22,6 +22,9 @@ struct WorkerSpec {
     // decode: `warmup` untimed tokens, then the timed ones, at positions 0.. of one sequence.
     std::vector<int32_t> tokens;
     int warmup = 0;
+    // decode: the timed tokens are decoded again (from an empty context) until this much
+    // decode is timed; each token's time is then its median over the passes.
+    double min_seconds = 0;
     int ctx = 0;
     bool repack = true;               // llama.cpp's default: weights it can repack are copied into memory
     // decode: after every `residency_every`-th timed token (0: never), which of

@@ -81,22 +81,25 @@ PlanCommands commands_of(const PlanOption & o, const PlanOptions & opt, const Ge
         c.notes.push_back(fmt::format("{} has no llama-server: the command names the one on the PATH", opt.llama_bin.string()));
     }
     c.llama_server.insert(c.llama_server.end(), flags.begin(), flags.end());
-    if (measured && o.measured && o.measured->read_ahead_kb && measured->report().read_ahead_kb &&
-        *o.measured->read_ahead_kb != *measured->report().read_ahead_kb && !measured->report().storage_device.empty()) {
+    // The read-ahead the option was measured or priced at.
+    const std::optional<uint64_t> at = o.measured ? o.measured->read_ahead_kb : o.read_ahead_kb;
+    if (measured && at && measured->report().read_ahead_kb && *at != *measured->report().read_ahead_kb &&
+        !measured->report().storage_device.empty()) {
         const MeasureReport & r = measured->report();
         // blockdev counts 512-byte sectors.
-        c.read_ahead = {"blockdev", "--setra", std::to_string(*o.measured->read_ahead_kb * 2), "/dev/" + r.storage_device};
+        c.read_ahead = {"blockdev", "--setra", std::to_string(*at * 2), "/dev/" + r.storage_device};
         std::string compared;
         for (const MeasuredRun & run : r.runs) {
-            if (run.ram == o.measured->ram && run.read_ahead_kb == r.read_ahead_kb && run.decode.tokens_per_second > 0) {
+            if (o.measured && run.ram == o.measured->ram && run.read_ahead_kb == r.read_ahead_kb &&
+                run.decode.tokens_per_second > 0) {
                 compared = fmt::format(": measured {:.2f}× the tokens/s of the device's current {} KB under the same limit",
                                        o.tok_per_s.value_or(0) / run.decode.tokens_per_second, *r.read_ahead_kb);
             }
         }
-        c.notes.push_back(fmt::format("blockdev (as root) sets /dev/{}'s read-ahead to {} KB, the one this was measured "
+        c.notes.push_back(fmt::format("blockdev (as root) sets /dev/{}'s read-ahead to {} KB, the one this was {} "
                                       "at{}; it lasts until a reboot, and `blockdev --setra {} /dev/{}` puts it back",
-                                      r.storage_device, *o.measured->read_ahead_kb, compared, *r.read_ahead_kb * 2,
-                                      r.storage_device));
+                                      r.storage_device, *at, o.measured || o.shortlist ? "measured" : "priced", compared,
+                                      *r.read_ahead_kb * 2, r.storage_device));
     } else if (measured && measured->report().read_ahead_kb && o.policy != "resident") {
         const MeasureReport & r = measured->report();
         c.notes.push_back(fmt::format("the speed streams from {} at its read-ahead when measured, {} KB (blockdev "

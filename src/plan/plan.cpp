@@ -387,8 +387,10 @@ void Planner::add_streamed_options() {
         o.resident_bytes = std::min(g.other + double(s.k) * g.sum(), budget > 0 ? budget : s.limit_bytes);
         o.read_bytes_per_token = s.prediction.read_bytes_per_token;
         o.tok_per_s = s.prediction.tokens_per_second;
-        o.source = fmt::format("predicted: the sliced model mapped by llama.cpp under {} (measure's page-cache "
-                               "predictor over the held-out trace as it routes)", s.ram);
+        o.read_ahead_kb = s.read_ahead_kb;
+        o.source = fmt::format("predicted: the sliced model mapped by llama.cpp under {}{} (measure's page-cache "
+                               "predictor over the held-out trace as it routes)", s.ram,
+                               s.read_ahead_kb ? fmt::format(" at a read-ahead of {} KB", *s.read_ahead_kb) : "");
         if (!s.prediction.outside_model.empty()) {
             o.note = "the prediction is not an answer: " + s.prediction.outside_model;
         }
@@ -406,7 +408,7 @@ void Planner::apply_shortlist() {
         const auto same = [&](const PlanOption & o) {
             return o.k == ran.k && o.criterion == ran.criterion && o.policy == ran.policy &&
                    o.cache_experts == ran.cache_experts && o.cache_scope == ran.cache_scope && o.lambda == ran.lambda &&
-                   !o.measured;
+                   o.read_ahead_kb == ran.read_ahead_kb && !o.measured;
         };
         const auto it = std::find_if(options.begin(), options.end(), same);
         if (it == options.end()) {

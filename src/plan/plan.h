@@ -26,6 +26,7 @@ struct StreamedSlice {
     std::string keep_map;
     std::string ram;                       // the limit, as given
     double limit_bytes = 0;
+    std::optional<uint64_t> read_ahead_kb; // the calibration's it was priced with
     StreamPrediction prediction;
 };
 

@@ -64,7 +64,8 @@ std::vector<fs::path> measure_shortlist(const RunOptions & opt, const RunPaths &
     std::vector<fs::path> summaries;
     for (const size_t i : shortlist_of(plan, c.measure_shortlist)) {
         const PlanOption & o = plan.options[i];
-        const std::string label = keep_map_label(o.criterion, o.k) + (o.policy == "resident" ? "" : "-" + o.policy);
+        const std::string label = keep_map_label(o.criterion, o.k) + (o.policy == "resident" ? "" : "-" + o.policy) +
+                                  (o.read_ahead_kb ? fmt::format("-ra{}", *o.read_ahead_kb) : "");
         fs::path model = c.model;
         if (o.k < plan.n_expert) {
             SliceOptions s;
@@ -74,7 +75,12 @@ std::vector<fs::path> measure_shortlist(const RunOptions & opt, const RunPaths &
             slice_model(s);
         }
         const fs::path measure_json = dir / (label + ".measure.json");
-        const std::vector<fs::path> measured = measure_to(opt, model, at.eval_text, {c.ram}, measure_json);
+        // A streamed slice priced at another read-ahead is measured at that one (measure puts the device's back).
+        std::vector<uint64_t> read_ahead;
+        if (o.read_ahead_kb) {
+            read_ahead.push_back(*o.read_ahead_kb);
+        }
+        const std::vector<fs::path> measured = measure_to(opt, model, at.eval_text, {c.ram}, measure_json, read_ahead);
         if (model != c.model) {
             fs::remove(model);   // a model's worth of disk per option; the measure report says what it was
         }

@@ -65,7 +65,13 @@ std::vector<StreamedSlice> price_streamed_slices(const std::filesystem::path & m
                                                  const std::filesystem::path & scratch) {
     const MeasureFile measured = read_measure_report(measure_json);
     const MeasureReport & r = measured.report;
-    if (!r.probed || r.calibration.read_gbps <= 0) {
+    std::vector<const StreamCalibration *> calibrations;   // one per read-ahead measured
+    for (const StreamCalibration & c : r.calibrations) {
+        if (r.probed && c.read_gbps > 0) {
+            calibrations.push_back(&c);
+        }
+    }
+    if (calibrations.empty()) {
         return {};
     }
     const GgufModel original = GgufModel::open(model);
@@ -90,14 +96,17 @@ std::vector<StreamedSlice> price_streamed_slices(const std::filesystem::path & m
         s.keep = map;
         s.output = scratch / (map.stem().string() + ".gguf");
         slice_model(s);
-        StreamedSlice priced{keep.metric.empty() ? map.stem().string() : keep.metric, keep.k, map.string(), ram, limit, {}};
         {
             const GgufModel sliced = GgufModel::open(s.output);
             const SlicedTrace routed(heldout, keep, uint32_t(info.n_expert_used), map.string());
-            priced.prediction = predict_stream(sliced, routed, kWarmup, uint64_t(limit), r.calibration);
+            for (const StreamCalibration * c : calibrations) {
+                StreamedSlice priced{keep.metric.empty() ? map.stem().string() : keep.metric, keep.k, map.string(), ram,
+                                     limit, c->read_ahead_kb, {}};
+                priced.prediction = predict_stream(sliced, routed, kWarmup, uint64_t(limit), *c);
+                out.push_back(std::move(priced));
+            }
         }
         std::filesystem::remove(s.output);   // a model's worth of disk per K
-        out.push_back(std::move(priced));
     }
     std::error_code ec;
     std::filesystem::remove(scratch, ec);   // only when empty: nothing of this pass is left

@@ -24,7 +24,8 @@ VerifySummary measured_option(const PlanOption & o, const std::string & plan_pat
 
 // Every keep map in `maps` whose model does not fit in `ram` with `measure_json`'s process
 // memory, sliced into `scratch` (then deleted) and priced by measure's page-cache predictor
-// over the held-out `trace` as the sliced model routes it. None without a storage probe.
+// over the held-out `trace` as the sliced model routes it: one per read-ahead measure
+// calibrated at, so that the plan can recommend the read-ahead too. None without a probe.
 std::vector<StreamedSlice> price_streamed_slices(const std::filesystem::path & model,
                                                  const std::vector<std::filesystem::path> & maps,
                                                  const std::filesystem::path & trace,

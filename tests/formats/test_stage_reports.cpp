@@ -298,6 +298,7 @@ TEST(StageReports, APlanOptionAndItsCommandsSurviveTheRoundTripWithEveryFieldSet
     o.runs_on = kRunsOnLlamaCpp;
     o.runs_on_note = "runs";
     o.keep_map = "maps/freq-k12.json";
+    o.read_ahead_kb = 128;
     o.measured = PlanMeasuredFigures{"25%", 1.5e9, 3.25, 20.0};
     o.bound = true;
     o.kld_mean = 0.02;
@@ -308,7 +309,7 @@ TEST(StageReports, APlanOptionAndItsCommandsSurviveTheRoundTripWithEveryFieldSet
     const json written = to_json(o);
     const json again = to_json(read_plan_option(JsonFields(written, "plan.json", "options[0]")));
     EXPECT_EQ(again, written);
-    for (const char * key : {"runs_on", "keep_map", "measured_limit_bytes", "kld_note", "note", "runs_on_note"}) {
+    for (const char * key : {"runs_on", "keep_map", "read_ahead_kb", "measured_limit_bytes", "kld_note", "note", "runs_on_note"}) {
         EXPECT_TRUE(written.contains(key)) << key;
     }
 

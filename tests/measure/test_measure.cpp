@@ -1,8 +1,13 @@
 // `moeprune measure` end to end where this machine lets it make a memory cgroup (root or
 // a delegated cgroup); skipped with the reason where it cannot.
+#include "formats/keep_map.h"
 #include "formats/trace.h"
 #include "measure/cgroup.h"
 #include "measure/measure.h"
+#include "measure/predict.h"
+#include "model/inspect.h"
+#include "model/model_file.h"
+#include "run/shortlist.h"
 #include "support/test_support.h"
 
 #include <gtest/gtest.h>
@@ -70,7 +75,7 @@ TEST(Measure, DecodesUnderLimitsPredictsAndTracesTheTimedTokens) {
     make_inputs(dir);
     const fs::path out = dir / "m.json", trace = dir / "m.mptrace";
     const auto r = test::run_command(
-        moeprune_cmd(measure_args(dir, fmt::format("--ram 50%,200% --json {} --trace {} --llama-bench {}", out.string(),
+        moeprune_cmd(measure_args(dir, fmt::format("--ram 50%,200% --min-seconds 0.5 --json {} --trace {} --llama-bench {}", out.string(),
                                                    trace.string(), test::bin("llama-bench").string()))));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const json m = json::parse(test::read_bytes(out));
@@ -88,6 +93,7 @@ TEST(Measure, DecodesUnderLimitsPredictsAndTracesTheTimedTokens) {
         EXPECT_LE(run.at("peak_bytes").get<uint64_t>(), run.at("limit_bytes").get<uint64_t>());
         EXPECT_EQ(run.at("decode").at("tokens"), 16);
         EXPECT_EQ(run.at("detail").at("per_token").at("wall_us").size(), 16u);
+        EXPECT_EQ(run.at("detail").at("per_token").at("major_faults").size(), 16u);
         EXPECT_GT(run.at("decode").at("tokens_per_second").get<double>(), 0);
         EXPECT_GT(run.at("predicted").at("tokens_per_second").get<double>(), 0);
         EXPECT_GE(run.at("error").get<double>(), 0);
@@ -135,12 +141,51 @@ TEST(Measure, DecodesUnderLimitsPredictsAndTracesTheTimedTokens) {
         EXPECT_GE(resident.at("load_read_bytes").get<double>(), 0.9 * m.at("model").at("file_bytes").get<double>());
     }
     EXPECT_EQ(m.at("resident").at("decode").at("major_faults_per_token"), 0.0);
+    // 16 tokens of this model decode in far less than --min-seconds: the resident run decoded
+    // them again until that much was timed, each token's time the median of its passes.
+    EXPECT_GT(resident.at("passes").get<int>(), 1) << resident.at("timed_seconds");
+    EXPECT_TRUE(resident.at("timed_seconds").get<double>() >= 0.5 || resident.at("passes") == 64) << resident;
+    EXPECT_EQ(m.at("settings").at("min_seconds"), 0.5);
     EXPECT_GT(m.at("probe").at("experts").get<int>(), 0);
     // The probe's sequential reads give the device's rate, and its faults the wait beyond it.
     EXPECT_GT(m.at("probe").at("sequential_gbps").get<double>(), 0) << m.at("probe");
     if (m.at("probe").at("fault_ms").is_number()) {
         EXPECT_GE(m.at("probe").at("fault_ms").get<double>(), 0) << m.at("probe");
-        EXPECT_EQ(m.at("calibration").at("read_gbps"), m.at("probe").at("sequential_gbps"));
+    }
+    // The read rate the plan prices with is the decode's own, fitted on the limits that
+    // streamed; each limit's prediction used the rate of the others (the probe's where none).
+    const json & calibration = m.at("calibration");
+    const double compute_ms = calibration.at("compute_ms").get<double>();
+    const auto fit = [&](const json * left_out, std::vector<std::string> & on) {
+        std::vector<StreamFitPoint> points;
+        for (const json & run : m.at("runs")) {
+            if (&run != left_out && run.at("predicted").at("read_bytes_per_token").get<double>() > 0) {
+                points.push_back({run.at("predicted").at("read_bytes_per_token").get<double>(),
+                                  run.at("decode").at("ms_per_token").at("mean").get<double>()});
+                on.push_back(run.at("ram").get<std::string>());
+            }
+        }
+        return fitted_read_gbps(points, compute_ms);
+    };
+    std::vector<std::string> on;
+    if (const double all = fit(nullptr, on); all > 0) {
+        EXPECT_EQ(calibration.at("fitted_on").get<std::vector<std::string>>(), on);
+        EXPECT_DOUBLE_EQ(calibration.at("read_gbps").get<double>(), all);
+        EXPECT_EQ(calibration.at("fault_ms").get<double>(), 0.0);
+    } else {
+        EXPECT_TRUE(calibration.at("fitted_on").empty()) << calibration;
+        EXPECT_EQ(calibration.at("read_gbps"), m.at("probe").at("sequential_gbps"));
+    }
+    for (const json & run : m.at("runs")) {
+        std::vector<std::string> others;
+        const double gbps = fit(&run, others);
+        const json & p = run.at("predicted");
+        const double transfer_ms = p.at("read_bytes_per_token").get<double>() / 1e6;
+        const double expected = gbps > 0 ? compute_ms + transfer_ms / gbps
+                                         : compute_ms + p.at("faults_per_token").get<double>() *
+                                                            m.at("probe").value("fault_ms", 0.0) +
+                                               transfer_ms / m.at("probe").at("sequential_gbps").get<double>();
+        EXPECT_NEAR(p.at("ms_per_token").get<double>(), expected, 1e-6 * expected) << run.at("ram");
     }
     EXPECT_TRUE(m.at("median_error").is_number());
     // The trace holds exactly the timed tokens, after the warm-up.
@@ -419,8 +464,11 @@ TEST(Measure, ReadAheadIsMeasuredAtEachSettingAndPutBackEvenAfterAKill) {
         EXPECT_NE(r.output.find("needs root"), std::string::npos) << r.output;
         GTEST_SKIP() << "not root: only the refusal is checked";
     }
-    auto r = test::run_command(
-        env + moeprune_cmd(measure_args(dir, fmt::format("--ram 50% --read-ahead-kb 128,256 --json {}", out.string()))));
+    const fs::path trace = dir / "m.mptrace";
+    auto r = test::run_command(env + moeprune_cmd(measure_args(
+                                         dir, fmt::format("--ram 50% --read-ahead-kb 128,256 --json {} --trace {}",
+                                                          out.string(), trace.string()),
+                                         40)));
     if (r.exit_code != 0 && r.output.find("no block device whose read-ahead") != std::string::npos) {
         GTEST_SKIP() << "the temporary folder has no block device: " << r.output;
     }
@@ -446,12 +494,47 @@ TEST(Measure, ReadAheadIsMeasuredAtEachSettingAndPutBackEvenAfterAKill) {
             EXPECT_NE(c.at("compute_ms").get<double>(),
                       m.at("resident").at("decode").at("ms_per_token").at("mean").get<double>());
         }
+        // The only limit at its read-ahead: predicted with the probe's figures, and the
+        // calibration kept for the plan fitted on it where it streamed.
         const json & p = run.at("predicted");
+        const json & probe = m.at("probes").at(i);
         EXPECT_NEAR(p.at("ms_per_token").get<double>(),
-                    c.at("compute_ms").get<double>() + p.at("faults_per_token").get<double>() * c.at("fault_ms").get<double>() +
-                        p.at("read_bytes_per_token").get<double>() / (c.at("read_gbps").get<double>() * 1e6),
+                    c.at("compute_ms").get<double>() + p.at("faults_per_token").get<double>() * probe.value("fault_ms", 0.0) +
+                        p.at("read_bytes_per_token").get<double>() / (probe.at("sequential_gbps").get<double>() * 1e6),
                     1e-6 * p.at("ms_per_token").get<double>());
+        const std::vector<StreamFitPoint> own{{p.at("read_bytes_per_token").get<double>(),
+                                               run.at("decode").at("ms_per_token").at("mean").get<double>()}};
+        const double fitted = fitted_read_gbps(own, c.at("compute_ms").get<double>());
+        EXPECT_EQ(c.at("fitted_on").size(), fitted > 0 ? 1u : 0u) << c;
+        EXPECT_DOUBLE_EQ(c.at("read_gbps").get<double>(), fitted > 0 ? fitted : probe.at("sequential_gbps").get<double>());
     }
+    // A sliced model that does not fit is priced at each read-ahead calibrated, as run's
+    // plan offers it: its first 8 experts of 16, under room for 2 of them per layer.
+    const GgufModel gguf = GgufModel::open(dir / "m.gguf");
+    const InspectReport info = inspect_model(gguf, {});
+    KeepMap keep{16, 8, "first", nlohmann::json::object(), {}};
+    for (const int layer : info.routed_layers()) {
+        keep.layers[layer] = {0, 1, 2, 3, 4, 5, 6, 7};
+    }
+    write_keep_map(dir / "first-k8.json", keep);
+    double expert_sum = 0;
+    for (const double b : info.routed_layer_expert_bytes()) {
+        expert_sum += b;
+    }
+    const std::string ram = std::to_string(uint64_t(m.at("resident_need_bytes").get<double>() + 2 * expert_sum));
+    const std::vector<StreamedSlice> priced =
+        price_streamed_slices(dir / "m.gguf", {dir / "first-k8.json"}, trace, out, ram, dir / "streamed");
+    ASSERT_EQ(priced.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) {
+        EXPECT_EQ(priced[i].k, 8);
+        EXPECT_EQ(priced[i].read_ahead_kb, m.at("calibrations").at(i).at("read_ahead_kb").get<uint64_t>());
+        EXPECT_GT(priced[i].prediction.read_bytes_per_token, 0);
+        EXPECT_GT(priced[i].prediction.tokens_per_second, 0);
+    }
+    EXPECT_NE(priced[0].prediction.read_bytes_per_token, priced[1].prediction.read_bytes_per_token)
+        << "each with its own read-around";
+    EXPECT_FALSE(fs::exists(dir / "streamed")) << "the sliced model is deleted once priced";
+
     const fs::path setting = storage.at("read_ahead_file").get<std::string>();
     const std::string original = std::to_string(storage.at("read_ahead_kb").get<uint64_t>());
     const auto current = [&] {
@@ -488,4 +571,27 @@ TEST(Measure, ReadAheadIsMeasuredAtEachSettingAndPutBackEvenAfterAKill) {
         }
         EXPECT_EQ(current(), original);
     }
+}
+
+TEST(StreamFit, TheDecodesReadRateIsItsTimeBeyondComputePerSimulatedByte) {
+    // 150 ms beyond compute for 150 MB the simulation read: 1 GB/s, whatever the split.
+    const std::vector<StreamFitPoint> points{{100e6, 110}, {50e6, 60}};
+    EXPECT_DOUBLE_EQ(fitted_read_gbps(points, 10), 1.0);
+    EXPECT_DOUBLE_EQ(fitted_read_gbps(std::span(points).first(1), 10), 1.0);
+    EXPECT_DOUBLE_EQ(fitted_read_gbps(points, 35), 150e6 / 0.1 / 1e9);
+    // Nothing to fit on: no run read, or none took longer than compute.
+    EXPECT_EQ(fitted_read_gbps({}, 10), 0);
+    EXPECT_EQ(fitted_read_gbps(std::vector<StreamFitPoint>{{0, 50}}, 10), 0);
+    EXPECT_EQ(fitted_read_gbps(points, 200), 0);
+    // A prediction's time: compute, plus its faults' waits, plus its reads at the rate.
+    StreamPrediction p;
+    p.read_bytes_per_token = 20e6;
+    p.faults_per_token = 4;
+    StreamCalibration c;
+    c.compute_ms = 5;
+    c.read_gbps = 2;
+    c.fault_ms = 0.5;
+    time_stream(p, c);
+    EXPECT_DOUBLE_EQ(p.ms_per_token, 5 + 2 + 10);
+    EXPECT_DOUBLE_EQ(p.tokens_per_second, 1e3 / 17);
 }

@@ -247,6 +247,25 @@ TEST(Plan, RecommendsWhatStockLlamaCppRunsUnlessAskedForAnyAndSaysHowToRunIt) {
     EXPECT_NE(s["note"].get<std::string>().find("not an answer: a window over half the cache"), std::string::npos);
     EXPECT_NE(with_streamed["why"].get<std::string>().find("sliced and mapped from disk"), std::string::npos);
     EXPECT_EQ(with_streamed["commands"]["slice"][5], "maps/reap-k224.json");
+    EXPECT_FALSE(s.contains("read_ahead_kb")) << "priced at the device's own read-ahead";
+    // The same slice priced at each read-ahead measure calibrated: the faster setting is
+    // recommended with it, and the two are apart as options.
+    StreamedSlice at_128 = streamed;
+    at_128.read_ahead_kb = 128;
+    at_128.prediction.tokens_per_second = 30;
+    o.streamed = {streamed, at_128};
+    const json by_read_ahead = make_plan(o);
+    ASSERT_FALSE(by_read_ahead["recommended"].is_null()) << by_read_ahead["why"];
+    const json & fast = by_read_ahead["options"][by_read_ahead["recommended"].get<size_t>()];
+    EXPECT_EQ(fast["read_ahead_kb"], 128);
+    EXPECT_EQ(fast["tok_per_s"], 30);
+    EXPECT_NE(fast["source"].get<std::string>().find("read-ahead of 128 KB"), std::string::npos) << fast["source"];
+    EXPECT_NE(by_read_ahead["why"].get<std::string>().find("read-ahead of 128 KB"), std::string::npos) << by_read_ahead["why"];
+    size_t k224_streamed = 0;
+    for (const json & x : by_read_ahead["options"]) {
+        k224_streamed += x["k"] == 224 && x["policy"] == "page-cache";
+    }
+    EXPECT_EQ(k224_streamed, 2u);
     o.streamed.clear();
     o.runs_on = "any";
     const json any = make_plan(o);
