@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <set>
 
 namespace moeprune {
@@ -35,11 +36,42 @@ std::string label_of(const PlanOption & o) {
                            o.measured->read_ahead_kb ? fmt::format(", read-ahead {} KB", *o.measured->read_ahead_kb) : "");
     }
     if (o.policy == "page-cache") {
-        return fmt::format("K {} by {}, sliced and mapped from disk", o.k, o.criterion);
+        return fmt::format("K {} by {}, sliced and mapped from disk{}", o.k, o.criterion,
+                           o.read_ahead_kb ? fmt::format(", read-ahead {} KB", *o.read_ahead_kb) : "");
     }
     return o.policy == "resident" ? fmt::format("K {} by {}, resident", o.k, o.criterion)
-                                  : fmt::format("K {} by {}, {} of {} experts{}", o.k, o.criterion, o.policy,
-                                                o.cache_experts.value_or(0), o.cache_scope == "global" ? " (global)" : "");
+                                  : fmt::format("K {} by {}, {} of {} experts{}{}", o.k, o.criterion, o.policy,
+                                                o.cache_experts.value_or(0), o.cache_scope == "global" ? " (global)" : "",
+                                                o.lambda > 0 ? fmt::format(", MoCE λ {}", o.lambda) : "");
+}
+
+// What cache-aware routing (MoCE) adds to a cache: its fastest option with a KLD, against
+// the same cache routing as trained.
+std::string moce_html(const PlanFile & plan) {
+    const PlanOption * best = nullptr;
+    for (const PlanOption & o : plan.options) {
+        if (o.lambda > 0 && o.feasible && !o.bound && o.kld_mean && o.tok_per_s && (!best || *o.tok_per_s > *best->tok_per_s)) {
+            best = &o;
+        }
+    }
+    if (!best) {
+        return "<p>Cache-aware routing (MoCE: the router favours experts the cache holds among its top candidates) "
+               "was not replayed: a <code>lambdas</code> value above 0 in run.toml (<code>--lambda</code>) adds it, "
+               "its KLD measured with the cache in the loop.</p>\n";
+    }
+    const auto plain = std::find_if(plan.options.begin(), plan.options.end(), [&](const PlanOption & o) {
+        return o.lambda == 0 && o.k == best->k && o.criterion == best->criterion && o.policy == best->policy &&
+               o.cache_experts == best->cache_experts && o.cache_scope == best->cache_scope;
+    });
+    std::string out = fmt::format("<p>Cache-aware routing (MoCE, λ {}) on {}: {:.4g} tokens/s at mean KLD {:.4g} "
+                                  "({} loop)", best->lambda, html_escape(label_of(*best)), *best->tok_per_s,
+                                  *best->kld_mean, best->kld_loop);
+    if (plain != plan.options.end() && plain->tok_per_s && *plain->tok_per_s > 0) {
+        out += fmt::format(", against {:.4g} tokens/s (× {:.2f}) at mean KLD {} routed as trained", *plain->tok_per_s,
+                           *best->tok_per_s / *plain->tok_per_s,
+                           plain->kld_mean ? fmt::format("{:.4g}", *plain->kld_mean) : std::string("unknown"));
+    }
+    return out + ". Simulated, as the caches are: no llama.cpp release routes by what is cached.</p>\n";
 }
 
 std::string runs_on_html(const PlanFile & plan) {
@@ -77,7 +109,7 @@ std::string runs_on_html(const PlanFile & plan) {
         body += "<p>Belady's offline optimum, the most any cache could do: " + html_escape(label_of(*bound)) + ", " +
                 cell(or_null(bound->tok_per_s)) + " tokens/s.</p>\n";
     }
-    return body;
+    return body + moce_html(plan);
 }
 
 } // namespace
