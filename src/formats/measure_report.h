@@ -64,7 +64,7 @@ struct MeasuredRun {
     DecodeFigures decode;
     nlohmann::json detail;           // load, per-token series, the process's resident set
     bool predicted = false;          // a limited run, with a storage probe to calibrate reads
-    StreamPrediction prediction;     // from the resident run, the probe and the trace only
+    StreamPrediction prediction;     // from the resident run, the trace and the other limits' read rate (or the probe's)
     double error = 0;                // |predicted - measured| / measured tokens/s
     nlohmann::json llama_bench;      // llama-bench under the same limit; null when not run
     nlohmann::json residency;        // experts resident by mincore() against the simulation; null when not sampled

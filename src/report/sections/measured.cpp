@@ -44,8 +44,9 @@ std::string measured_html(const json & rows, const PlanInputFigures & plan) {
                       "bandwidth and compute time below.</p>\n";
     }
     body += "<p>llama.cpp's own decode of the whole model under each memory limit (moeprune measure, measure/measure.json), "
-            "beside what moeprune predicts for it from the resident run, the storage probe and the router trace alone "
-            "(report/measured.csv). Error is |predicted - measured| / measured tokens/s";
+            "beside what moeprune predicts for it from the resident run, the router trace and the read rate llama.cpp "
+            "met under the other limits at the same read-ahead (the storage probe's where none other streamed), never "
+            "from that limit's own run (report/measured.csv). Error is |predicted - measured| / measured tokens/s";
     if (plan.measured_median_error && plan.measured_max_error) {
         body += fmt::format(": median {:.0f}%, max {:.0f}%", 100 * *plan.measured_median_error,
                             100 * *plan.measured_max_error);
