@@ -79,11 +79,8 @@ std::string verify_stage(Runner & run, const RunOptions & opt, const RunPaths & 
     run.stage("verify", {{"ram", c.ram}, {"tokens", c.measure_tokens}, {"threads", c.threads},
                          {"read_ahead_kb", o->read_ahead_kb ? json(*o->read_ahead_kb) : json(nullptr)}},
               {model, at.eval_text, at.plan_json}, [&] {
-                  std::vector<uint64_t> read_ahead_kb;
-                  if (o->read_ahead_kb) {
-                      read_ahead_kb.push_back(*o->read_ahead_kb);   // what it was priced at
-                  }
-                  std::vector<fs::path> out = measure_to(opt, model, at.eval_text, {c.ram}, at.verify_json, read_ahead_kb);
+                  std::vector<fs::path> out =
+                      measure_to(opt, model, at.eval_text, {c.ram}, at.verify_json, read_ahead_of(*o));
                   const VerifySummary v = measured_option(*o, at.plan_json.string(), model, c.ram, at.verify_json);
                   const fs::path summary = at.dir / "verify" / "summary.json";
                   write_file_atomic(summary, to_json(v).dump(1) + "\n");

@@ -35,6 +35,10 @@ std::vector<fs::path> measure_to(const RunOptions & opt, const fs::path & model,
     return {json_out, text_out};
 }
 
+std::vector<uint64_t> read_ahead_of(const PlanOption & o) {
+    return o.read_ahead_kb ? std::vector<uint64_t>{*o.read_ahead_kb} : std::vector<uint64_t>{};
+}
+
 void measure_stage(Runner & run, const RunOptions & opt, const RunPaths & at) {
     const RunConfig & c = opt.config;
     run.stage("measure",
@@ -75,12 +79,8 @@ std::vector<fs::path> measure_shortlist(const RunOptions & opt, const RunPaths &
             slice_model(s);
         }
         const fs::path measure_json = dir / (label + ".measure.json");
-        // A streamed slice priced at another read-ahead is measured at that one (measure puts the device's back).
-        std::vector<uint64_t> read_ahead;
-        if (o.read_ahead_kb) {
-            read_ahead.push_back(*o.read_ahead_kb);
-        }
-        const std::vector<fs::path> measured = measure_to(opt, model, at.eval_text, {c.ram}, measure_json, read_ahead);
+        const std::vector<fs::path> measured =
+            measure_to(opt, model, at.eval_text, {c.ram}, measure_json, read_ahead_of(o));
         if (model != c.model) {
             fs::remove(model);   // a model's worth of disk per option; the measure report says what it was
         }

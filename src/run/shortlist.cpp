@@ -100,8 +100,11 @@ std::vector<StreamedSlice> price_streamed_slices(const std::filesystem::path & m
             const GgufModel sliced = GgufModel::open(s.output);
             const SlicedTrace routed(heldout, keep, uint32_t(info.n_expert_used), map.string());
             for (const StreamCalibration * c : calibrations) {
+                // Only a setting to change is named: the device's own needs no root to measure or run.
+                const std::optional<uint64_t> read_ahead =
+                    c->read_ahead_kb != r.read_ahead_kb ? c->read_ahead_kb : std::nullopt;
                 StreamedSlice priced{keep.metric.empty() ? map.stem().string() : keep.metric, keep.k, map.string(), ram,
-                                     limit, c->read_ahead_kb, {}};
+                                     limit, read_ahead, {}};
                 priced.prediction = predict_stream(sliced, routed, kWarmup, uint64_t(limit), *c);
                 out.push_back(std::move(priced));
             }

@@ -84,6 +84,10 @@ std::vector<fs::path> measure_to(const RunOptions & opt, const fs::path & model,
                                  const std::vector<std::string> & ram, const fs::path & json_out,
                                  const std::vector<uint64_t> & read_ahead_kb = {});
 
+// The read-ahead to measure option `o` at: the one it was priced at, where that is not the
+// device's own (measure then sets it, and puts the device's back); empty otherwise.
+std::vector<uint64_t> read_ahead_of(const PlanOption & o);
+
 // llama.cpp's own decode under every --measure limit: what the plan's timing comes from.
 void measure_stage(Runner & run, const RunOptions & opt, const RunPaths & at);
 
