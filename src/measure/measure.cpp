@@ -566,7 +566,7 @@ void Measurement::predict() {
     std::vector<double> errors;
     for (MeasuredRun & r : rep_.runs) {
         StreamCalibration c = *calibration_of(r);
-        if (const double gbps = fitted_read_gbps(fit_points(c, &r, nullptr), c.compute_ms); gbps > 0) {
+        if (const double gbps = fitted_read_gbps(fit_points(c, &r, nullptr), c.compute_ms, c.read_gbps); gbps > 0) {
             c.read_gbps = gbps;
             c.fault_ms = 0;
         }
@@ -576,7 +576,7 @@ void Measurement::predict() {
     }
     for (StreamCalibration & c : rep_.calibrations) {
         std::vector<std::string> on;
-        if (const double gbps = fitted_read_gbps(fit_points(c, nullptr, &on), c.compute_ms); gbps > 0) {
+        if (const double gbps = fitted_read_gbps(fit_points(c, nullptr, &on), c.compute_ms, c.read_gbps); gbps > 0) {
             c.read_gbps = gbps;
             c.fault_ms = 0;
             c.fitted_on = on;

@@ -209,13 +209,14 @@ void time_stream(StreamPrediction & p, const StreamCalibration & c) {
     p.tokens_per_second = p.ms_per_token > 0 ? 1e3 / p.ms_per_token : 0;
 }
 
-double fitted_read_gbps(std::span<const StreamFitPoint> points, double compute_ms) {
+double fitted_read_gbps(std::span<const StreamFitPoint> points, double compute_ms, double most_gbps) {
     double bytes = 0, excess_ms = 0;
     for (const StreamFitPoint & f : points) {
         bytes += f.predicted_read_bytes_per_token;
         excess_ms += f.measured_ms_per_token - compute_ms;
     }
-    return bytes > 0 && excess_ms > 0 ? bytes / (excess_ms / 1e3) / 1e9 : 0;
+    const double gbps = bytes > 0 && excess_ms > 0 ? bytes / (excess_ms / 1e3) / 1e9 : 0;
+    return gbps <= most_gbps ? gbps : 0;
 }
 
 } // namespace moeprune

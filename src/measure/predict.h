@@ -35,7 +35,9 @@ struct StreamFitPoint {
 // simulated byte, summed. It folds in what the probe's random reads do not see (how the
 // graph's threads wait on each other's faults, reclaim under the limit), which put the
 // probe's figures 30-80% from the measured ones (docs/measure.md). 0 when the points read
-// nothing or took no longer than compute.
-double fitted_read_gbps(std::span<const StreamFitPoint> points, double compute_ms);
+// nothing, took no longer than compute, or make a rate above `most_gbps` (the device's
+// sequential rate: faults never read faster, so such a fit is timing noise over a few
+// simulated bytes, as a limit that reads almost nothing gives).
+double fitted_read_gbps(std::span<const StreamFitPoint> points, double compute_ms, double most_gbps);
 
 } // namespace moeprune

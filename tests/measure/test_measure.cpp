@@ -166,7 +166,7 @@ TEST(Measure, DecodesUnderLimitsPredictsAndTracesTheTimedTokens) {
                 on.push_back(run.at("ram").get<std::string>());
             }
         }
-        return fitted_read_gbps(points, compute_ms);
+        return fitted_read_gbps(points, compute_ms, m.at("probe").at("sequential_gbps").get<double>());
     };
     std::vector<std::string> on;
     if (const double all = fit(nullptr, on); all > 0) {
@@ -507,7 +507,8 @@ TEST(Measure, ReadAheadIsMeasuredAtEachSettingAndPutBackEvenAfterAKill) {
                     1e-6 * p.at("ms_per_token").get<double>());
         const std::vector<StreamFitPoint> own{{p.at("read_bytes_per_token").get<double>(),
                                                run.at("decode").at("ms_per_token").at("mean").get<double>()}};
-        const double fitted = fitted_read_gbps(own, c.at("compute_ms").get<double>());
+        const double fitted =
+            fitted_read_gbps(own, c.at("compute_ms").get<double>(), probe.at("sequential_gbps").get<double>());
         EXPECT_EQ(c.at("fitted_on").size(), fitted > 0 ? 1u : 0u) << c;
         EXPECT_DOUBLE_EQ(c.at("read_gbps").get<double>(), fitted > 0 ? fitted : probe.at("sequential_gbps").get<double>());
     }
@@ -582,13 +583,19 @@ TEST(Measure, ReadAheadIsMeasuredAtEachSettingAndPutBackEvenAfterAKill) {
 TEST(StreamFit, TheDecodesReadRateIsItsTimeBeyondComputePerSimulatedByte) {
     // 150 ms beyond compute for 150 MB the simulation read: 1 GB/s, whatever the split.
     const std::vector<StreamFitPoint> points{{100e6, 110}, {50e6, 60}};
-    EXPECT_DOUBLE_EQ(fitted_read_gbps(points, 10), 1.0);
-    EXPECT_DOUBLE_EQ(fitted_read_gbps(std::span(points).first(1), 10), 1.0);
-    EXPECT_DOUBLE_EQ(fitted_read_gbps(points, 35), 150e6 / 0.1 / 1e9);
+    constexpr double kAny = 1e9;
+    EXPECT_DOUBLE_EQ(fitted_read_gbps(points, 10, kAny), 1.0);
+    EXPECT_DOUBLE_EQ(fitted_read_gbps(std::span(points).first(1), 10, kAny), 1.0);
+    EXPECT_DOUBLE_EQ(fitted_read_gbps(points, 35, kAny), 150e6 / 0.1 / 1e9);
     // Nothing to fit on: no run read, or none took longer than compute.
-    EXPECT_EQ(fitted_read_gbps({}, 10), 0);
-    EXPECT_EQ(fitted_read_gbps(std::vector<StreamFitPoint>{{0, 50}}, 10), 0);
-    EXPECT_EQ(fitted_read_gbps(points, 200), 0);
+    EXPECT_EQ(fitted_read_gbps({}, 10, kAny), 0);
+    EXPECT_EQ(fitted_read_gbps(std::vector<StreamFitPoint>{{0, 50}}, 10, kAny), 0);
+    EXPECT_EQ(fitted_read_gbps(points, 200, kAny), 0);
+    // Faster than the device reads sequentially: a few simulated bytes over timing noise
+    // (a limit that reads almost nothing once made 16,333 GB/s), not a rate.
+    EXPECT_DOUBLE_EQ(fitted_read_gbps(points, 10, 1.0), 1.0);
+    EXPECT_EQ(fitted_read_gbps(points, 10, 0.99), 0);
+    EXPECT_EQ(fitted_read_gbps(std::vector<StreamFitPoint>{{1e5, 10.001}}, 10, 3.0), 0);
     // A prediction's time: compute, plus its faults' waits, plus its reads at the rate.
     StreamPrediction p;
     p.read_bytes_per_token = 20e6;
