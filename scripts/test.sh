@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # make test: the whole suite, each assertion once (docs/reliability.md, "What runs where").
-#   1. the plain build (BUILD): moeprune, the peers, the arch and realism executables;
-#   2. the check build (CHECK): the same code with moeprune's own under ASan+UBSan and
-#      libFuzzer coverage, llama.cpp uninstrumented (its objects from ccache), the test
-#      executable and the fuzz targets;
-#   3. unit, model, matrix and e2e under the sanitizers, in CHECK;
-#   4. arch and realism plain, in BUILD (llama.cpp's graphs and the trained model's decode);
-#   5. every fuzz target for SMOKE_RUNS executions from the committed seeds.
+#   1. the check build (CHECK): moeprune's code under ASan+UBSan and libFuzzer coverage,
+#      llama.cpp uninstrumented, the peers, the test executables and the fuzz targets;
+#   2. every tier (unit, model, matrix, e2e, arch, realism) under the sanitizers, in one
+#      ctest run, so the longest tests start first beside the rest;
+#   3. every fuzz target for SMOKE_RUNS executions from the committed seeds.
+# moeprune's code is compiled once: a plain build of it beside the check build was a
+# third of a cold run (docs/reliability.md), for tests that ran as well sanitized.
 # Prints the wall time of every phase and the 20 slowest tests, and fails at the first
 # failing phase (after printing what ran).
 #
-#   scripts/test.sh BUILD CHECK JOBS SMOKE_RUNS
+#   scripts/test.sh CHECK JOBS SMOKE_RUNS
 set -euo pipefail
-build=$1 check=$2 jobs=$3 smoke_runs=$4
+check=$1 jobs=$2 smoke_runs=$3
 phases=() seconds=()
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
@@ -59,11 +59,8 @@ run_ctest() {
   return "${PIPESTATUS[0]}"
 }
 
-phase "build: plain ($build)" cmake --build "$build" -j "$jobs" \
-  --target moeprune llama-peers moeprune_arch_tests moeprune_realism_tests
-phase "build: check, ASan+UBSan+fuzz ($check)" cmake --build "$check" -j "$jobs" \
-  --target moeprune llama-peers moeprune_tests fuzz-targets
-phase "tests: unit, model, matrix, e2e under ASan+UBSan" run_ctest "$check" check -L 'unit|model|matrix|e2e' -LE realism
-phase "tests: arch, realism plain" run_ctest "$build" plain -L 'arch|realism'
+phase "build: ASan+UBSan+fuzz ($check)" cmake --build "$check" -j "$jobs" \
+  --target moeprune llama-peers moeprune_tests moeprune_arch_tests moeprune_realism_tests fuzz-targets
+phase "tests: every tier under ASan+UBSan" run_ctest "$check" check -L 'unit|model|matrix|e2e|arch|realism'
 phase "fuzz smoke: $smoke_runs runs per target" bash "$(dirname "$0")/fuzz.sh" "$check" "$smoke_runs"
 summary

@@ -32,6 +32,10 @@ void add_measure(CLI::App & app, Action & action) {
                     "A run whose timed tokens take less decodes them again, until this much decode is timed; each "
                     "token's time is its median over the passes")
         ->capture_default_str();
+    sub->add_option("--repeats", opt->repeats,
+                    "Measure every limit (and the resident decode) this many times, one round of all limits after "
+                    "another; each limit's figures are those of its median run")
+        ->capture_default_str();
     sub->add_option("-c,--ctx-size", opt->ctx, "Context size (0: warmup + tokens)")->capture_default_str();
     sub->add_option("-t,--threads", opt->threads, "Threads (0: one per core)")->check(thread_count())->capture_default_str();
     sub->add_option("--probe-mib", opt->probe_mib, "Storage probe: MiB of random experts read cold (0: none)")

@@ -48,6 +48,7 @@ json to_json(const MeasuredRun & r) {
             {"error", r.predicted ? json(r.error) : json()},
             {"residency", r.residency},
             {"llama_bench", r.llama_bench},
+            {"repeats_tokens_per_second", r.repeats_tokens_per_second},
             {"detail", r.detail}};
 }
 
@@ -78,7 +79,8 @@ json to_json(const StreamCalibration & c) {
             {"process_bytes", c.process_bytes},
             {"page_bytes", c.page_bytes},
             {"readaround_bytes", c.readaround_bytes},
-            {"fitted_on", c.fitted_on}};
+            {"fitted_on", c.fitted_on},
+            {"compute_ms_repeats", c.compute_ms_repeats}};
 }
 
 // Physical bounds, far outside any machine: a token in at most 1000 s, at most 10^6
@@ -161,6 +163,9 @@ MeasuredRun read_run(const JsonFields & run, bool limited) {
     r.llama_bench = optional_json(run, "llama_bench");
     r.read_ahead_kb = optional_read_ahead(run);
     r.residency = optional_json(run, "residency");
+    if (run.has("repeats_tokens_per_second")) {
+        r.repeats_tokens_per_second = run.numbers("repeats_tokens_per_second", 0, kMostTokPerS);
+    }
     if (run.has("predicted")) {
         const JsonFields p = run.object("predicted");
         StreamPrediction & s = r.prediction;
@@ -190,6 +195,9 @@ StreamCalibration read_calibration(const JsonFields & c) {
     k.readaround_bytes = uint64_t(c.number("readaround_bytes", 0, kMostBytes));
     if (c.has("fitted_on")) {
         k.fitted_on = c.strings("fitted_on");
+    }
+    if (c.has("compute_ms_repeats")) {
+        k.compute_ms_repeats = c.numbers("compute_ms_repeats", 0, 1e6);
     }
     return k;
 }

@@ -30,6 +30,9 @@ struct StreamCalibration {
     // The limited runs (--ram as written) whose decode read_gbps was fitted on, fault_ms
     // then 0; empty: both are the storage probe's.
     std::vector<std::string> fitted_on;
+    // With measure --repeats: every repeat's resident decode at this read-ahead, in the
+    // order measured; compute_ms is their median.
+    std::vector<double> compute_ms_repeats;
 };
 
 struct StreamPrediction {
@@ -68,6 +71,9 @@ struct MeasuredRun {
     double error = 0;                // |predicted - measured| / measured tokens/s
     nlohmann::json llama_bench;      // llama-bench under the same limit; null when not run
     nlohmann::json residency;        // experts resident by mincore() against the simulation; null when not sampled
+    // With measure --repeats: every repeat's tokens/s under this limit, in the order
+    // measured; the run kept (decode, detail) is the one of their median.
+    std::vector<double> repeats_tokens_per_second;
 };
 
 struct ProbeFigures {

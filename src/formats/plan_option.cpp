@@ -125,6 +125,9 @@ json to_json(const PlanOption & o) {
     if (o.read_ahead_kb) {
         out["read_ahead_kb"] = *o.read_ahead_kb;
     }
+    if (!o.outside_model.empty()) {
+        out["outside_model"] = o.outside_model;
+    }
     if (o.measured) {
         out["measured_ram"] = o.measured->ram;
         out["measured_limit_bytes"] = o.measured->limit_bytes;
@@ -184,6 +187,7 @@ PlanOption read_plan_option(const JsonFields & f) {
     if (f.has("read_ahead_kb")) {
         o.read_ahead_kb = uint64_t(f.integer("read_ahead_kb", 0, int64_t(1) << 40));
     }
+    o.outside_model = optional_text(f, "outside_model");
     if (f.has("measured_ram")) {
         o.measured = PlanMeasuredFigures{f.string("measured_ram"),
                                          f.has("measured_limit_bytes") ? f.number("measured_limit_bytes", 0, kInf) : 0.0,

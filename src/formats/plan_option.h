@@ -74,6 +74,10 @@ struct PlanOption {
     // A sliced model streamed by llama.cpp: the device read-ahead it was priced at (KB);
     // none: the device's own when measured.
     std::optional<uint64_t> read_ahead_kb;
+    // Why its predicted tokens/s is outside what measure's predictor models (measure's
+    // StreamPrediction::outside_model); empty when it is not. Such a prediction is never the
+    // answer: the option is recommended only once measured.
+    std::string outside_model;
     std::optional<PlanMeasuredFigures> measured;
     std::optional<PlanShortlistFigures> shortlist;   // measured: tok_per_s is the measured figure
     bool feasible = true;

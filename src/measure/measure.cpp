@@ -95,10 +95,10 @@ private:
     void find_cgroups();
     void resident_run();
     void resolve_limits();
-    double resident_compute_ms();
+    double resident_compute_ms(size_t n);
     void probe_storage(std::optional<uint64_t> read_ahead_kb);
     void limited_runs();
-    void limited_run(size_t i, size_t n, std::optional<uint64_t> read_ahead_kb);
+    MeasuredRun limited_run(size_t i, size_t n, std::optional<uint64_t> read_ahead_kb);
     void predict();
     MeasureReport finish();
     WorkerSpec decode_spec(const std::string & label) const;
@@ -138,6 +138,9 @@ void Measurement::check_options() {
     }
     if (!(opt_.min_seconds >= 0 && opt_.min_seconds <= 600)) {
         throw Error(fmt::format("--min-seconds {}: 0 (one pass) to 600 seconds of timed decode per run", opt_.min_seconds));
+    }
+    if (opt_.repeats < 1 || opt_.repeats > 100) {
+        throw Error(fmt::format("--repeats {}: every limit is measured 1 to 100 times", opt_.repeats));
     }
     if (opt_.probe_mib < 0 || opt_.probe_mib > (int64_t(1) << 24)) {
         throw Error(fmt::format("--probe-mib {}: the storage probe reads 0 (none) to {} MiB (16 TiB)", opt_.probe_mib,
@@ -448,17 +451,34 @@ void Measurement::probe_storage(std::optional<uint64_t> read_ahead_kb) {
 
 // A resident decode at the read-ahead set now, for its speed alone: the folios a smaller
 // read-ahead brings in are smaller, and the same weights then cost more TLB misses.
-double Measurement::resident_compute_ms() {
+double Measurement::resident_compute_ms(size_t n) {
     WorkerSpec spec = decode_spec("measure resident");
     drop_model_pages(gguf_->shard_paths());
     MemoryCgroup cgroup(cgroups_, 0, scratch_);
-    const WorkerExit w = run_worker_in(spec, cgroup, fmt::format("resident{}", rep_.calibrations.size()),
-                                       "the resident run");
+    const WorkerExit w = run_worker_in(spec, cgroup, fmt::format("resident{}", n), "the resident run");
     return with_json_errors("the resident run's result", [&] { return decode_figures(w.result); }).ms_mean;
 }
 
+// The run of the median tokens/s among a limit's repeats (the lower of the two middle ones
+// for an even count), carrying all of them.
+MeasuredRun median_run(std::vector<MeasuredRun> repeats) {
+    std::vector<double> speeds;
+    for (const MeasuredRun & r : repeats) {
+        speeds.push_back(r.decode.tokens_per_second);
+    }
+    std::vector<size_t> order(repeats.size());
+    std::iota(order.begin(), order.end(), size_t(0));
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return speeds[a] < speeds[b]; });
+    MeasuredRun kept = std::move(repeats[order[(order.size() - 1) / 2]]);
+    if (speeds.size() > 1) {
+        kept.repeats_tokens_per_second = std::move(speeds);
+    }
+    return kept;
+}
+
 // At each read-ahead: what its predictions are computed from (a resident decode and a
-// probe at that setting), then every limit.
+// probe at that setting), then every limit; with --repeats, that round again (the
+// probe once), and each limit and resident decode kept at its median.
 void Measurement::limited_runs() {
     std::vector<std::optional<uint64_t>> read_aheads(opt_.read_ahead_kb.begin(), opt_.read_ahead_kb.end());
     if (read_aheads.empty()) {
@@ -466,24 +486,40 @@ void Measurement::limited_runs() {
     }
     const std::optional<uint64_t> own =
         storage_.contains("read_ahead_kb") ? std::optional(storage_.at("read_ahead_kb").get<uint64_t>()) : std::nullopt;
-    size_t n = 0;
-    for (const std::optional<uint64_t> & kb : read_aheads) {
-        if (kb) {
-            read_ahead_->set(*kb);
-        }
-        const std::optional<uint64_t> at = kb ? kb : own;
-        StreamCalibration & c = rep_.calibrations.emplace_back();
-        c.read_ahead_kb = at;
-        c.readaround_bytes = at ? *at * 1024 * 2 : readaround_bytes_;   // doubled by POSIX_FADV_SEQUENTIAL
-        c.compute_ms = at == own ? rep_.resident.decode.ms_mean : resident_compute_ms();
-        if (opt_.probe_mib > 0) {
-            probe_storage(at);
-        }
-        for (size_t i = 0; i < limits_.size(); ++i, ++n) {
-            limited_run(i, n, at);
+    // [read-ahead][limit]: every repeat's run; [read-ahead]: every repeat's compute time.
+    std::vector<std::vector<std::vector<MeasuredRun>>> runs(read_aheads.size(),
+                                                            std::vector<std::vector<MeasuredRun>>(limits_.size()));
+    std::vector<std::vector<double>> compute(read_aheads.size());
+    size_t n = 0, residents = 0;
+    for (int repeat = 0; repeat < opt_.repeats; ++repeat) {
+        for (size_t a = 0; a < read_aheads.size(); ++a) {
+            if (read_aheads[a]) {
+                read_ahead_->set(*read_aheads[a]);
+            }
+            const std::optional<uint64_t> at = read_aheads[a] ? read_aheads[a] : own;
+            compute[a].push_back(repeat == 0 && at == own ? rep_.resident.decode.ms_mean : resident_compute_ms(residents++));
+            if (repeat == 0 && opt_.probe_mib > 0) {
+                probe_storage(at);
+            }
+            for (size_t i = 0; i < limits_.size(); ++i, ++n) {
+                runs[a][i].push_back(limited_run(i, n, at));
+            }
         }
     }
     read_ahead_.reset();
+    for (size_t a = 0; a < read_aheads.size(); ++a) {
+        const std::optional<uint64_t> at = read_aheads[a] ? read_aheads[a] : own;
+        StreamCalibration & c = rep_.calibrations.emplace_back();
+        c.read_ahead_kb = at;
+        c.readaround_bytes = at ? *at * 1024 * 2 : readaround_bytes_;   // doubled by POSIX_FADV_SEQUENTIAL
+        c.compute_ms = quantile(compute[a], 0.5);
+        if (compute[a].size() > 1) {
+            c.compute_ms_repeats = compute[a];
+        }
+        for (std::vector<MeasuredRun> & repeats : runs[a]) {
+            rep_.runs.push_back(median_run(std::move(repeats)));
+        }
+    }
     if (!rep_.probes.empty()) {
         const auto own_probe = std::find_if(rep_.probes.begin(), rep_.probes.end(),
                                             [&](const ProbeFigures & p) { return p.read_ahead_kb == own; });
@@ -492,7 +528,7 @@ void Measurement::limited_runs() {
     }
 }
 
-void Measurement::limited_run(size_t i, size_t n, std::optional<uint64_t> read_ahead_kb) {
+MeasuredRun Measurement::limited_run(size_t i, size_t n, std::optional<uint64_t> read_ahead_kb) {
     const std::string & ram = opt_.ram[i];
     MeasuredRun r;
     r.ram = ram;
@@ -511,7 +547,7 @@ void Measurement::limited_run(size_t i, size_t n, std::optional<uint64_t> read_a
         r.detail = w.result;
         r.decode = with_json_errors(fmt::format("the result of --ram {}", ram), [&] { return decode_figures(w.result); });
     });
-    rep_.runs.push_back(std::move(r));
+    return r;
 }
 
 // Each limited run predicted from the resident run, the trace and a read rate that never
@@ -594,7 +630,7 @@ void Measurement::predict() {
 MeasureReport Measurement::finish() {
     utsname u{};
     ::uname(&u);
-    rep_.settings = {{"ram", opt_.ram},       {"tokens", opt_.tokens},       {"warmup", opt_.warmup}, {"min_seconds", opt_.min_seconds},
+    rep_.settings = {{"ram", opt_.ram},       {"tokens", opt_.tokens},       {"warmup", opt_.warmup}, {"min_seconds", opt_.min_seconds}, {"repeats", opt_.repeats},
                      {"ctx", ctx_},           {"threads", threads_},         {"probe_mib", opt_.probe_mib},
                      {"seed", opt_.seed},     {"batch", 1},                  {"mmap", true},
                      {"repack", opt_.repack}, {"text_only", opt_.text_only}, {"read_ahead_kb", opt_.read_ahead_kb}};
@@ -647,6 +683,14 @@ std::string to_text(const MeasureReport & r) {
     out += line(r.resident);
     for (const MeasuredRun & m : r.runs) {
         out += line(m);
+    }
+    if (!r.runs.empty() && r.runs.front().repeats_tokens_per_second.size() > 1) {
+        std::vector<std::string> each;
+        for (const MeasuredRun & m : r.runs) {
+            each.push_back(fmt::format("{} {:.3g}", m.ram, fmt::join(m.repeats_tokens_per_second, "/")));
+        }
+        out += fmt::format("each limit is the median of {} runs, the rounds interleaved (tok/s: {})\n",
+                           r.runs.front().repeats_tokens_per_second.size(), fmt::join(each, ", "));
     }
     for (const ProbeFigures & p : r.probes) {
         out += fmt::format("probe at read-ahead {}: {} experts ({}) cold through page faults, {} threads: {:.3f} GB/s "

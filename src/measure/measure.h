@@ -24,6 +24,10 @@ struct MeasureOptions {
     int tokens = 128;           // timed tokens per run
     int warmup = 32;            // untimed tokens decoded first in every run
     double min_seconds = 1;     // a run's timed tokens decoded again until this much decode is timed
+    // Every limit, and the resident decode each read-ahead's predictions start from, measured
+    // this many times, the repeats interleaved (all limits once, then again), so that a
+    // machine's drift over minutes falls on every limit alike; each kept at its median.
+    int repeats = 1;
     int ctx = 0;                // 0: warmup + tokens
     int threads = 0;            // 0: one per core
     int64_t probe_mib = 256;    // storage probe: MiB of random experts read; 0: no probe

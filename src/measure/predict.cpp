@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
+#include <numeric>
 #include <map>
 #include <tuple>
 #include <vector>
@@ -68,6 +70,19 @@ Layout lay_out(const GgufModel & model, const InspectReport & info) {
     return lay;
 }
 
+uint64_t every_token_bytes(const Layout & lay) {
+    uint64_t bytes = 0;
+    for (const auto & [block, ranges] : lay.dense) {
+        for (const Range & r : ranges) {
+            bytes += r.bytes;
+        }
+    }
+    for (const Range & r : lay.head) {
+        bytes += r.bytes;
+    }
+    return bytes;
+}
+
 // The chosen experts of every token in every routed block: [ordinal][token * k + j].
 std::vector<std::vector<uint16_t>> chosen_experts(const TraceSource & trace, int k) {
     const TraceHeader & h = trace.header();
@@ -83,20 +98,55 @@ std::vector<std::vector<uint16_t>> chosen_experts(const TraceSource & trace, int
     return chosen;
 }
 
-// A read-around window over half the page cache: each fault's window evicts pages the
-// next tokens need before they are touched, a churn the whole-unit reclaim of the
-// simulation does not follow (docs/measure.md). Measured here: at a 3 MiB cache and a
-// 16 MiB window the predicted bytes per token were a third of the measured.
-std::string outside_model(uint64_t page_cache_bytes, uint64_t readaround_bytes) {
-    if (readaround_bytes == 0 || 2 * readaround_bytes <= page_cache_bytes) {
-        return "";
-    }
-    return fmt::format("the {:.1f} MiB read-around window (the device's read-ahead, doubled by llama.cpp's "
-                       "POSIX_FADV_SEQUENTIAL) is more than half the {:.1f} MiB page cache this limit leaves: each "
-                       "fault's window evicts what the next tokens need, which the predictor does not model; "
-                       "a smaller read-ahead or more RAM brings the limit back within it",
-                       double(readaround_bytes) / (1 << 20), double(page_cache_bytes) / (1 << 20));
+// The share of a page cache of `bytes` the kernel lets its active file list hold: its
+// classic two lists keep inactive * ratio >= active, ratio the integer square root of 10
+// per GiB they hold (1 below a GiB), so half of a small cache is inactive (mm/vmscan.c,
+// inactive_is_low; the kernels without the multi-generational LRU).
+double active_share(uint64_t bytes) {
+    const uint64_t gib = bytes >> 30;
+    const double ratio = gib == 0 ? 1.0 : std::floor(std::sqrt(10.0 * double(gib)));
+    return ratio / (1 + ratio);
 }
+
+} // namespace
+
+// - A read-around window over half the page cache: each fault's window evicts pages the
+//   next tokens need before they are touched, a churn the whole-unit reclaim of the
+//   simulation does not follow (docs/measure.md). Measured: at a 3 MiB cache and a 16 MiB
+//   window the predicted bytes per token were a third of the measured.
+// - A model that does not fit, whose weights every token reads (the blocks' dense
+//   tensors and the output head) are more than the active list may hold: the kernel
+//   moves them back to the inactive list, and reclaim takes them there before the next
+//   token reads them again, while the simulation keeps them as the most recently used.
+//   Measured: the demo's K 16 slice, 1.3 MiB larger than the page cache of a 32 MB limit
+//   with a 17 MiB output head, read its whole 23 MiB file every token after the first 30
+//   (40.7 tokens/s against 531-618 predicted).
+
+std::string outside_model(uint64_t page_cache_bytes, uint64_t readaround_bytes, uint64_t file_bytes,
+                          uint64_t every_token_bytes) {
+    constexpr double kMiB = 1 << 20;
+    if (readaround_bytes > 0 && 2 * readaround_bytes > page_cache_bytes) {
+        return fmt::format("the {:.1f} MiB read-around window (the device's read-ahead, doubled by llama.cpp's "
+                           "POSIX_FADV_SEQUENTIAL) is more than half the {:.1f} MiB page cache this limit leaves: each "
+                           "fault's window evicts what the next tokens need, which the predictor does not model; "
+                           "a smaller read-ahead or more RAM brings the limit back within it",
+                           double(readaround_bytes) / kMiB, double(page_cache_bytes) / kMiB);
+    }
+    const double active = active_share(page_cache_bytes);
+    if (file_bytes > page_cache_bytes && double(every_token_bytes) > active * double(page_cache_bytes)) {
+        return fmt::format("the {:.1f} MiB every token reads (the dense weights and the output head) are more than "
+                           "the {:.0f}% of the {:.1f} MiB page cache the kernel keeps on its active list, and the "
+                           "{:.1f} MiB model does not fit: reclaim takes them before the next token reads them again, "
+                           "which the predictor does not model (a sliced model just too large for its limit read its "
+                           "whole file every token, 13x slower than predicted); more RAM, or a model that fits, "
+                           "brings the limit back within it",
+                           double(every_token_bytes) / kMiB, 100 * active, double(page_cache_bytes) / kMiB,
+                           double(file_bytes) / kMiB);
+    }
+    return "";
+}
+
+namespace {
 
 // llama.cpp's load: the whole mapping prefetched in file order (MAP_POPULATE).
 void load(const GgufModel & model, MappedFileCache & cache) {
@@ -128,7 +178,6 @@ StreamPrediction predict_stream(const GgufModel & model, const TraceSource & tra
     }
     StreamPrediction p;
     p.page_cache_bytes = limit_bytes > c.process_bytes ? limit_bytes - c.process_bytes : 0;
-    p.outside_model = outside_model(p.page_cache_bytes, c.readaround_bytes);
     std::vector<uint64_t> files;
     for (size_t s = 0; s < model.shard_paths().size(); ++s) {
         files.push_back(model.shard_bytes(int(s)));
@@ -136,6 +185,8 @@ StreamPrediction predict_stream(const GgufModel & model, const TraceSource & tra
     MappedFileCache cache(files, p.page_cache_bytes, c.page_bytes, c.readaround_bytes);
     load(model, cache);
     const Layout lay = lay_out(model, info);
+    p.outside_model = outside_model(p.page_cache_bytes, c.readaround_bytes,
+                                    std::accumulate(files.begin(), files.end(), uint64_t(0)), every_token_bytes(lay));
     const int k = int(info.n_expert_used);
     const std::vector<std::vector<uint16_t>> chosen = chosen_experts(trace, k);
     const std::vector<TraceTokenMeta> meta = trace.token_meta();
@@ -201,6 +252,8 @@ StreamPrediction predict_stream(const GgufModel & model, const TraceSource & tra
     time_stream(p, c);
     return p;
 }
+
+uint64_t every_token_bytes(const GgufModel & model) { return every_token_bytes(lay_out(model, inspect_model(model, {}))); }
 
 void time_stream(StreamPrediction & p, const StreamCalibration & c) {
     // A read-around is waited for once however many of llama.cpp's threads fault on it.

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 
 namespace moeprune {
 
@@ -20,6 +21,17 @@ namespace moeprune {
 StreamPrediction predict_stream(const GgufModel & model, const TraceSource & trace, uint64_t warmup,
                                 uint64_t limit_bytes, const StreamCalibration & c,
                                 const std::vector<uint64_t> & residency_after = {});
+
+// Why a limit is outside what the simulation's one LRU list follows, in words, or empty:
+// a read-around window over half the page cache, or a model that does not fit whose
+// weights every token reads (`every_token_bytes`) are more than the kernel's active file
+// list may hold of the page cache (predict.cpp says what each was measured at).
+std::string outside_model(uint64_t page_cache_bytes, uint64_t readaround_bytes, uint64_t file_bytes,
+                          uint64_t every_token_bytes);
+
+// The bytes of `model` a decode reads for every token: each block's tensors outside the
+// routed experts (the nextn blocks left out) and the output head.
+uint64_t every_token_bytes(const GgufModel & model);
 
 // The prediction's time per token from its simulated faults and reads, at `c`.
 void time_stream(StreamPrediction & p, const StreamCalibration & c);

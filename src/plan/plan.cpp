@@ -393,6 +393,7 @@ void Planner::add_streamed_options() {
                                s.read_ahead_kb ? fmt::format(" at a read-ahead of {} KB", *s.read_ahead_kb) : "");
         if (!s.prediction.outside_model.empty()) {
             o.note = "the prediction is not an answer: " + s.prediction.outside_model;
+            o.outside_model = s.prediction.outside_model;
         }
         add(std::move(o));
     }

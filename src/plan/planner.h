@@ -80,10 +80,12 @@ public:
 
     // Whether the recommendation may be `o`: with --runs-on llama.cpp, only what stock
     // llama.cpp runs; after a shortlist, only what llama.cpp was measured running, so that
-    // an optimistic prediction cannot beat a measurement.
+    // an optimistic prediction cannot beat a measurement; never a prediction outside what
+    // the predictor models.
     bool eligible(const PlanOption & o) const {
         return (opt.runs_on == "any" || o.runs_on == kRunsOnLlamaCpp) &&
                (opt.shortlist.empty() || o.shortlist || o.measured) &&
+               (o.outside_model.empty() || o.shortlist || o.measured) &&
                (!opt.min_accuracy || (o.task_accuracy && base_accuracy && *o.task_accuracy >= *opt.min_accuracy * *base_accuracy));
     }
 

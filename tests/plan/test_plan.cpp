@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <nlohmann/json.hpp>
 
@@ -230,11 +231,26 @@ TEST(Plan, RecommendsWhatStockLlamaCppRunsUnlessAskedForAnyAndSaysHowToRunIt) {
     EXPECT_TRUE(cached_only["pareto_runs_on"].empty());
     EXPECT_FALSE(cached_only["pareto"].empty()) << "the front of every option is still there";
     // A sliced K 224 streamed from disk under the limit runs in llama.cpp: priced by the
-    // page-cache predictor, it is what is recommended.
+    // page-cache predictor, it is what is recommended, once its prediction is within what
+    // the predictor models.
     StreamedSlice streamed{"reap", 224, "maps/reap-k224.json", "15GB", 15e9, {}};
     streamed.prediction.tokens_per_second = 21.5;
     streamed.prediction.read_bytes_per_token = 3e8;
     streamed.prediction.outside_model = "a window over half the cache";
+    o.streamed = {streamed};
+    const json unanswered = make_plan(o);
+    EXPECT_TRUE(unanswered["recommended"].is_null()) << unanswered["why"];
+    EXPECT_NE(unanswered["why"].get<std::string>().find("1 predicted option outside what measure's predictor models "
+                                                        "left out"),
+              std::string::npos)
+        << unanswered["why"];
+    const auto page_cache = std::find_if(unanswered["options"].begin(), unanswered["options"].end(),
+                                         [](const json & x) { return x["policy"] == "page-cache"; });
+    ASSERT_NE(page_cache, unanswered["options"].end());
+    EXPECT_EQ((*page_cache)["outside_model"], "a window over half the cache");
+    EXPECT_NE((*page_cache)["note"].get<std::string>().find("not an answer: a window over half the cache"),
+              std::string::npos);
+    streamed.prediction.outside_model.clear();
     o.streamed = {streamed};
     const json with_streamed = make_plan(o);
     ASSERT_FALSE(with_streamed["recommended"].is_null()) << with_streamed["why"];
@@ -244,7 +260,7 @@ TEST(Plan, RecommendsWhatStockLlamaCppRunsUnlessAskedForAnyAndSaysHowToRunIt) {
     EXPECT_EQ(s["k"], 224);
     EXPECT_EQ(s["tok_per_s"], 21.5);
     EXPECT_EQ(s["keep_map"], "maps/reap-k224.json");
-    EXPECT_NE(s["note"].get<std::string>().find("not an answer: a window over half the cache"), std::string::npos);
+    EXPECT_FALSE(s.contains("outside_model"));
     EXPECT_NE(with_streamed["why"].get<std::string>().find("sliced and mapped from disk"), std::string::npos);
     EXPECT_EQ(with_streamed["commands"]["slice"][5], "maps/reap-k224.json");
     EXPECT_FALSE(s.contains("read_ahead_kb")) << "priced at the device's own read-ahead";

@@ -522,7 +522,9 @@ TEST_F(TrainedRealism, HellaswagAnswersAreLlamaPerplexitysTaskForTask) {
     const std::string base = rights(report["base"]);
     EXPECT_EQ(base, llama_rights(trained_model));
     const std::string on_sliced = llama_rights(sliced);
-    for (const auto & c : read_json(out)["candidates"]) {
+    // The report held by name: a range-for over a member of a temporary reads freed memory.
+    const json whole = read_json(out);
+    for (const auto & c : whole["candidates"]) {
         EXPECT_EQ(rights(c["tasks"]), on_sliced) << c["name"];
         EXPECT_EQ(c["tasks"]["correct"].get<size_t>(), size_t(std::count(on_sliced.begin(), on_sliced.end(), '1')));
     }
