@@ -28,7 +28,7 @@ export LSAN_OPTIONS ?= suppressions=$(CURDIR)/tests/lsan.supp
 export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
 DEMO_DIR   ?= demo
 FUZZ_RUNS  ?= 1000000
-FUZZ_SMOKE_RUNS ?= 20000
+FUZZ_SMOKE_RUNS ?= 10000
 CTEST_ARGS ?=
 
 .PHONY: archs build check check-build deps llama configure configure-check demo peers test fuzz fuzz-seeds faults bench clean

@@ -542,7 +542,9 @@ struct ByteReader {
         if (bytes.size() - at < 4 * size_t(n)) {
             return false;
         }
-        std::memcpy(labels.data(), bytes.data() + at, 4 * size_t(n));
+        if (n > 0) {   // an empty vector's data() may be null, which memcpy may not be given
+            std::memcpy(labels.data(), bytes.data() + at, 4 * size_t(n));
+        }
         at += 4 * size_t(n);
         return true;
     }
