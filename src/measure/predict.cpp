@@ -110,6 +110,7 @@ double active_share(uint64_t bytes) {
 
 } // namespace
 
+// Two regimes the simulation's one LRU list does not follow:
 // - A read-around window over half the page cache: each fault's window evicts pages the
 //   next tokens need before they are touched, a churn the whole-unit reclaim of the
 //   simulation does not follow (docs/measure.md). Measured: at a 3 MiB cache and a 16 MiB
@@ -121,7 +122,6 @@ double active_share(uint64_t bytes) {
 //   Measured: the demo's K 16 slice, 1.3 MiB larger than the page cache of a 32 MB limit
 //   with a 17 MiB output head, read its whole 23 MiB file every token after the first 30
 //   (40.7 tokens/s against 531-618 predicted).
-
 std::string outside_model(uint64_t page_cache_bytes, uint64_t readaround_bytes, uint64_t file_bytes,
                           uint64_t every_token_bytes) {
     constexpr double kMiB = 1 << 20;
