@@ -60,6 +60,10 @@ void add_run(CLI::App & app, Action & action) {
                     "held-out text; the plan's timing then comes from the measurement")
         ->delimiter(',');
     sub->add_option("--measure-tokens", c->measure_tokens, "Timed tokens per measured run")->check(CLI::PositiveNumber);
+    sub->add_option("--measure-repeats", c->measure_repeats,
+                    "Every measured run (limits, shortlist, verify) this many times, interleaved, each kept at its "
+                    "median (measure --repeats)")
+        ->check(CLI::Range(1, 100));
     sub->add_option("--read-ahead-kb", c->read_ahead_kb,
                     "With --measure: every limit at each of these read-aheads of the model's device, in KB (root); "
                     "the plan then recommends the fastest")
@@ -110,6 +114,7 @@ void add_run(CLI::App & app, Action & action) {
             if (given("--slice")) merged.slice = c->slice;
             if (given("--measure")) merged.measure = c->measure;
             if (given("--measure-tokens")) merged.measure_tokens = c->measure_tokens;
+            if (given("--measure-repeats")) merged.measure_repeats = c->measure_repeats;
             if (given("--verify")) merged.verify = c->verify;
             if (given("--measure-shortlist")) merged.measure_shortlist = c->measure_shortlist;
             if (given("--read-ahead-kb")) merged.read_ahead_kb = c->read_ahead_kb;

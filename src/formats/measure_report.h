@@ -24,11 +24,12 @@ struct StreamCalibration {
     double compute_ms = 0;                 // per token, fully resident
     double read_gbps = 0;                  // the storage's transfer rate (10^9 bytes/s)
     double fault_ms = 0;                   // what a read-around waits beyond its transfer
+    double stream_ms = 0;                  // per token whenever it reads: streaming's cost beyond its bytes
     uint64_t process_bytes = 0;            // the process's own memory, charged to the same limit
     uint64_t page_bytes = 4096;
     uint64_t readaround_bytes = 0;         // the mapping's readahead window
-    // The limited runs (--ram as written) whose decode read_gbps was fitted on, fault_ms
-    // then 0; empty: both are the storage probe's.
+    // The limited runs (--ram as written) whose decode read_gbps and stream_ms were fitted
+    // on, fault_ms then 0; empty: read_gbps and fault_ms are the storage probe's.
     std::vector<std::string> fitted_on;
     // With measure --repeats: every repeat's resident decode at this read-ahead, in the
     // order measured; compute_ms is their median.

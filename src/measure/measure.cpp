@@ -307,7 +307,10 @@ void Measurement::resident_run() {
         r.peak_bytes = cgroup.peak_bytes();
         r.detail = w.result;
         r.decode = with_json_errors("the resident run's result", [&] { return decode_figures(w.result); });
-        rep_.process_bytes = w.result.at("process").value("RssAnon", uint64_t(0));
+        // The page tables count: mapping a 2 GB model in 4 KiB pages takes 4 MiB of them,
+        // and a limit of exactly RssAnon and the model then streamed under reclaim.
+        const json & process = w.result.at("process");
+        rep_.process_bytes = process.value("RssAnon", uint64_t(0)) + process.value("VmPTE", uint64_t(0));
     });
     rep_.resident_need_bytes = rep_.resident_weight_bytes + rep_.process_bytes;
     all_tokens_trace_ = spec.trace_all;
@@ -552,7 +555,7 @@ MeasuredRun Measurement::limited_run(size_t i, size_t n, std::optional<uint64_t>
 
 // Each limited run predicted from the resident run, the trace and a read rate that never
 // saw it: the decode's own, fitted on the other limits at its read-ahead
-// (fitted_read_gbps), or the storage probe's where no other limit streamed. The
+// (fit_stream), or the storage probe's where no other limit streamed. The
 // calibration kept for the plan is fitted on every limit that streamed.
 void Measurement::predict() {
     if (!rep_.probed) {
@@ -602,8 +605,9 @@ void Measurement::predict() {
     std::vector<double> errors;
     for (MeasuredRun & r : rep_.runs) {
         StreamCalibration c = *calibration_of(r);
-        if (const double gbps = fitted_read_gbps(fit_points(c, &r, nullptr), c.compute_ms, c.read_gbps); gbps > 0) {
-            c.read_gbps = gbps;
+        if (const StreamFit fit = fit_stream(fit_points(c, &r, nullptr), c.compute_ms, c.read_gbps); fit.read_gbps > 0) {
+            c.read_gbps = fit.read_gbps;
+            c.stream_ms = fit.stream_ms;
             c.fault_ms = 0;
         }
         time_stream(r.prediction, c);
@@ -612,8 +616,9 @@ void Measurement::predict() {
     }
     for (StreamCalibration & c : rep_.calibrations) {
         std::vector<std::string> on;
-        if (const double gbps = fitted_read_gbps(fit_points(c, nullptr, &on), c.compute_ms, c.read_gbps); gbps > 0) {
-            c.read_gbps = gbps;
+        if (const StreamFit fit = fit_stream(fit_points(c, nullptr, &on), c.compute_ms, c.read_gbps); fit.read_gbps > 0) {
+            c.read_gbps = fit.read_gbps;
+            c.stream_ms = fit.stream_ms;
             c.fault_ms = 0;
             c.fitted_on = on;
         }
@@ -715,8 +720,8 @@ std::string to_text(const MeasureReport & r) {
                                "{:.3f} GB/s (the probe's)\n", at, c.compute_ms, c.fault_ms, c.read_gbps);
         } else {
             out += fmt::format("calibration at read-ahead {}: {:.2f} ms per token resident, {:.3f} GB/s of simulated "
-                               "reads as llama.cpp decoded under {}\n", at, c.compute_ms, c.read_gbps,
-                               fmt::join(c.fitted_on, ", "));
+                               "reads and {:.2f} ms per token that reads, as llama.cpp decoded under {}\n", at,
+                               c.compute_ms, c.read_gbps, c.stream_ms, fmt::join(c.fitted_on, ", "));
         }
     }
     for (const MeasuredRun * m : all_runs(r)) {

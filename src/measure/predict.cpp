@@ -258,18 +258,34 @@ uint64_t every_token_bytes(const GgufModel & model) { return every_token_bytes(l
 void time_stream(StreamPrediction & p, const StreamCalibration & c) {
     // A read-around is waited for once however many of llama.cpp's threads fault on it.
     p.ms_per_token = c.compute_ms + p.faults_per_token * c.fault_ms +
+                     (p.read_bytes_per_token > 0 ? c.stream_ms : 0) +
                      (c.read_gbps > 0 ? p.read_bytes_per_token / (c.read_gbps * 1e9) * 1e3 : 0);
     p.tokens_per_second = p.ms_per_token > 0 ? 1e3 / p.ms_per_token : 0;
 }
 
-double fitted_read_gbps(std::span<const StreamFitPoint> points, double compute_ms, double most_gbps) {
+StreamFit fit_stream(std::span<const StreamFitPoint> points, double compute_ms, double most_gbps) {
     double bytes = 0, excess_ms = 0;
     for (const StreamFitPoint & f : points) {
         bytes += f.predicted_read_bytes_per_token;
         excess_ms += f.measured_ms_per_token - compute_ms;
     }
+    const double n = double(points.size());
+    double sxx = 0, sxy = 0;
+    for (const StreamFitPoint & f : points) {
+        const double dx = f.predicted_read_bytes_per_token - bytes / n;
+        sxx += dx * dx;
+        sxy += dx * (f.measured_ms_per_token - compute_ms - excess_ms / n);
+    }
+    if (points.size() >= 2 && sxx > 0 && sxy > 0) {
+        const double ms_per_byte = sxy / sxx;
+        const double stream_ms = excess_ms / n - ms_per_byte * bytes / n;
+        const double gbps = 1 / ms_per_byte / 1e6;
+        if (stream_ms >= 0 && gbps <= most_gbps) {
+            return {gbps, stream_ms};
+        }
+    }
     const double gbps = bytes > 0 && excess_ms > 0 ? bytes / (excess_ms / 1e3) / 1e9 : 0;
-    return gbps <= most_gbps ? gbps : 0;
+    return {gbps <= most_gbps ? gbps : 0, 0};
 }
 
 } // namespace moeprune

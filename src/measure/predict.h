@@ -33,7 +33,8 @@ std::string outside_model(uint64_t page_cache_bytes, uint64_t readaround_bytes, 
 // routed experts (the nextn blocks left out) and the output head.
 uint64_t every_token_bytes(const GgufModel & model);
 
-// The prediction's time per token from its simulated faults and reads, at `c`.
+// The prediction's time per token from its simulated faults and reads, at `c`: compute,
+// the faults' waits, the reads at `c.read_gbps`, and `c.stream_ms` where it reads at all.
 void time_stream(StreamPrediction & p, const StreamCalibration & c);
 
 // One limited run, as the simulation read it and as llama.cpp took it.
@@ -42,14 +43,24 @@ struct StreamFitPoint {
     double measured_ms_per_token = 0;
 };
 
-// The rate (10^9 bytes/s) at which a decode reads what the simulation says it faults in,
-// fitted on limited runs at one read-ahead: their time beyond `compute_ms`, summed, per
-// simulated byte, summed. It folds in what the probe's random reads do not see (how the
-// graph's threads wait on each other's faults, reclaim under the limit), which put the
-// probe's figures 30-80% from the measured ones (docs/measure.md). 0 when the points read
-// nothing, took no longer than compute, or make a rate above `most_gbps` (the device's
-// sequential rate: faults never read faster, so such a fit is timing noise over a few
-// simulated bytes, as a limit that reads almost nothing gives).
-double fitted_read_gbps(std::span<const StreamFitPoint> points, double compute_ms, double most_gbps);
+// How a decode's time beyond compute follows what the simulation says it faults in, fitted
+// on limited runs at one read-ahead: a rate (10^9 bytes/s) for the bytes, and a time per
+// token whenever it reads at all (`stream_ms`). The rate folds in what the probe's random
+// reads do not see (how the graph's threads wait on each other's faults), which put the
+// probe's figures 30-80% from the measured ones; the time per token is what streaming
+// costs beyond its bytes (reclaim at the limit: bench/stream.sh's 75% limits took 40%
+// longer than their bytes at the rate of the 25% and 50% limits, at both read-aheads).
+// Least squares over two points or more of different bytes; where that gives no positive
+// rate or a negative time, and over one point, the time is 0 and the rate the points'
+// time beyond compute, summed, per simulated byte, summed (docs/measure.md).
+struct StreamFit {
+    double read_gbps = 0;   // 0: nothing to fit (no point read, or took longer than compute)
+    double stream_ms = 0;
+};
+
+// 0 rate when the points read nothing, took no longer than compute, or make a rate above
+// `most_gbps` (the device's sequential rate: faults never read faster, so such a fit is
+// timing noise over a few simulated bytes, as a limit that reads almost nothing gives).
+StreamFit fit_stream(std::span<const StreamFitPoint> points, double compute_ms, double most_gbps);
 
 } // namespace moeprune

@@ -62,12 +62,13 @@ Usage usage_now() {
     return u;
 }
 
-// RssAnon and RssFile of /proc/self/status, in bytes.
+// RssAnon, RssFile, VmHWM and VmPTE (the page tables, charged to the memory cgroup too) of
+// /proc/self/status, in bytes.
 json resident_set() {
     json out = json::object();
     std::ifstream in("/proc/self/status");
     for (std::string line; std::getline(in, line);) {
-        for (const char * key : {"RssAnon", "RssFile", "VmHWM"}) {
+        for (const char * key : {"RssAnon", "RssFile", "VmHWM", "VmPTE"}) {
             if (line.rfind(std::string(key) + ":", 0) == 0) {
                 out[key] = std::stoll(line.substr(line.find(':') + 1)) * 1024;
             }

@@ -84,10 +84,13 @@ public:
     // the predictor models.
     bool eligible(const PlanOption & o) const {
         return (opt.runs_on == "any" || o.runs_on == kRunsOnLlamaCpp) &&
-               (opt.shortlist.empty() || o.shortlist || o.measured) &&
-               (o.outside_model.empty() || o.shortlist || o.measured) &&
+               (opt.shortlist.empty() || o.shortlist || o.measured) && answered(o) &&
                (!opt.min_accuracy || (o.task_accuracy && base_accuracy && *o.task_accuracy >= *opt.min_accuracy * *base_accuracy));
     }
+
+    // Whether the option's tokens/s is an answer: measured, or predicted where the predictor
+    // models the regime (an option outside it is left out until measured).
+    static bool answered(const PlanOption & o) { return o.outside_model.empty() || o.shortlist || o.measured; }
 
     // Pareto front of tokens/s (higher; unknown is unbounded) against KLD (lower), of every
     // option or of the eligible ones.

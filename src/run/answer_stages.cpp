@@ -76,7 +76,7 @@ std::string verify_stage(Runner & run, const RunOptions & opt, const RunPaths & 
             fail_file(model.string(), "is missing: verify measures the recommended option's sliced model");
         }
     }
-    run.stage("verify", {{"ram", c.ram}, {"tokens", c.measure_tokens}, {"threads", c.threads},
+    run.stage("verify", {{"ram", c.ram}, {"tokens", c.measure_tokens}, {"repeats", c.measure_repeats}, {"threads", c.threads},
                          {"read_ahead_kb", o->read_ahead_kb ? json(*o->read_ahead_kb) : json(nullptr)}},
               {model, at.eval_text, at.plan_json}, [&] {
                   std::vector<fs::path> out =

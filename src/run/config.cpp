@@ -145,6 +145,7 @@ const std::vector<ConfigKey> & config_keys() {
         one("slice", &RunConfig::slice, "                # \"\", \"best\" or \"all\""),
         list("measure", &RunConfig::measure, "      # RAM limits llama.cpp's decode is measured under; empty: none"),
         one("measure_tokens", &RunConfig::measure_tokens),
+        one("measure_repeats", &RunConfig::measure_repeats, "     # each measured run's repeats, kept at the median"),
         list("read_ahead_kb", &RunConfig::read_ahead_kb, "      # measure at each device read-ahead (KB, root)"),
         one("measure_shortlist", &RunConfig::measure_shortlist, "   # with measure and ram: options measured; 0: none"),
         one("verify", &RunConfig::verify),

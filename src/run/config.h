@@ -50,6 +50,9 @@ struct RunConfig {
     // the held-out text; the plan then takes its timing from the measurement. Empty: none.
     std::vector<std::string> measure;
     int measure_tokens = 128;
+    // Every measured run that many times, interleaved, each kept at its median (measure
+    // --repeats): a small model's decode drifts more between runs than the sizes compared.
+    int measure_repeats = 1;
     // With `measure` and `ram`: the plan's most promising llama.cpp options measured under
     // `ram`, at most this many; the recommendation is made from their measured tokens/s.
     int measure_shortlist = 4;

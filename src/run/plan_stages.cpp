@@ -27,6 +27,7 @@ std::vector<fs::path> measure_to(const RunOptions & opt, const fs::path & model,
     o.text = text;
     o.ram = ram;
     o.tokens = opt.config.measure_tokens;
+    o.repeats = opt.config.measure_repeats;
     o.threads = opt.config.threads;
     o.json_out = json_out;
     const MeasureReport r = run_measure(o);
@@ -42,7 +43,8 @@ std::vector<uint64_t> read_ahead_of(const PlanOption & o) {
 void measure_stage(Runner & run, const RunOptions & opt, const RunPaths & at) {
     const RunConfig & c = opt.config;
     run.stage("measure",
-              {{"ram", c.measure}, {"tokens", c.measure_tokens}, {"threads", c.threads}, {"read_ahead_kb", c.read_ahead_kb}},
+              {{"ram", c.measure}, {"tokens", c.measure_tokens}, {"repeats", c.measure_repeats}, {"threads", c.threads},
+               {"read_ahead_kb", c.read_ahead_kb}},
               {c.model, at.eval_text},
               [&] { return measure_to(opt, c.model, at.eval_text, c.measure, at.measure_json, c.read_ahead_kb); });
 }
@@ -107,7 +109,8 @@ void plan_stage(Runner & run, const RunOptions & opt, const RunPaths & at, const
                        {"max_kld", c.max_kld ? json(*c.max_kld) : json(nullptr)},
                        {"min_accuracy", c.min_accuracy ? json(*c.min_accuracy) : json(nullptr)}, {"runs_on", c.runs_on},
                        {"llama_bin", c.llama_bin}, {"threads", c.threads}, {"ctx", c.ctx},
-                       {"measure_shortlist", shortlisting(c) ? c.measure_shortlist : 0}, {"measure_tokens", c.measure_tokens}},
+                       {"measure_shortlist", shortlisting(c) ? c.measure_shortlist : 0}, {"measure_tokens", c.measure_tokens},
+                       {"measure_repeats", c.measure_repeats}},
               plan_inputs, [&] {
                   PlanOptions o;
                   o.model = c.model;

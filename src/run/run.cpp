@@ -95,6 +95,9 @@ InspectReport check_run_options(const RunOptions & opt) {
     if (c.measure_tokens < 1) {
         throw Error(fmt::format("measure_tokens {} must be at least 1", c.measure_tokens));
     }
+    if (c.measure_repeats < 1 || c.measure_repeats > 100) {
+        throw Error(fmt::format("measure_repeats {} must be from 1 to 100", c.measure_repeats));
+    }
     // Without a reserve given, a measured run learns it; the plan checks the budget then.
     if (!c.ram.empty() && (!c.reserve.empty() || c.measure.empty())) {
         const double budget = parse_size(c.ram, "--ram") - parse_size(reserve_of(c), "--reserve");

@@ -85,6 +85,11 @@ TEST(Measure, DecodesUnderLimitsPredictsAndTracesTheTimedTokens) {
     ASSERT_EQ(m.at("runs").size(), 2u);
     const uint64_t need = m.at("resident_need_bytes").get<uint64_t>();
     EXPECT_GT(need, m.at("resident_weight_bytes").get<uint64_t>());   // plus the process's own memory
+    // The process's own memory: its anonymous pages and its page tables, both charged to the limit.
+    const json & process = m.at("resident").at("detail").at("process");
+    EXPECT_GT(process.at("VmPTE").get<uint64_t>(), 0u) << process;
+    EXPECT_EQ(m.at("process_bytes").get<uint64_t>(),
+              process.at("RssAnon").get<uint64_t>() + process.at("VmPTE").get<uint64_t>());
     uint64_t previous = 0;
     const GgufModel gguf = GgufModel::open(dir / "m.gguf");
     for (const json & run : m.at("runs")) {
@@ -171,12 +176,13 @@ TEST(Measure, DecodesUnderLimitsPredictsAndTracesTheTimedTokens) {
                 on.push_back(run.at("ram").get<std::string>());
             }
         }
-        return fitted_read_gbps(points, compute_ms, m.at("probe").at("sequential_gbps").get<double>());
+        return fit_stream(points, compute_ms, m.at("probe").at("sequential_gbps").get<double>());
     };
     std::vector<std::string> on;
-    if (const double all = fit(nullptr, on); all > 0) {
+    if (const StreamFit all = fit(nullptr, on); all.read_gbps > 0) {
         EXPECT_EQ(calibration.at("fitted_on").get<std::vector<std::string>>(), on);
-        EXPECT_DOUBLE_EQ(calibration.at("read_gbps").get<double>(), all);
+        EXPECT_DOUBLE_EQ(calibration.at("read_gbps").get<double>(), all.read_gbps);
+        EXPECT_DOUBLE_EQ(calibration.at("stream_ms").get<double>(), all.stream_ms);
         EXPECT_EQ(calibration.at("fault_ms").get<double>(), 0.0);
     } else {
         EXPECT_TRUE(calibration.at("fitted_on").empty()) << calibration;
@@ -184,11 +190,13 @@ TEST(Measure, DecodesUnderLimitsPredictsAndTracesTheTimedTokens) {
     }
     for (const json & run : m.at("runs")) {
         std::vector<std::string> others;
-        const double gbps = fit(&run, others);
+        const StreamFit others_fit = fit(&run, others);
         const json & p = run.at("predicted");
         const double transfer_ms = p.at("read_bytes_per_token").get<double>() / 1e6;
-        const double expected = gbps > 0 ? compute_ms + transfer_ms / gbps
-                                         : compute_ms + p.at("faults_per_token").get<double>() *
+        const double expected = others_fit.read_gbps > 0
+                                    ? compute_ms + transfer_ms / others_fit.read_gbps +
+                                          (transfer_ms > 0 ? others_fit.stream_ms : 0)
+                                    : compute_ms + p.at("faults_per_token").get<double>() *
                                                             m.at("probe").value("fault_ms", 0.0) +
                                                transfer_ms / m.at("probe").at("sequential_gbps").get<double>();
         EXPECT_NEAR(p.at("ms_per_token").get<double>(), expected, 1e-6 * expected) << run.at("ram");
@@ -554,7 +562,7 @@ TEST(Measure, ReadAheadIsMeasuredAtEachSettingAndPutBackEvenAfterAKill) {
         const std::vector<StreamFitPoint> own{{p.at("read_bytes_per_token").get<double>(),
                                                run.at("decode").at("ms_per_token").at("mean").get<double>()}};
         const double fitted =
-            fitted_read_gbps(own, c.at("compute_ms").get<double>(), probe.at("sequential_gbps").get<double>());
+            fit_stream(own, c.at("compute_ms").get<double>(), probe.at("sequential_gbps").get<double>()).read_gbps;
         EXPECT_EQ(c.at("fitted_on").size(), fitted > 0 ? 1u : 0u) << c;
         EXPECT_DOUBLE_EQ(c.at("read_gbps").get<double>(), fitted > 0 ? fitted : probe.at("sequential_gbps").get<double>());
     }
@@ -627,22 +635,42 @@ TEST(Measure, ReadAheadIsMeasuredAtEachSettingAndPutBackEvenAfterAKill) {
 }
 
 TEST(StreamFit, TheDecodesReadRateIsItsTimeBeyondComputePerSimulatedByte) {
-    // 150 ms beyond compute for 150 MB the simulation read: 1 GB/s, whatever the split.
-    const std::vector<StreamFitPoint> points{{100e6, 110}, {50e6, 60}};
     constexpr double kAny = 1e9;
-    EXPECT_DOUBLE_EQ(fitted_read_gbps(points, 10, kAny), 1.0);
-    EXPECT_DOUBLE_EQ(fitted_read_gbps(std::span(points).first(1), 10, kAny), 1.0);
-    EXPECT_DOUBLE_EQ(fitted_read_gbps(points, 35, kAny), 150e6 / 0.1 / 1e9);
+    // On a line through compute: 1 GB/s, nothing per token beyond the bytes.
+    const std::vector<StreamFitPoint> points{{100e6, 110}, {50e6, 60}};
+    EXPECT_DOUBLE_EQ(fit_stream(points, 10, kAny).read_gbps, 1.0);
+    EXPECT_NEAR(fit_stream(points, 10, kAny).stream_ms, 0, 1e-9);
+    // One point: the rate alone, whatever time it took beyond its bytes.
+    EXPECT_DOUBLE_EQ(fit_stream(std::span(points).first(1), 10, kAny).read_gbps, 1.0);
+    EXPECT_EQ(fit_stream(std::span(points).first(1), 10, kAny).stream_ms, 0);
+    // bench/stream.sh's three limits at 8192 KB (predicted bytes, measured ms, 16.3 ms of
+    // compute): 75% took far longer than its bytes at the others' rate, and a time per
+    // token that streams fits all three (0.675 ms per MB and 87 ms through 25% and 75%).
+    const std::vector<StreamFitPoint> bench{{1023.5e6, 795.5}, {680.0e6, 573.1}, {183.0e6, 227.0}};
+    const StreamFit fit = fit_stream(bench, 16.3, kAny);
+    EXPECT_NEAR(1 / fit.read_gbps, 0.675, 0.02);   // ms per MB
+    EXPECT_NEAR(fit.stream_ms, 90, 10);
+    for (const StreamFitPoint & b : bench) {
+        const double ms = 16.3 + fit.stream_ms + b.predicted_read_bytes_per_token / (fit.read_gbps * 1e6);
+        EXPECT_NEAR(ms, b.measured_ms_per_token, 0.03 * b.measured_ms_per_token);
+    }
+    // A line that would need a negative time per token (less time per byte the fewer bytes
+    // read) is not one: the rate alone, fitted as over one point.
+    const std::vector<StreamFitPoint> concave{{100e6, 110}, {50e6, 20}};
+    EXPECT_EQ(fit_stream(concave, 10, kAny).stream_ms, 0);
+    EXPECT_DOUBLE_EQ(fit_stream(concave, 10, kAny).read_gbps, 150e6 / 0.11 / 1e9);
+    EXPECT_DOUBLE_EQ(fit_stream(points, 35, kAny).read_gbps, 150e6 / 0.1 / 1e9);
     // Nothing to fit on: no run read, or none took longer than compute.
-    EXPECT_EQ(fitted_read_gbps({}, 10, kAny), 0);
-    EXPECT_EQ(fitted_read_gbps(std::vector<StreamFitPoint>{{0, 50}}, 10, kAny), 0);
-    EXPECT_EQ(fitted_read_gbps(points, 200, kAny), 0);
+    EXPECT_EQ(fit_stream({}, 10, kAny).read_gbps, 0);
+    EXPECT_EQ(fit_stream(std::vector<StreamFitPoint>{{0, 50}}, 10, kAny).read_gbps, 0);
+    EXPECT_EQ(fit_stream(points, 200, kAny).read_gbps, 0);
     // Faster than the device reads sequentially: a few simulated bytes over timing noise
     // (a limit that reads almost nothing once made 16,333 GB/s), not a rate.
-    EXPECT_DOUBLE_EQ(fitted_read_gbps(points, 10, 1.0), 1.0);
-    EXPECT_EQ(fitted_read_gbps(points, 10, 0.99), 0);
-    EXPECT_EQ(fitted_read_gbps(std::vector<StreamFitPoint>{{1e5, 10.001}}, 10, 3.0), 0);
-    // A prediction's time: compute, plus its faults' waits, plus its reads at the rate.
+    EXPECT_DOUBLE_EQ(fit_stream(points, 10, 1.0).read_gbps, 1.0);
+    EXPECT_EQ(fit_stream(points, 10, 0.99).read_gbps, 0);
+    EXPECT_EQ(fit_stream(std::vector<StreamFitPoint>{{1e5, 10.001}}, 10, 3.0).read_gbps, 0);
+    // A prediction's time: compute, plus its faults' waits, plus its reads at the rate, plus
+    // the time per token that streams where it reads at all.
     StreamPrediction p;
     p.read_bytes_per_token = 20e6;
     p.faults_per_token = 4;
@@ -650,9 +678,14 @@ TEST(StreamFit, TheDecodesReadRateIsItsTimeBeyondComputePerSimulatedByte) {
     c.compute_ms = 5;
     c.read_gbps = 2;
     c.fault_ms = 0.5;
+    c.stream_ms = 3;
     time_stream(p, c);
-    EXPECT_DOUBLE_EQ(p.ms_per_token, 5 + 2 + 10);
-    EXPECT_DOUBLE_EQ(p.tokens_per_second, 1e3 / 17);
+    EXPECT_DOUBLE_EQ(p.ms_per_token, 5 + 2 + 10 + 3);
+    EXPECT_DOUBLE_EQ(p.tokens_per_second, 1e3 / 20);
+    p.read_bytes_per_token = 0;
+    p.faults_per_token = 0;
+    time_stream(p, c);
+    EXPECT_DOUBLE_EQ(p.ms_per_token, 5);
 }
 
 // When a limit is outside what the simulation follows, with the cases it was measured at.

@@ -394,6 +394,12 @@ TEST_F(RunTest, BadConfigIsNamedByFileAndKey) {
                                                    (d() / "corpus.toml").string(), (tmp_ / "o").string())));
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.output.find("less than the"), std::string::npos) << r.output;
+    test::write_text(tmp_ / "repeats.toml", "measure_repeats = 0\n");
+    r = test::run_command(moeprune_cmd(fmt::format("run --config {} -m {} --corpus {} -k 6 --ram 4GB -o {}",
+                                                   (tmp_ / "repeats.toml").string(), (d() / "m.gguf").string(),
+                                                   (d() / "corpus.toml").string(), (tmp_ / "o").string())));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find("measure_repeats 0 must be from 1 to 100"), std::string::npos) << r.output;
 
     // A media source without the projector is refused by name before any stage runs.
     test::write_text(tmp_ / "media.toml", "[[source]]\npath = \"" + (d() / "src" / "prose").string() +
@@ -553,7 +559,7 @@ TEST_F(RunTest, MeasuredRunCalibratesThePlanAndVerifiesTheRecommendation) {
 TEST(RunConfigKeys, EveryKeyIsDocumentedAndReadsBackAsWritten) {
     const std::string docs = test::read_bytes(fs::path(MOEPRUNE_SOURCE_DIR) / "docs" / "run.md");
     const std::vector<std::string> keys = run_config_keys();
-    ASSERT_EQ(keys.size(), 37u) << "one key per RunConfig member";
+    ASSERT_EQ(keys.size(), 38u) << "one key per RunConfig member";
     for (const std::string & k : keys) {
         EXPECT_NE(docs.find("`" + k + "`"), std::string::npos) << k << " is not in docs/run.md";
     }
@@ -593,6 +599,7 @@ TEST(RunConfigKeys, EveryKeyIsDocumentedAndReadsBackAsWritten) {
     c.slice = "best";
     c.measure = {"25%", "50%"};
     c.measure_tokens = 32;
+    c.measure_repeats = 3;
     c.measure_shortlist = 2;
     c.read_ahead_kb = {128, 8192};
     c.verify = true;
