@@ -73,9 +73,9 @@ if ! cmp -s "$demo/corpus.toml.tmp" "$demo/corpus.toml"; then mv "$demo/corpus.t
 # recommendation measured for real (--verify). Elsewhere it rests on guesses (a PCIe 3
 # SSD, 2 ms of compute per token, 10 MB of process memory), and the demo says why.
 # This model decodes a token in about a millisecond, and the same run measured 960 and
-# 1,300 tokens/s a minute apart: every measured run is taken three times, interleaved,
+# 1,300 tokens/s a minute apart: every measured run is taken five times, interleaved,
 # and kept at its median (--measure-repeats).
-timing=(--measure 25%,50% --measure-repeats 3 --verify)
+timing=(--measure 25%,50% --measure-repeats 5 --verify)
 # As root, llama.cpp is also measured at a read-ahead of 128 KB beside the model's device's
 # own (measure puts it back), so that the plan can recommend one.
 source=$(findmnt -no SOURCE -T "$model" 2>/dev/null || true)

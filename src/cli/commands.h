@@ -28,6 +28,7 @@ void add_corpus(CLI::App & app, Action & action);
 void add_plan(CLI::App & app, Action & action);
 void add_run(CLI::App & app, Action & action);
 void add_measure(CLI::App & app, Action & action);
+void add_limit(CLI::App & app, Action & action);
 
 // The flags of the cache policies and the throughput model, shared by replay and eval's closed loop.
 // -t as every command takes it: refused far above this machine's CPUs (check_threads).

@@ -43,6 +43,7 @@ int main(int argc, char ** argv) {
     moeprune::cli::add_replay(app, action);
     moeprune::cli::add_eval(app, action);
     moeprune::cli::add_measure(app, action);
+    moeprune::cli::add_limit(app, action);
     moeprune::cli::add_plan(app, action);
     moeprune::cli::add_run(app, action);
     CLI11_PARSE(app, argc, argv);

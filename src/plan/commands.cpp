@@ -16,10 +16,10 @@ std::string tool(const PlanOptions & opt, const char * name) {
 
 // The flags llama-completion and llama-server share for this option.
 std::vector<std::string> model_flags(const PlanOption & o, const PlanOptions & opt, const Geometry & g,
-                                     const std::string & model, std::vector<std::string> & notes) {
+                                     const std::string & model, int threads, std::vector<std::string> & notes) {
     std::vector<std::string> flags{"-m", model};
-    if (opt.threads > 0) {
-        flags.insert(flags.end(), {"-t", std::to_string(opt.threads)});
+    if (threads > 0) {
+        flags.insert(flags.end(), {"-t", std::to_string(threads)});
     }
     if (opt.ctx > 0) {
         flags.insert(flags.end(), {"-c", std::to_string(opt.ctx)});
@@ -65,13 +65,25 @@ PlanCommands commands_of(const PlanOption & o, const PlanOptions & opt, const Ge
     }
     if (opt.ram_bytes > 0 || o.measured) {
         const double limit = o.measured ? o.measured->limit_bytes : opt.ram_bytes;
-        c.memory_limit = {"systemd-run", "--scope", "-p", fmt::format("MemoryMax={}", uint64_t(limit)), "--"};
+        // moeprune's own, not systemd-run: it is how measure limited llama.cpp, on cgroup v1
+        // or v2, and needs no systemd (a container's PID 1 is seldom systemd).
+        c.memory_limit = {opt.moeprune_bin.string(), "limit", "--ram", std::to_string(uint64_t(limit)), "--"};
         c.notes.push_back(fmt::format(
-            "systemd-run holds llama.cpp, its page cache included, to the {:.3f} GB {} (a normal user adds --user, "
-            "with the memory controller delegated)",
-            limit / 1e9, o.measured ? "limit it was measured under" : "--ram the plan was made for"));
+            "moeprune limit holds llama.cpp, its page cache included, to the {:.3f} GB {} in a memory cgroup of its "
+            "own, as measure did (root, or a delegated cgroup); with systemd, `systemd-run --scope -p MemoryMax={} --` "
+            "does the same",
+            limit / 1e9, o.measured ? "limit it was measured under" : "--ram the plan was made for", uint64_t(limit)));
     }
-    std::vector<std::string> flags = model_flags(o, opt, g, c.model, c.notes);
+    // Without -t, the threads llama.cpp was measured with: its own default differs.
+    int threads = opt.threads;
+    if (threads <= 0 && measured) {
+        const nlohmann::json & s = measured->report().settings;
+        if (s.is_object() && s.contains("threads") && s["threads"].is_number_integer() && s["threads"].get<int64_t>() > 0 &&
+            s["threads"].get<int64_t>() <= 4096) {
+            threads = int(s["threads"].get<int64_t>());
+        }
+    }
+    std::vector<std::string> flags = model_flags(o, opt, g, c.model, threads, c.notes);
     c.llama_completion = {tool(opt, "llama-completion")};
     c.llama_completion.insert(c.llama_completion.end(), flags.begin(), flags.end());
     // moeprune builds llama.cpp without its server: where --llama-bin has none, the PATH's.

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <sstream>
 #include <csignal>
 #include <unistd.h>
 
@@ -268,6 +269,51 @@ TEST(Measure, RepeatsKeepEachLimitsMedianRunAndPredictFromTheMedianCompute) {
             EXPECT_GE(run.at("predicted").at("ms_per_token").get<double>(), compute[1] * (1 - 1e-9)) << run.at("ram");
         }
     }
+}
+
+// moeprune limit, as plan's printed commands use it: the command runs in a cgroup of its
+// own under the limit, its status comes back, and the cgroup goes with it.
+TEST(Measure, LimitRunsACommandInACgroupOfItsOwnAndPassesItsStatus) {
+    const CgroupSupport support = find_memory_cgroup();
+    if (support.version == 0) {
+        GTEST_SKIP() << support.problem;
+    }
+    test::TempDir dir;
+    const size_t before = count_named(support.parent, kCgroupPrefix);
+    // Its cgroup, limited to what --ram says (32000000 bytes, as plan prints it), one of
+    // moeprune's under the same parent as measure's.
+    const std::string limit_file = support.version == 2 ? "memory.max" : "memory.limit_in_bytes";
+    const fs::path seen = dir / "seen.txt";
+    auto r = test::run_command(moeprune_cmd(fmt::format(
+        "limit --ram 32000000 -- sh -c 'g=$(basename $(grep -E \"^0::|:memory:\" /proc/self/cgroup | cut -d: -f3)); "
+        "cat {}/$g/{} > {} && echo $g >> {}; exit 3'",
+        support.parent.string(), limit_file, seen.string(), seen.string())));
+    EXPECT_EQ(r.exit_code, 3) << r.output;
+    std::istringstream lines(test::read_bytes(seen));
+    uint64_t limit = 0;
+    std::string name;
+    lines >> limit >> name;
+    EXPECT_LE(limit, 32000000u) << "the kernel keeps whole pages";
+    EXPECT_GT(limit, 32000000u - 4096 * 16);
+    EXPECT_EQ(name.rfind(kCgroupPrefix, 0), 0u) << name;
+    EXPECT_EQ(count_named(support.parent, kCgroupPrefix), before) << "the cgroup is removed with its command";
+    // llama.cpp's own tool under it, as plan prints it, mapping its model.
+    make_inputs(dir);
+    r = test::run_command(moeprune_cmd(fmt::format("limit --ram 512MB -- {} -m {} -t 1 -c 64 -p Hello -n 4 -no-cnv",
+                                                   test::bin("llama-completion").string(), (dir / "m.gguf").string())));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("Hello"), std::string::npos) << r.output;
+    // The kernel's out-of-memory kill, named with the limit.
+    r = test::run_command(moeprune_cmd("limit --ram 16MB -- dd if=/dev/zero of=/dev/null bs=64M count=1"));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find("the kernel killed it for memory under the limit of 15.3 MiB"), std::string::npos) << r.output;
+    // A program that is nowhere, and no program.
+    r = test::run_command(moeprune_cmd("limit --ram 16MB -- moeprune-no-such-program"));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find("moeprune-no-such-program: no such program on the PATH"), std::string::npos) << r.output;
+    r = test::run_command(moeprune_cmd("limit --ram 16MB"));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_EQ(count_named(support.parent, kCgroupPrefix), before);
 }
 
 TEST(Measure, RefusesWhatCannotBeMeasuredAndLeavesNoCgroup) {

@@ -312,9 +312,9 @@ TEST(Plan, RecommendsWhatStockLlamaCppRunsUnlessAskedForAnyAndSaysHowToRunIt) {
     EXPECT_EQ(c["slice"], json({"moeprune", "slice", "-m", "MODEL.gguf", "--keep", "maps/reap-k224.json", "-o", sliced}));
     EXPECT_EQ(c["llama_completion"], json({"/opt/llama/bin/llama-completion", "-m", sliced, "-t", "8", "-c", "4096"}));
     EXPECT_EQ(c["llama_server"][0], "llama-server") << "no llama-server in --llama-bin: the PATH's";
-    EXPECT_EQ(c["memory_limit"], json({"systemd-run", "--scope", "-p", "MemoryMax=20000000000", "--"}));
+    EXPECT_EQ(c["memory_limit"], json({"moeprune", "limit", "--ram", "20000000000", "--"}));
     ASSERT_EQ(c["lines"].size(), 3u);
-    EXPECT_EQ(c["lines"][1].get<std::string>().rfind("systemd-run --scope -p MemoryMax=20000000000 -- /opt/llama/bin/llama-completion -m ", 0), 0u)
+    EXPECT_EQ(c["lines"][1].get<std::string>().rfind("moeprune limit --ram 20000000000 -- /opt/llama/bin/llama-completion -m ", 0), 0u)
         << c["lines"][1];
 }
 
@@ -512,6 +512,27 @@ TEST(Plan, CalibratedByAMeasurement) {
     const std::string why = p["why"].get<std::string>();
     EXPECT_NE(why.find("measured by " + measured.string()), std::string::npos) << why;
     EXPECT_NE(why.find("compute 20 ms"), std::string::npos) << why;
+
+    // With measure --repeats, compute is the median of the resident decodes at the device's
+    // read-ahead (the calibration's), and the printed commands run llama.cpp at the threads
+    // it was measured with.
+    {
+        json repeated = measure_report(kModelDigest);
+        repeated["settings"] = {{"threads", 3}};
+        repeated["calibration"] = {{"read_ahead_kb", nullptr}, {"compute_ms", 18.0}, {"compute_ms_repeats", {20.0, 18.0, 17.0}},
+                                   {"read_gbps", 1.0}, {"process_bytes", 1e9}, {"page_bytes", 4096}, {"readaround_bytes", 0}};
+        test::write_text(measured, repeated.dump());
+        const json median = make_plan(o);
+        EXPECT_EQ(median["inputs"]["throughput"]["compute_ms"].get<double>(), 18.0);
+        EXPECT_NE(median["why"].get<std::string>().find("compute 18 ms per token (the median of 3 resident decodes)"),
+                  std::string::npos) << median["why"];
+        ASSERT_TRUE(median["commands"].is_object()) << median["why"];
+        const auto argv = median["commands"]["llama_completion"].get<std::vector<std::string>>();
+        const auto t = std::find(argv.begin(), argv.end(), "-t");
+        ASSERT_NE(t, argv.end()) << median["commands"];
+        EXPECT_EQ(*std::next(t), "3");
+        test::write_text(measured, measure_report(kModelDigest).dump());
+    }
 
     // A guess given by hand stays, and the plan says which.
     o.by_hand = {"--ssd"};

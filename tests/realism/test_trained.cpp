@@ -2,6 +2,7 @@
 // file is the model PyTorch trained, it has learned, and on a model with something to
 // lose the pruning decisions come out the way they should (the realism tier).
 #include "engine/session.h"
+#include "formats/plan_option.h"
 #include "support/test_support.h"
 
 #include "llama.h"
@@ -472,6 +473,12 @@ TEST_F(TrainedRealism, ThePlansPrintedCommandsSliceAndRunTheRecommendation) {
     const auto r = test::run_command(shell(commands["llama_completion"]) + " -n 8 -p 'The river' -no-cnv 2>&1");
     EXPECT_EQ(r.exit_code, 0) << shell(commands["llama_completion"]) << "\n" << r.output;
     EXPECT_NE(r.output.find("The river"), std::string::npos) << r.output;
+    // The printed line is that command under the memory limit (Measure.LimitRuns… runs
+    // llama-completion under moeprune limit; here it would race the cgroup tests' counts).
+    std::vector<std::string> printed = commands["memory_limit"].get<std::vector<std::string>>();
+    for (const std::string & a : commands["llama_completion"].get<std::vector<std::string>>()) printed.push_back(a);
+    for (const char * a : {"-p", "Hello", "-n", "64", "-no-cnv"}) printed.push_back(a);
+    EXPECT_EQ(commands["lines"][1].get<std::string>(), shell_line(printed));
 }
 
 // Task accuracy is llama-perplexity's, task for task: eval's answers to a HellaSwag file
