@@ -54,7 +54,7 @@ struct StreamFitPoint {
 // rate or a negative time, and over one point, the time is 0 and the rate the points'
 // time beyond compute, summed, per simulated byte, summed (docs/measure.md).
 struct StreamFit {
-    double read_gbps = 0;   // 0: nothing to fit (no point read, or took longer than compute)
+    double read_gbps = 0;   // 0: nothing to fit on (no point read, or none took longer than compute)
     double stream_ms = 0;
 };
 
