@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <unordered_set>
 
 namespace moeprune {
 
@@ -230,6 +231,8 @@ Corpus read_corpus(const std::filesystem::path & path) {
     }
     size_t start = 0;
     uint64_t line_no = 0;
+    // A search of the list per document was quadratic: 65,536 domains took over a minute.
+    std::unordered_set<std::string> seen;
     while (start < bytes.size()) {
         size_t end = bytes.find('\n', start);
         if (end == std::string::npos) {
@@ -243,7 +246,7 @@ Corpus read_corpus(const std::filesystem::path & path) {
         }
         c.documents.push_back(parse_line(line, line_no, path.string(), path.parent_path()));
         const std::string & domain = c.documents.back().domain;
-        if (!domain.empty() && std::find(c.domains.begin(), c.domains.end(), domain) == c.domains.end()) {
+        if (!domain.empty() && seen.insert(domain).second) {
             c.domains.push_back(domain);
         }
     }
