@@ -258,6 +258,9 @@ MeasureReport read_report(const json & doc, const std::string & file) {
             m.read_ahead_kb = uint64_t(storage.integer("read_ahead_kb", 0, int64_t(1) << 40));
         }
     }
+    if (r.has("settings") && r.object("settings").has("threads")) {
+        m.threads = int(r.object("settings").integer("threads", 1, 4096));
+    }
     m.busy = r.has("busy") ? r.string("busy") : "";
     m.trace = r.has("trace") ? r.string("trace") : "";
     m.resident = read_run(r.object("resident"), false);

@@ -100,6 +100,7 @@ struct MeasureReport {
     // sysfs names them.
     std::string storage_device;
     std::optional<uint64_t> read_ahead_kb;
+    int threads = 0;                     // every decode's (settings.threads); 0 where the report does not say
     uint64_t routed_expert_bytes = 0;    // of the layers a decode routes through
     uint64_t resident_weight_bytes = 0;  // every weight outside the routed experts
     uint64_t process_bytes = 0;          // the resident run's own memory (KV cache, buffers, code)

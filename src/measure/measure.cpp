@@ -639,6 +639,7 @@ MeasureReport Measurement::finish() {
                      {"ctx", ctx_},           {"threads", threads_},         {"probe_mib", opt_.probe_mib},
                      {"seed", opt_.seed},     {"batch", 1},                  {"mmap", true},
                      {"repack", opt_.repack}, {"text_only", opt_.text_only}, {"read_ahead_kb", opt_.read_ahead_kb}};
+    rep_.threads = threads_;
     rep_.system = {{"kernel", fmt::format("{} {}", u.sysname, u.release)},
                    {"machine", u.machine},
                    {"cpus", std::thread::hardware_concurrency()},

@@ -75,14 +75,7 @@ PlanCommands commands_of(const PlanOption & o, const PlanOptions & opt, const Ge
             limit / 1e9, o.measured ? "limit it was measured under" : "--ram the plan was made for", uint64_t(limit)));
     }
     // Without -t, the threads llama.cpp was measured with: its own default differs.
-    int threads = opt.threads;
-    if (threads <= 0 && measured) {
-        const nlohmann::json & s = measured->report().settings;
-        if (s.is_object() && s.contains("threads") && s["threads"].is_number_integer() && s["threads"].get<int64_t>() > 0 &&
-            s["threads"].get<int64_t>() <= 4096) {
-            threads = int(s["threads"].get<int64_t>());
-        }
-    }
+    const int threads = opt.threads > 0 ? opt.threads : measured ? measured->report().threads : 0;
     std::vector<std::string> flags = model_flags(o, opt, g, c.model, threads, c.notes);
     c.llama_completion = {tool(opt, "llama-completion")};
     c.llama_completion.insert(c.llama_completion.end(), flags.begin(), flags.end());

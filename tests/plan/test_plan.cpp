@@ -571,6 +571,7 @@ TEST(Plan, CalibratedByAMeasurement) {
              {[](json & m) { m["busy"] = "the resident run took 344 ms"; }, "measure again on a quiet machine"},
              {[](json & m) { m["runs"][0]["ram"] = "\x1b[2J25%"; }, "is not a limit as measure --ram reads one"},
              {[](json & m) { m["process_bytes"] = 1e308; }, "process_bytes"},
+             {[](json & m) { m["settings"] = {{"threads", 100000}}; }, "settings.threads"},
              {[](json & m) { m["model"]["routed_layer_expert_bytes"] = std::vector<double>(2, 8e9); }, "another model than --expert-mb"},
          }) {
         json forged = measure_report(kModelDigest);
