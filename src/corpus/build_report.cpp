@@ -66,8 +66,11 @@ void report_domains(CorpusBuild & b) {
                 b.report.domains.push_back({domains[d], {}, {}});
             }
             CorpusDomainRow & row = b.report.domains[d];
-            (side == kCalib ? row.calib : row.eval) = {uint64_t(reached[d]), target_sum > 0 ? target[d] / target_sum : 0,
-                                                       total > 0 ? reached[d] / double(total) : 0};
+            // Bound first: GCC 12 at -O2 drops members of a braced list assigned to a
+            // conditional lvalue (the eval side's budget came out null in corpus.json).
+            auto & side_row = side == kCalib ? row.calib : row.eval;
+            side_row = {uint64_t(reached[d]), target_sum > 0 ? target[d] / target_sum : 0,
+                        total > 0 ? reached[d] / double(total) : 0};
         }
     }
 }
@@ -112,15 +115,16 @@ CorpusSourceRow source_report(const CorpusBuild & b, size_t s) {
         }
         const uint64_t budget = b.budget[s][size_t(side)];
         const uint64_t tokens = b.taken_tokens[s][size_t(side)];
-        (side == kCalib ? row.calib : row.eval) = {.budget = budget == kAll ? std::nullopt : std::optional(budget),
-                                                   .tokens = tokens,
-                                                   .shortfall = budget != kAll && tokens < budget ? budget - tokens : 0,
-                                                   .documents = whole.size(),
-                                                   .units = taken.size(),
-                                                   .pieces = pieces,
-                                                   .truncated = truncated,
-                                                   .documents_available = b.order[s][size_t(side)].size(),
-                                                   .groups_available = b.groups[s][size_t(side)].size()};
+        CorpusSourceSide & side_row = side == kCalib ? row.calib : row.eval;   // bound first: see report_domains
+        side_row = {.budget = budget == kAll ? std::nullopt : std::optional(budget),
+                    .tokens = tokens,
+                    .shortfall = budget != kAll && tokens < budget ? budget - tokens : 0,
+                    .documents = whole.size(),
+                    .units = taken.size(),
+                    .pieces = pieces,
+                    .truncated = truncated,
+                    .documents_available = b.order[s][size_t(side)].size(),
+                    .groups_available = b.groups[s][size_t(side)].size()};
     }
     return row;
 }

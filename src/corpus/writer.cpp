@@ -95,9 +95,11 @@ void stage_jsonl(CorpusBuild & b) {
             bytes += '\n';
         }
         const fs::path & path = side == kCalib ? b.calib_path : b.eval_path;
-        (side == kCalib ? b.report.outputs.calib : b.report.outputs.eval) = {
-            path.string(), b.sequence[size_t(side)].size(), b.side_tokens[size_t(side)], bytes.size(),
-            xxh64_hex(bytes)};
+        // Bound first: GCC 12 at -O2 drops members of a braced list assigned to a conditional
+        // lvalue (build_report.cpp's report_domains).
+        auto & output = side == kCalib ? b.report.outputs.calib : b.report.outputs.eval;
+        output = {path.string(), b.sequence[size_t(side)].size(), b.side_tokens[size_t(side)], bytes.size(),
+                  xxh64_hex(bytes)};
         b.staged.push_back(std::make_unique<AtomicOutput>(path));
         write_temp_file(*b.staged.back(), bytes);
     }
