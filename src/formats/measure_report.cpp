@@ -77,6 +77,7 @@ json to_json(const StreamCalibration & c) {
             {"read_gbps", c.read_gbps},
             {"fault_ms", c.fault_ms},
             {"stream_ms", c.stream_ms},
+            {"sequential_gbps", c.sequential_gbps},
             {"process_bytes", c.process_bytes},
             {"page_bytes", c.page_bytes},
             {"readaround_bytes", c.readaround_bytes},
@@ -192,6 +193,7 @@ StreamCalibration read_calibration(const JsonFields & c) {
     k.read_gbps = c.number("read_gbps", 0, 1e4);
     k.fault_ms = optional_number(c, "fault_ms", 0, 1e6, 0);
     k.stream_ms = optional_number(c, "stream_ms", 0, 1e6, 0);
+    k.sequential_gbps = optional_number(c, "sequential_gbps", 0, 1e4, 0);
     k.process_bytes = uint64_t(c.number("process_bytes", 0, kMostBytes));
     k.page_bytes = uint64_t(c.number("page_bytes", 1, 1 << 30));
     k.readaround_bytes = uint64_t(c.number("readaround_bytes", 0, kMostBytes));

@@ -25,6 +25,9 @@ struct StreamCalibration {
     double read_gbps = 0;                  // the storage's transfer rate (10^9 bytes/s)
     double fault_ms = 0;                   // what a read-around waits beyond its transfer
     double stream_ms = 0;                  // per token whenever it reads: streaming's cost beyond its bytes
+    // The device's sequential rate (the probe's), at which the tensors every token reads whole
+    // are priced; 0 (a report from before it): every byte at read_gbps.
+    double sequential_gbps = 0;
     uint64_t process_bytes = 0;            // the process's own memory, charged to the same limit
     uint64_t page_bytes = 4096;
     uint64_t readaround_bytes = 0;         // the mapping's readahead window

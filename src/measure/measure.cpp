@@ -572,6 +572,7 @@ void Measurement::predict() {
                       : p.read_gbps > 0                        ? p.read_gbps
                                                                : p.effective_gbps;
         c.fault_ms = p.sequential_gbps > 0 && p.fault_ms >= 0 ? p.fault_ms : 0;
+        c.sequential_gbps = std::max(0.0, p.sequential_gbps);
     }
     const TraceReader trace = TraceReader::open(all_tokens_trace_);
     const auto calibration_of = [&](const MeasuredRun & r) {
@@ -594,7 +595,7 @@ void Measurement::predict() {
         std::vector<StreamFitPoint> points;
         for (const MeasuredRun & r : rep_.runs) {
             if (&r != left_out && r.read_ahead_kb == c.read_ahead_kb && r.prediction.read_bytes_per_token > 0) {
-                points.push_back({r.prediction.read_bytes_per_token, r.decode.ms_mean});
+                points.push_back(fit_point(r.prediction, c, r.decode.ms_mean));
                 if (on) {
                     on->push_back(r.ram);
                 }
@@ -720,9 +721,13 @@ std::string to_text(const MeasureReport & r) {
             out += fmt::format("calibration at read-ahead {}: {:.2f} ms per token resident, {:.2f} ms per read-around, "
                                "{:.3f} GB/s (the probe's)\n", at, c.compute_ms, c.fault_ms, c.read_gbps);
         } else {
-            out += fmt::format("calibration at read-ahead {}: {:.2f} ms per token resident, {:.3f} GB/s of simulated "
-                               "reads and {:.2f} ms per token that reads, as llama.cpp decoded under {}\n", at,
-                               c.compute_ms, c.read_gbps, c.stream_ms, fmt::join(c.fitted_on, ", "));
+            out += fmt::format("calibration at read-ahead {}: {:.2f} ms per token resident, {:.3f} GB/s of {} "
+                               "simulated reads{} and {:.2f} ms per token that reads, as llama.cpp decoded under {}\n",
+                               at, c.compute_ms, c.read_gbps, c.sequential_gbps > 0 ? "the experts'" : "the",
+                               c.sequential_gbps > 0 ? fmt::format(" (the rest at the {:.3f} GB/s of sequential reads)",
+                                                                   c.sequential_gbps)
+                                                     : "",
+                               c.stream_ms, fmt::join(c.fitted_on, ", "));
         }
     }
     for (const MeasuredRun * m : all_runs(r)) {

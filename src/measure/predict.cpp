@@ -255,26 +255,47 @@ StreamPrediction predict_stream(const GgufModel & model, const TraceSource & tra
 
 uint64_t every_token_bytes(const GgufModel & model) { return every_token_bytes(lay_out(model, inspect_model(model, {}))); }
 
+namespace {
+
+// The bytes priced at the calibration's fitted rate; where it has no sequential rate,
+// every byte.
+double scattered_bytes(const StreamPrediction & p, const StreamCalibration & c) {
+    return c.sequential_gbps > 0 ? p.expert_read_bytes_per_token : p.read_bytes_per_token;
+}
+
+double sequential_ms(const StreamPrediction & p, const StreamCalibration & c) {
+    return c.sequential_gbps > 0 ? p.other_read_bytes_per_token / (c.sequential_gbps * 1e6) : 0;
+}
+
+} // namespace
+
 void time_stream(StreamPrediction & p, const StreamCalibration & c) {
     // A read-around is waited for once however many of llama.cpp's threads fault on it.
     p.ms_per_token = c.compute_ms + p.faults_per_token * c.fault_ms +
-                     (p.read_bytes_per_token > 0 ? c.stream_ms : 0) +
-                     (c.read_gbps > 0 ? p.read_bytes_per_token / (c.read_gbps * 1e9) * 1e3 : 0);
+                     (p.read_bytes_per_token > 0 ? c.stream_ms : 0) + sequential_ms(p, c) +
+                     (c.read_gbps > 0 ? scattered_bytes(p, c) / (c.read_gbps * 1e9) * 1e3 : 0);
     p.tokens_per_second = p.ms_per_token > 0 ? 1e3 / p.ms_per_token : 0;
+}
+
+StreamFitPoint fit_point(const StreamPrediction & p, const StreamCalibration & c, double measured_ms_per_token) {
+    return {scattered_bytes(p, c), measured_ms_per_token, sequential_ms(p, c)};
 }
 
 StreamFit fit_stream(std::span<const StreamFitPoint> points, double compute_ms, double most_gbps) {
     double bytes = 0, excess_ms = 0;
+    const auto excess = [&](const StreamFitPoint & f) {
+        return f.measured_ms_per_token - compute_ms - f.sequential_ms_per_token;
+    };
     for (const StreamFitPoint & f : points) {
-        bytes += f.predicted_read_bytes_per_token;
-        excess_ms += f.measured_ms_per_token - compute_ms;
+        bytes += f.scattered_read_bytes_per_token;
+        excess_ms += excess(f);
     }
     const double n = double(points.size());
     double sxx = 0, sxy = 0;
     for (const StreamFitPoint & f : points) {
-        const double dx = f.predicted_read_bytes_per_token - bytes / n;
+        const double dx = f.scattered_read_bytes_per_token - bytes / n;
         sxx += dx * dx;
-        sxy += dx * (f.measured_ms_per_token - compute_ms - excess_ms / n);
+        sxy += dx * (excess(f) - excess_ms / n);
     }
     if (points.size() >= 2 && sxx > 0 && sxy > 0) {
         const double ms_per_byte = sxy / sxx;

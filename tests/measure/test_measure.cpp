@@ -168,12 +168,17 @@ TEST(Measure, DecodesUnderLimitsPredictsAndTracesTheTimedTokens) {
     // streamed; each limit's prediction used the rate of the others (the probe's where none).
     const json & calibration = m.at("calibration");
     const double compute_ms = calibration.at("compute_ms").get<double>();
+    // The tensors every token reads whole at the device's sequential rate, the probe's.
+    const double sequential_gbps = m.at("probe").at("sequential_gbps").get<double>();
+    EXPECT_EQ(calibration.at("sequential_gbps").get<double>(), sequential_gbps);
     const auto fit = [&](const json * left_out, std::vector<std::string> & on) {
         std::vector<StreamFitPoint> points;
         for (const json & run : m.at("runs")) {
             if (&run != left_out && run.at("predicted").at("read_bytes_per_token").get<double>() > 0) {
-                points.push_back({run.at("predicted").at("read_bytes_per_token").get<double>(),
-                                  run.at("decode").at("ms_per_token").at("mean").get<double>()});
+                points.push_back({run.at("predicted").at("expert_read_bytes_per_token").get<double>(),
+                                  run.at("decode").at("ms_per_token").at("mean").get<double>(),
+                                  run.at("predicted").at("other_read_bytes_per_token").get<double>() / 1e6 /
+                                      sequential_gbps});
                 on.push_back(run.at("ram").get<std::string>());
             }
         }
@@ -194,12 +199,14 @@ TEST(Measure, DecodesUnderLimitsPredictsAndTracesTheTimedTokens) {
         const StreamFit others_fit = fit(&run, others);
         const json & p = run.at("predicted");
         const double transfer_ms = p.at("read_bytes_per_token").get<double>() / 1e6;
+        const double expert_ms = p.at("expert_read_bytes_per_token").get<double>() / 1e6;
+        const double other_ms = p.at("other_read_bytes_per_token").get<double>() / 1e6 / sequential_gbps;
         const double expected = others_fit.read_gbps > 0
-                                    ? compute_ms + transfer_ms / others_fit.read_gbps +
+                                    ? compute_ms + expert_ms / others_fit.read_gbps + other_ms +
                                           (transfer_ms > 0 ? others_fit.stream_ms : 0)
                                     : compute_ms + p.at("faults_per_token").get<double>() *
                                                             m.at("probe").value("fault_ms", 0.0) +
-                                               transfer_ms / m.at("probe").at("sequential_gbps").get<double>();
+                                               transfer_ms / sequential_gbps;
         EXPECT_NEAR(p.at("ms_per_token").get<double>(), expected, 1e-6 * expected) << run.at("ram");
     }
     EXPECT_TRUE(m.at("median_error").is_number());
@@ -605,8 +612,9 @@ TEST(Measure, ReadAheadIsMeasuredAtEachSettingAndPutBackEvenAfterAKill) {
                     c.at("compute_ms").get<double>() + p.at("faults_per_token").get<double>() * probe.value("fault_ms", 0.0) +
                         p.at("read_bytes_per_token").get<double>() / (probe.at("sequential_gbps").get<double>() * 1e6),
                     1e-6 * p.at("ms_per_token").get<double>());
-        const std::vector<StreamFitPoint> own{{p.at("read_bytes_per_token").get<double>(),
-                                               run.at("decode").at("ms_per_token").at("mean").get<double>()}};
+        const std::vector<StreamFitPoint> own{
+            {p.at("expert_read_bytes_per_token").get<double>(), run.at("decode").at("ms_per_token").at("mean").get<double>(),
+             p.at("other_read_bytes_per_token").get<double>() / 1e6 / probe.at("sequential_gbps").get<double>()}};
         const double fitted =
             fit_stream(own, c.at("compute_ms").get<double>(), probe.at("sequential_gbps").get<double>()).read_gbps;
         EXPECT_EQ(c.at("fitted_on").size(), fitted > 0 ? 1u : 0u) << c;
@@ -697,9 +705,25 @@ TEST(StreamFit, TheDecodesReadRateIsItsTimeBeyondComputePerSimulatedByte) {
     EXPECT_NEAR(1 / fit.read_gbps, 0.675, 0.02);   // ms per MB
     EXPECT_NEAR(fit.stream_ms, 90, 10);
     for (const StreamFitPoint & b : bench) {
-        const double ms = 16.3 + fit.stream_ms + b.predicted_read_bytes_per_token / (fit.read_gbps * 1e6);
+        const double ms = 16.3 + fit.stream_ms + b.scattered_read_bytes_per_token / (fit.read_gbps * 1e6);
         EXPECT_NEAR(ms, b.measured_ms_per_token, 0.03 * b.measured_ms_per_token);
     }
+    // bench/stream.sh at 8192 KB, five rounds (the experts' simulated bytes, measured ms, the
+    // rest's bytes at the probe's 2.73 GB/s; 15.15 ms of compute). The 25% and 50% limits
+    // read 202 and 154 MB of whole tensors per token, the 75% limit 7: priced at the
+    // experts' rate too, they made 75% 28% too fast from the other two; at the sequential
+    // rate, 15%.
+    const auto at_sequential = [](double mb) { return mb / 2.731; };
+    const std::vector<StreamFitPoint> limits{{812.4e6, 909.65, at_sequential(202.3)},
+                                             {524.7e6, 575.13, at_sequential(154.0)},
+                                             {176.7e6, 221.24, at_sequential(6.56)}};
+    const StreamFit from_two = fit_stream(std::span(limits).first(2), 15.15, kAny);
+    const double ms_75 = 15.15 + from_two.stream_ms + limits[2].sequential_ms_per_token +
+                         limits[2].scattered_read_bytes_per_token / (from_two.read_gbps * 1e6);
+    EXPECT_NEAR(1e3 / ms_75, 1e3 / 221.24, 0.16 * 1e3 / 221.24);
+    const std::vector<StreamFitPoint> alike{{1014.7e6, 909.65}, {678.7e6, 575.13}};
+    const StreamFit alike_fit = fit_stream(alike, 15.15, kAny);
+    EXPECT_GT(1e3 / (15.15 + alike_fit.stream_ms + 183.3 / alike_fit.read_gbps), 1.25 * 1e3 / 221.24);
     // A line that would need a negative time per token (less time per byte the fewer bytes
     // read) is not one: the rate alone, fitted as over one point.
     const std::vector<StreamFitPoint> concave{{100e6, 110}, {50e6, 20}};
@@ -732,6 +756,21 @@ TEST(StreamFit, TheDecodesReadRateIsItsTimeBeyondComputePerSimulatedByte) {
     p.faults_per_token = 0;
     time_stream(p, c);
     EXPECT_DOUBLE_EQ(p.ms_per_token, 5);
+    // With the device's sequential rate, the experts' bytes at the fitted rate and the rest
+    // at that one.
+    p.read_bytes_per_token = 20e6;
+    p.expert_read_bytes_per_token = 12e6;
+    p.other_read_bytes_per_token = 8e6;
+    p.faults_per_token = 4;
+    c.sequential_gbps = 4;
+    time_stream(p, c);
+    EXPECT_DOUBLE_EQ(p.ms_per_token, 5 + 2 + 6 + 2 + 3);
+    const StreamFitPoint point = fit_point(p, c, 30);
+    EXPECT_EQ(point.scattered_read_bytes_per_token, 12e6);
+    EXPECT_DOUBLE_EQ(point.sequential_ms_per_token, 2);
+    c.sequential_gbps = 0;
+    EXPECT_EQ(fit_point(p, c, 30).scattered_read_bytes_per_token, 20e6);
+    EXPECT_EQ(fit_point(p, c, 30).sequential_ms_per_token, 0);
 }
 
 // When a limit is outside what the simulation follows, with the cases it was measured at.
