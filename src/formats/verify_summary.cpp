@@ -19,6 +19,13 @@ std::optional<double> VerifySummary::error() const {
     return std::abs(*predicted_tok_per_s - measured_tok_per_s) / measured_tok_per_s;
 }
 
+std::optional<double> VerifySummary::drift() const {
+    if (!resident_tok_per_s || !shortlist_resident_tok_per_s) {
+        return std::nullopt;
+    }
+    return *resident_tok_per_s / *shortlist_resident_tok_per_s - 1;
+}
+
 json to_json(const VerifySummary & v) {
     const auto or_null = [](const std::optional<double> & x) { return x ? json(*x) : json(nullptr); };
     return {{"format", "moeprune-verify"},
@@ -32,7 +39,10 @@ json to_json(const VerifySummary & v) {
             {"measured_read_bytes_per_token", or_null(v.measured_read_bytes_per_token)},
             {"measured_major_faults_per_token", v.measured_major_faults_per_token},
             {"error", or_null(v.error())},
-            {"measure", v.measure}};
+            {"measure", v.measure},
+            {"resident_tok_per_s", or_null(v.resident_tok_per_s)},
+            {"shortlist_resident_tok_per_s", or_null(v.shortlist_resident_tok_per_s)},
+            {"drift", or_null(v.drift())}};
 }
 
 VerifySummary read_verify_summary(const std::filesystem::path & path) {
@@ -61,6 +71,8 @@ VerifySummary read_verify_summary(const std::filesystem::path & path) {
     v.measured_read_bytes_per_token = optional("measured_read_bytes_per_token", 0x1p50);
     v.measured_major_faults_per_token = f.number("measured_major_faults_per_token", 0, 1e12);
     v.measure = f.string("measure");
+    v.resident_tok_per_s = optional("resident_tok_per_s", 1e6);
+    v.shortlist_resident_tok_per_s = optional("shortlist_resident_tok_per_s", 1e6);
     return v;
 }
 

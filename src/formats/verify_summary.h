@@ -20,10 +20,16 @@ struct VerifySummary {
     std::optional<double> measured_read_bytes_per_token;   // none where the kernel keeps no I/O counts
     double measured_major_faults_per_token = 0;
     std::string measure;                      // the measure report beside it
+    // The same model decoded fully resident in that measure, and where the option was a
+    // shortlist's, in the shortlist's measure: how much faster or slower the machine ran
+    // than when the plan's figure was measured (none: not known).
+    std::optional<double> resident_tok_per_s, shortlist_resident_tok_per_s;
     std::string digest;                       // read back: of the bytes read (not in the file)
 
     // |predicted - measured| / measured, when the plan predicted a speed.
     std::optional<double> error() const;
+    // resident_tok_per_s / shortlist_resident_tok_per_s - 1, when both are known.
+    std::optional<double> drift() const;
 };
 
 nlohmann::json to_json(const VerifySummary & v);

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 
 namespace moeprune::run_impl {
 
@@ -88,9 +89,17 @@ std::string verify_stage(Runner & run, const RunOptions & opt, const RunPaths & 
                   return out;
               });
     const VerifySummary v = read_verify_summary(at.dir / "verify" / "summary.json");
-    return fmt::format("\nverify: {} at --ram {}: predicted {}, measured {:.2f} tokens/s{}", v.model, c.ram,
+    // A figure a shortlist measured minutes before can be off by the machine's drift alone:
+    // the same model's resident decode, then and now, tells that from the predictor's error.
+    const std::string drift =
+        v.drift() ? fmt::format("; resident, the same model decoded at {:.2f} tokens/s here and {:.2f} when the "
+                                "shortlist measured it: the machine ran {:.0f}% {}",
+                                *v.resident_tok_per_s, *v.shortlist_resident_tok_per_s, 100 * std::abs(*v.drift()),
+                                *v.drift() < 0 ? "slower" : "faster")
+                  : "";
+    return fmt::format("\nverify: {} at --ram {}: predicted {}, measured {:.2f} tokens/s{}{}", v.model, c.ram,
                        v.predicted_tok_per_s ? fmt::format("{:.2f}", *v.predicted_tok_per_s) : "unbounded tokens/s",
-                       v.measured_tok_per_s, v.error() ? fmt::format(" (error {:.0f}%)", 100 * *v.error()) : "");
+                       v.measured_tok_per_s, v.error() ? fmt::format(" (error {:.0f}%)", 100 * *v.error()) : "", drift);
 }
 
 } // namespace moeprune::run_impl

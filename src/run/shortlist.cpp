@@ -55,6 +55,13 @@ VerifySummary measured_option(const PlanOption & o, const std::string & plan_pat
     }
     v.measured_major_faults_per_token = run.decode.major_faults_per_token;
     v.measure = measure_json.string();
+    const auto resident_speed = [](const MeasureReport & r) {
+        return r.resident.decode.tokens_per_second > 0 ? std::optional(r.resident.decode.tokens_per_second) : std::nullopt;
+    };
+    v.resident_tok_per_s = resident_speed(measured.report);
+    if (o.shortlist) {
+        v.shortlist_resident_tok_per_s = resident_speed(read_measure_report(o.shortlist->measure).report);
+    }
     return v;
 }
 

@@ -437,7 +437,13 @@ TEST(StageReports, AVerifySummaryReadsBackAsWritten) {
     const json doc = to_json(v);
     EXPECT_DOUBLE_EQ(doc.at("error").get<double>(), 0.2);
     EXPECT_TRUE(doc.at("measured_read_bytes_per_token").is_null());
+    EXPECT_TRUE(doc.at("drift").is_null());
     EXPECT_EQ(to_json(read_verify_summary(write(dir, "summary.json", doc))), doc);
+    // The same model resident, now and when the shortlist measured it: 20% slower now.
+    v.resident_tok_per_s = 800;
+    v.shortlist_resident_tok_per_s = 1000;
+    EXPECT_DOUBLE_EQ(to_json(v).at("drift").get<double>(), -0.2);
+    EXPECT_EQ(to_json(read_verify_summary(write(dir, "drift.json", to_json(v)))), to_json(v));
     json bad = doc;
     bad["measured_tok_per_s"] = -1;
     expect_refused(read_verify_summary, write(dir, "bad.json", bad), "measured_tok_per_s");

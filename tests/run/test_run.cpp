@@ -535,8 +535,19 @@ TEST_F(RunTest, MeasuredRunCalibratesThePlanAndVerifiesTheRecommendation) {
     EXPECT_EQ(verify["predicted_tok_per_s"],
               recommended.contains("shortlist") ? recommended["shortlist"]["predicted_tok_per_s"] : recommended["tok_per_s"]);
     EXPECT_GT(verify["measured_tok_per_s"].get<double>(), 0);
-    EXPECT_EQ(read_json(run / "verify" / "verify.json")["runs"].size(), 1u);
+    const json verified = read_json(run / "verify" / "verify.json");
+    EXPECT_EQ(verified["runs"].size(), 1u);
     EXPECT_NE(r.output.find("verify: "), std::string::npos) << r.output;
+    // Beside it, the machine's drift since the shortlist: the same model's resident decodes.
+    EXPECT_EQ(verify["resident_tok_per_s"], verified["resident"]["decode"]["tokens_per_second"]);
+    if (recommended.contains("shortlist")) {
+        EXPECT_EQ(verify["shortlist_resident_tok_per_s"],
+                  read_json(recommended["shortlist"]["measure"].get<std::string>())["resident"]["decode"]["tokens_per_second"]);
+        EXPECT_NEAR(verify["drift"].get<double>(),
+                    verify["resident_tok_per_s"].get<double>() / verify["shortlist_resident_tok_per_s"].get<double>() - 1,
+                    1e-12);
+        EXPECT_NE(r.output.find("when the shortlist measured it: the machine ran "), std::string::npos) << r.output;
+    }
 
     r = test::run_command(moeprune_cmd(args));
     ASSERT_EQ(r.exit_code, 0) << r.output;
