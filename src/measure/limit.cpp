@@ -54,9 +54,9 @@ int run_limited(std::vector<std::string> command, uint64_t limit_bytes) {
     MemoryCgroup cgroup(support, limit_bytes, scratch);
     const WorkerExit w = spawn_in(command, &cgroup);
     if (w.signal == SIGKILL && cgroup.oom_kills() > 0) {
-        throw Error(fmt::format("{}: the kernel killed it for memory under the limit of {}: the limit is too small for "
-                                "what it keeps in anonymous memory (the page cache is reclaimed first)",
-                                command.front(), fmt::format("{:.1f} MiB", double(limit_bytes) / (1 << 20))));
+        throw Error(fmt::format("{}: the kernel killed it for memory under the limit of {:.1f} MiB: the limit is too "
+                                "small for what it keeps in anonymous memory (the page cache is reclaimed first)",
+                                command.front(), double(limit_bytes) / (1 << 20)));
     }
     return w.signal != 0 ? 128 + w.signal : w.status;
 }

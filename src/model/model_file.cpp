@@ -62,8 +62,9 @@ void check_gguf_header(const fs::path & path) {
     };
     HeaderReader r(path);
     char magic[4];
-    uint32_t version;
-    int64_t n_tensors, n_kv;
+    // Zero where a read fails: the messages below name the value read, if any.
+    uint32_t version = 0;
+    int64_t n_tensors = 0, n_kv = 0;
     if (!r.read(magic) || std::memcmp(magic, "GGUF", 4) != 0) {
         bad("no GGUF magic");
     }
@@ -78,11 +79,11 @@ void check_gguf_header(const fs::path & path) {
         {GGUF_TYPE_UINT32, 4}, {GGUF_TYPE_INT32, 4}, {GGUF_TYPE_FLOAT32, 4}, {GGUF_TYPE_BOOL, 1},
         {GGUF_TYPE_UINT64, 8}, {GGUF_TYPE_INT64, 8}, {GGUF_TYPE_FLOAT64, 8}};
     const auto skip_string = [&] {
-        uint64_t n;
+        uint64_t n = 0;
         return r.read(n) && r.skip(n);
     };
     for (int64_t i = 0; i < n_kv; ++i) {
-        uint32_t type;
+        uint32_t type = 0;
         uint64_t n = 1;
         if (!skip_string() || !r.read(type)) {
             bad(fmt::format("the file ends inside key {}", i));
@@ -107,8 +108,8 @@ void check_gguf_header(const fs::path & path) {
         }
     }
     for (int64_t i = 0; i < n_tensors; ++i) {
-        uint32_t n_dims, type;
-        uint64_t name_len;
+        uint32_t n_dims = 0, type = 0;
+        uint64_t name_len = 0;
         std::string name;
         if (!r.read(name_len) || name_len >= GGML_MAX_NAME) {
             bad(fmt::format("tensor {} has no name of fewer than {} bytes", i, GGML_MAX_NAME));
@@ -123,7 +124,7 @@ void check_gguf_header(const fs::path & path) {
         // ggml multiplies the dimensions before its own overflow check.
         int64_t elements = 1;
         for (uint32_t d = 0; d < n_dims; ++d) {
-            int64_t ne;
+            int64_t ne = 0;
             if (!r.read(ne)) {
                 bad(fmt::format("the file ends inside tensor {}", name));
             }
