@@ -67,7 +67,7 @@ void report_domains(CorpusBuild & b) {
             }
             CorpusDomainRow & row = b.report.domains[d];
             // Bound first: GCC 12 at -O2 drops members of a braced list assigned to a
-            // conditional lvalue (the eval side's budget came out null in corpus.json).
+            // conditional lvalue (source_report's eval budget came out null in corpus.json).
             auto & side_row = side == kCalib ? row.calib : row.eval;
             side_row = {uint64_t(reached[d]), target_sum > 0 ? target[d] / target_sum : 0,
                         total > 0 ? reached[d] / double(total) : 0};

@@ -60,7 +60,11 @@ VerifySummary measured_option(const PlanOption & o, const std::string & plan_pat
     };
     v.resident_tok_per_s = resident_speed(measured.report);
     if (o.shortlist) {
-        v.shortlist_resident_tok_per_s = resident_speed(read_measure_report(o.shortlist->measure).report);
+        // Only a decode of the same model (by content) tells the machine's drift apart.
+        const MeasureFile earlier = read_measure_report(o.shortlist->measure);
+        if (earlier.model.digest && earlier.model.digest == measured.model.digest) {
+            v.shortlist_resident_tok_per_s = resident_speed(earlier.report);
+        }
     }
     return v;
 }
