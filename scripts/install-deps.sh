@@ -2,7 +2,7 @@
 # Installs the Debian packages moeprune builds against, only those missing,
 # so a second run costs nothing and needs no network.
 set -euo pipefail
-packages=(cmake g++ make git pkg-config libgtest-dev libcli11-dev nlohmann-json3-dev libzstd-dev libfmt-dev libxxhash-dev libboost-math-dev libtomlplusplus-dev time ccache
+packages=(cmake g++ make git pkg-config libgtest-dev libcli11-dev nlohmann-json3-dev libzstd-dev libfmt-dev libxxhash-dev libboost-math-dev libtomlplusplus-dev libgumbo-dev time ccache
   chromium   # the report test loads report.html in headless Chromium
   manpages-zh  # CJK text for make demo
   clang libclang-rt-dev llvm  # make fuzz: libFuzzer, sanitizer runtimes, llvm-symbolizer

@@ -72,9 +72,9 @@ void add_corpus(CLI::App & app, Action & action) {
                     "Choice tasks per domain from the held-out side, in tasks.txt (default 100; 0: none)")
         ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
     sub->add_option("--task-context", *task_context, "Tokens of context per choice task (default 64)")
-        ->check(CLI::Range(int64_t(1), int64_t(1) << 16));
+        ->check(CLI::Range(int64_t(1), int64_t(kMostTaskTokens)));
     sub->add_option("--task-ending", *task_ending, "Tokens per ending of a choice task (default 48)")
-        ->check(CLI::Range(int64_t(1), int64_t(1) << 16));
+        ->check(CLI::Range(int64_t(1), int64_t(kMostTaskTokens)));
     sub->add_flag("--strip-boilerplate", *strip, "Keep a long prefix shared by many documents in the first only");
     sub->add_flag("--allow-shortfall", opt->allow_shortfall, "Build even when a source cannot meet its budget");
     sub->add_option("--json", opt->report, "Also write the report (moeprune-corpus JSON) here");

@@ -1,4 +1,5 @@
 #include "cli/commands.h"
+#include "measure/read_ahead.h"
 #include "core/atomic_file.h"
 #include "core/errors.h"
 #include "core/sizes.h"
@@ -132,6 +133,8 @@ void add_plan(CLI::App & app, Action & action) {
                 refuse_output_clashes({*json_out}, inputs);
             }
             opt->moeprune_bin = this_program();
+            // The commands it prints serve at the device's own read-ahead, not a killed measure's.
+            print_left_read_ahead();
             const nlohmann::json plan = make_plan(*opt);
             std::printf("%s", plan_text(read_plan_document(plan, json_out->empty() ? "the plan" : json_out->string())).c_str());
             if (!json_out->empty()) {

@@ -120,6 +120,11 @@ void add_run(CLI::App & app, Action & action) {
             if (given("--read-ahead-kb")) merged.read_ahead_kb = c->read_ahead_kb;
             if (given("--runs-on")) merged.runs_on = c->runs_on;
             if (given("--llama-bin")) merged.llama_bin = std::filesystem::absolute(c->llama_bin).lexically_normal().string();
+            if (given("--measure-shortlist") && merged.measure_shortlist > 0 && (merged.measure.empty() || merged.ram.empty())) {
+                throw Error(fmt::format("--measure-shortlist {}: the shortlist is measured under --ram after the measure "
+                                        "stage: give --measure and --ram as well",
+                                        merged.measure_shortlist));
+            }
             opt->config = merged;
             opt->moeprune_bin = this_program();
             init_llama({});

@@ -1,6 +1,9 @@
 #include "cli/commands.h"
 #include "core/atomic_file.h"
 #include "core/errors.h"
+#include "corpus/sources.h"
+
+#include <fmt/format.h>
 
 #include <csignal>
 #include <cstdio>
@@ -19,6 +22,20 @@ int main(int argc, char ** argv) {
         if (!args[i].empty() && args[i].find_first_not_of(',') == std::string::npos) {
             std::fprintf(stderr, "moeprune: error: %s %s: an empty list; give its values separated by commas\n",
                          args[i - 1].c_str(), args[i].c_str());
+            return 1;
+        }
+    }
+    // Paths and names end up in JSON, which holds UTF-8 alone: refused here, naming the
+    // argument, before anything is made (a command after `--` gets its bytes as they are).
+    for (size_t i = 1; i < args.size() && args[i] != "--"; ++i) {
+        if (moeprune::invalid_utf8_at(args[i]) != std::string::npos) {
+            std::string shown;
+            for (const unsigned char c : args[i]) {
+                shown += c < 0x20 || c >= 0x80 ? fmt::format("\\x{:02x}", c) : std::string(1, char(c));
+            }
+            std::fprintf(stderr, "moeprune: error: %s%s: is not UTF-8: moeprune records the paths and names it is "
+                                 "given in JSON, which holds UTF-8 alone; rename it\n",
+                         i > 1 && args[i - 1].rfind("-", 0) == 0 ? (args[i - 1] + " ").c_str() : "", shown.c_str());
             return 1;
         }
     }

@@ -75,14 +75,18 @@ extern "C" void defer_signal(int sig) {
     }
 }
 
+void (*g_inherited_sigxfsz)(int) = SIG_DFL;  // what this process found, before it ignored it
+
 } // namespace
 
 void install_cleanup_on_signals() {
     for (int sig : kCleanupSignals) {
         std::signal(sig, remove_temps_and_die);
     }
-    std::signal(SIGXFSZ, SIG_IGN);
+    g_inherited_sigxfsz = std::signal(SIGXFSZ, SIG_IGN);
 }
+
+void restore_inherited_signals() { std::signal(SIGXFSZ, g_inherited_sigxfsz == SIG_IGN ? SIG_IGN : SIG_DFL); }
 
 Interrupted::Interrupted(int sig)
     : Error(fmt::format("interrupted by {}", ::sigabbrev_np(sig) ? std::string("SIG") + ::sigabbrev_np(sig)

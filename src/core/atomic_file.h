@@ -62,6 +62,10 @@ std::string read_text_file(const std::filesystem::path & path);
 // killing the process with a half-written temporary file left behind.
 void install_cleanup_on_signals();
 
+// In a forked child before exec: SIGXFSZ as this process found it, so that a program it
+// runs is killed by the file size limit as it would be without moeprune (async-signal-safe).
+void restore_inherited_signals();
+
 // What a work raises when a DeferredSignals scope received a signal: main removes
 // nothing more, and dies of the same signal.
 class Interrupted : public Error {

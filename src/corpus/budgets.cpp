@@ -214,7 +214,8 @@ void refuse_empty_sides(const CorpusBuild & b) {
             if (kept == 0 && read_docs[s] > 0) {
                 msg += " (every document is a duplicate of another source's or only boilerplate)";
             } else if (side == kEval && groups[s][kCalib].size() + groups[s][kEval].size() == 1) {
-                msg += " (one group: it cannot be on both sides)";
+                msg += " (one group: it cannot be on both sides; group = \"document\" puts each JSONL document in a "
+                       "group of its own, and group = \"field:NAME\" groups them by a field such as an id)";
             }
         }
         throw Error(msg + (side == kEval ? "\n(--eval-share 0 asks for no eval side)" : ""));

@@ -41,6 +41,8 @@ GroupRule parse_group_rule(const std::string & text, const std::string & group_o
     const auto prefixed = [&](const char * p) { return text.rfind(p, 0) == 0; };
     if (text == "file") {
         g.kind = GroupRule::Kind::File;
+    } else if (text == "document") {
+        g.kind = GroupRule::Kind::Document;
     } else if (prefixed("field:") && text.size() > 6) {
         g.kind = GroupRule::Kind::Field;
         g.field = text.substr(6);
@@ -66,7 +68,7 @@ GroupRule parse_group_rule(const std::string & text, const std::string & group_o
             fail_file(origin, fmt::format("group_on \"{}\" is neither \"path\" nor \"field:NAME\"", group_on));
         }
     } else {
-        fail_file(origin, fmt::format("group \"{}\" is not one of file, field:NAME, path:N, regex:PATTERN", text));
+        fail_file(origin, fmt::format("group \"{}\" is not one of file, document, field:NAME, path:N, regex:PATTERN", text));
     }
     if (!group_on.empty() && g.kind != GroupRule::Kind::Regex) {
         fail_file(origin, "group_on applies only to a regex: group");
@@ -114,10 +116,12 @@ void read_corpus_table(const toml::node & c, const std::string & file, CorpusSpe
             spec.tokens = toml_fields::count(n, where, key, 1);
         } else if (key == "doc_tokens") {
             spec.doc_tokens = uint32_t(std::min<uint64_t>(toml_fields::count(n, where, key, 16), 1u << 24));
-        } else if (key == "task_context") {
-            spec.task_context = int64_t(std::min<uint64_t>(toml_fields::count(n, where, key, 1), 1u << 16));
-        } else if (key == "task_ending") {
-            spec.task_ending = int64_t(std::min<uint64_t>(toml_fields::count(n, where, key, 1), 1u << 16));
+        } else if (key == "task_context" || key == "task_ending") {
+            const uint64_t tokens = toml_fields::count(n, where, key, 1);
+            if (tokens > kMostTaskTokens) {
+                fail_file(where, fmt::format("\"{}\" is {} tokens: at most {}", key, tokens, kMostTaskTokens));
+            }
+            (key == "task_context" ? spec.task_context : spec.task_ending) = int64_t(tokens);
         } else if (key == "tasks_per_domain") {
             spec.tasks_per_domain = int64_t(std::min<uint64_t>(toml_fields::count(n, where, key, 0), 1u << 24));
         } else if (key == "strip_boilerplate") {

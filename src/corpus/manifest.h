@@ -13,7 +13,7 @@ namespace moeprune {
 
 // What must never be split across calib and eval.
 struct GroupRule {
-    enum class Kind { File, Field, PathComponent, Regex } kind = Kind::File;
+    enum class Kind { File, Document, Field, PathComponent, Regex } kind = Kind::File;
     std::string field;          // Field; Regex over a field when not empty
     int component = 0;          // PathComponent: 0-based, negative counts from the end
     std::string pattern;        // Regex: the first capture group (or the whole match) is the key
@@ -46,6 +46,9 @@ struct SourceSpec {
     // relative to, so a corpus moved elsewhere splits the same; set by source_key_root.
     std::filesystem::path key_root;
 };
+
+// The longest context or ending of a choice task, in tokens (--task-context, task_context).
+inline constexpr uint64_t kMostTaskTokens = uint64_t(1) << 16;
 
 struct CorpusSpec {
     std::filesystem::path manifest;       // empty for --source flags

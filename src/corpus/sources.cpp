@@ -66,6 +66,9 @@ std::string group_key(const SourceSpec & s, const std::filesystem::path & file, 
     switch (g.kind) {
     case GroupRule::Kind::File:
         return "file:" + path.string();
+    case GroupRule::Kind::Document:
+        // A JSONL line is a document of its own ("FILE:LINE"); a whole file is one.
+        return "document:" + (j ? where : path.string());
     case GroupRule::Kind::Field:
         if (!j) {
             fail_file(where, fmt::format("group \"{}\" needs JSONL documents, but this is a whole-file document", g.written));

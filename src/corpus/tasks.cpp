@@ -292,12 +292,20 @@ void make_tasks(CorpusBuild & b, const llama_model * model) {
                 }
             }
         }
+        size_t empty_context = 0, too_few_endings = 0;
         for (const auto & [pi, split, overlapping] : chosen) {
             const Passage & p = ps[pi];
             Task t;
-            size_t from = split > context ? split - context : 0;
+            // The context starts at a word: the first within `context` tokens of the cut, or,
+            // where a word is longer than that, the one the cut's first token belongs to.
+            const size_t earliest = split > context ? split - context : 0;
+            size_t from = earliest;
             while (from < split && !word_start(p, from)) {
                 ++from;
+            }
+            if (from == split) {
+                for (from = earliest; from > 0 && !word_start(p, from); --from) {
+                }
             }
             t.context = one_line(std::string_view(p.text).substr(p.at[from], p.at[split] - p.at[from]));
             const std::string truth = span(p, split, ending);
@@ -312,8 +320,13 @@ void make_tasks(CorpusBuild & b, const llama_model * model) {
                     wrong.push_back(std::move(e));
                 }
             }
-            if (t.context.empty() || truth.empty() || wrong.size() + 1 < kEndings) {
-                continue;   // too few distinct endings in the other documents
+            if (t.context.empty()) {
+                ++empty_context;
+                continue;
+            }
+            if (truth.empty() || wrong.size() + 1 < kEndings) {
+                ++too_few_endings;   // too few distinct endings in the other documents
+                continue;
             }
             t.gold = draw(kEndings);
             for (size_t e = 0, w = 0; e < kEndings; ++e) {
@@ -326,6 +339,12 @@ void make_tasks(CorpusBuild & b, const llama_model * model) {
             set.task_domains.push_back(domain);
             ++row.tasks;
             row.overlapping += overlapping;
+        }
+        if (row.tasks == 0) {
+            row.skipped = fmt::format("each of its {} cuts was dropped: {} had no text before them on their line, {} "
+                                      "found fewer than {} distinct endings of {} tokens in other documents (a longer "
+                                      "task_ending tells endings apart)",
+                                      chosen.size(), empty_context, too_few_endings, kEndings, ending);
         }
         set.domains.push_back(std::move(row));
     }

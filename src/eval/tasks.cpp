@@ -174,6 +174,12 @@ std::vector<ChoiceTask> read_hellaswag(const std::filesystem::path & path) {
         t.context = lines[i];
         const std::string & label = lines[i + 1];
         if (label.size() != 1 || label[0] < '0' || size_t(label[0] - '0') >= kEndings) {
+            if (!label.empty() && label.back() == '\r') {
+                fail_file(path.string(), fmt::format("line {} (task {}): the label ends in a carriage return (\\r): the "
+                                                     "file has CRLF line ends, and every context and ending would keep "
+                                                     "its \\r; convert it to LF line ends (dos2unix, or tr -d '\\r')",
+                                                     i + 2, i / kLinesPerTask + 1));
+            }
             fail_file(path.string(), fmt::format("line {} (task {}): the label is \"{}\", not an ending's index 0 to {}",
                                                  i + 2, i / kLinesPerTask + 1, label, kEndings - 1));
         }
@@ -587,6 +593,20 @@ std::vector<MultipleChoiceTask> read_multiple_choice(const std::filesystem::path
         if (t.question.empty() || t.answers.empty() ||
             std::any_of(t.answers.begin(), t.answers.end(), [](const std::string & a) { return a.empty(); })) {
             fail_file(path.string(), fmt::format("task {} has an empty question or answer", i + 1));
+        }
+        if (t.answers.size() < 2) {
+            fail_file(path.string(), fmt::format("task {} has one answer: a choice needs two or more", i + 1));
+        }
+        // llama-perplexity scores a label other than 0 or 1, or no right answer, as wrong
+        // without a word: a task nobody can get right is a broken file.
+        for (size_t a = 0; a < t.labels.size(); ++a) {
+            if (t.labels[a] != 0 && t.labels[a] != 1) {
+                fail_file(path.string(), fmt::format("task {}: answer {} is labelled {}: a label is 1 (right) or 0 (wrong)",
+                                                     i + 1, a, t.labels[a]));
+            }
+        }
+        if (std::find(t.labels.begin(), t.labels.end(), 1) == t.labels.end()) {
+            fail_file(path.string(), fmt::format("task {} has no right answer (no answer labelled 1)", i + 1));
         }
         tasks.push_back(std::move(t));
     }

@@ -253,8 +253,10 @@ PlanCommands read_plan_commands(const JsonFields & c) {
 std::string shell_line(const std::vector<std::string> & argv) {
     std::string line;
     for (const std::string & a : argv) {
+        // A first word with `=` would be read as an assignment (a=b/llama-completion runs its first flag).
         const bool plain = !a.empty() && a.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                                             "0123456789-_./=:,+%@") == std::string::npos;
+                                                             "0123456789-_./=:,+%@") == std::string::npos &&
+                           !(line.empty() && a.find('=') != std::string::npos);
         std::string quoted = "'";
         for (const char ch : a) {
             quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);

@@ -70,9 +70,11 @@ bool has_word(const std::string & list, const std::string & word, char sep) {
     return false;
 }
 
-const char * kHowToGetOne =
-    "run moeprune as root, or inside a cgroup delegated to you with the memory controller, e.g. "
-    "`systemd-run --user --scope -p Delegate=yes -p MemoryMax=infinity moeprune measure ...`";
+std::string how_to_get_one(const std::string & command) {
+    return fmt::format("run moeprune as root, or inside a cgroup delegated to you with the memory controller, e.g. "
+                       "`systemd-run --user --scope -p Delegate=yes -p MemoryMax=infinity moeprune {} ...`",
+                       command);
+}
 
 // Kills every process left in `dir` and in the cgroups below it, and removes them all,
 // waiting a little for the kernel to let the killed go. False when `dir` is still there.
@@ -100,16 +102,58 @@ bool kill_and_remove(const fs::path & dir) {
 }
 
 constexpr const char * kOwnerLock = "owner.lock";
+constexpr const char * kCgroupList = "cgroups";
 
-fs::path temp_dir() {
+fs::path temp_dir(const std::string & command) {
     std::error_code ec;
     const fs::path base = fs::temp_directory_path(ec);
     const char * tmpdir = std::getenv("TMPDIR");
     if (ec || !fs::is_directory(base, ec)) {
-        throw Error(fmt::format("TMPDIR={}: is not a folder; measure keeps its scratch files in the temporary folder: "
-                                "set TMPDIR to a writable folder", tmpdir ? tmpdir : "(unset)"));
+        throw Error(fmt::format("TMPDIR={}: is not a folder; {} keeps {} in the temporary folder: set TMPDIR to a "
+                                "writable folder",
+                                tmpdir ? tmpdir : "(unset)", command,
+                                command == "measure" ? "its scratch files" : "the marker of the cgroup it makes"));
     }
     return base;
+}
+
+// A cgroup a scratch folder lists, checked before anything in it is killed: its name
+// must be one this scratch folder's maker would have made.
+bool listed_cgroup_is_its_own(const fs::path & cgroup, const std::string & token) {
+    const std::string name = cgroup.filename().string();
+    const std::string head = std::string(kCgroupPrefix) + token + "-";
+    return cgroup.is_absolute() && name.rfind(head, 0) == 0 && name.size() > head.size() &&
+           name.find_first_not_of("0123456789", head.size()) == std::string::npos &&
+           cgroup.string().rfind("/sys/fs/cgroup/", 0) == 0;
+}
+
+// Removes the cgroups a gone measure's scratch folder lists; false when one may still be
+// there: it could not be removed, or its folder above cannot be seen from here.
+bool remove_listed_cgroups(const fs::path & scratch, const std::string & token, StaleSweep & out) {
+    bool all_gone = true;
+    std::ifstream in(scratch / kCgroupList);
+    std::error_code ec;
+    for (std::string line; std::getline(in, line);) {
+        const fs::path cgroup = line;
+        if (line.empty() || !listed_cgroup_is_its_own(cgroup, token)) {
+            continue;
+        }
+        if (!fs::exists(cgroup, ec)) {
+            if (!fs::is_directory(cgroup.parent_path(), ec)) {
+                all_gone = false;   // made where this process cannot see (another cgroup namespace)
+                out.left.push_back(fmt::format("{}: cannot be seen from here, so {} stays as its marker", line,
+                                               scratch.string()));
+            }
+            continue;
+        }
+        if (kill_and_remove(cgroup)) {
+            out.removed.push_back(line);
+        } else {
+            all_gone = false;
+            out.left.push_back(fmt::format("{}: could not be removed (processes in it would not die)", line));
+        }
+    }
+    return all_gone;
 }
 
 std::atomic<unsigned> g_cgroups_made{0};
@@ -135,8 +179,9 @@ std::vector<Mount> mount_table() {
     return mounts;
 }
 
-CgroupSupport find_memory_cgroup() {
+CgroupSupport find_memory_cgroup(const std::string & command) {
     CgroupSupport s;
+    s.command = command;
     std::string v2_path, v1_path;
     bool v1_listed = false;
     std::ifstream in("/proc/self/cgroup");
@@ -163,7 +208,7 @@ CgroupSupport find_memory_cgroup() {
             std::replace(controllers.begin(), controllers.end(), '\n', ' ');
             if (has_word(controllers, "memory", ' ')) {
                 if (::access(dir.c_str(), W_OK) == 0) {
-                    return {2, dir, ""};
+                    return {2, dir, "", command};
                 }
                 seen.push_back(fmt::format("cgroup v2 at {} is not writable by this user", dir.string()));
             } else {
@@ -175,7 +220,7 @@ CgroupSupport find_memory_cgroup() {
         if (m.type == "cgroup" && has_word(m.options, "memory", ',') && v1_listed) {
             const fs::path dir = own_cgroup_dir(m, v1_path);
             if (fs::exists(dir / "memory.limit_in_bytes") && ::access(dir.c_str(), W_OK) == 0) {
-                return {1, dir, ""};
+                return {1, dir, "", command};
             }
             seen.push_back(fmt::format("cgroup v1 memory at {} is not writable by this user", dir.string()));
         }
@@ -183,12 +228,30 @@ CgroupSupport find_memory_cgroup() {
     if (seen.empty()) {
         seen.push_back("no memory cgroup controller is mounted (neither cgroup v2 nor v1)");
     }
-    s.problem = fmt::format("cannot make a memory cgroup: {}; {}", fmt::join(seen, "; "), kHowToGetOne);
+    s.problem = fmt::format("cannot make a memory cgroup: {}; {}", fmt::join(seen, "; "), how_to_get_one(command));
     return s;
 }
 
-MeasureScratch::MeasureScratch() {
-    const fs::path base = temp_dir();
+std::optional<InheritedLimit> inherited_limit(const CgroupSupport & support) {
+    std::optional<InheritedLimit> tightest;
+    const char * file = support.version == 2 ? "memory.max" : "memory.limit_in_bytes";
+    for (fs::path dir = support.parent; !dir.empty() && dir != dir.root_path(); dir = dir.parent_path()) {
+        std::string text = read_small(dir / file);
+        if (text.empty()) {
+            break;   // above the hierarchy's root
+        }
+        char * end = nullptr;
+        const unsigned long long bytes = std::strtoull(text.c_str(), &end, 10);
+        // v1 writes "no limit" as a page-rounded 2^63 - 1; v2 as "max".
+        if (end != text.c_str() && bytes < (uint64_t(1) << 62) && (!tightest || bytes < tightest->bytes)) {
+            tightest = InheritedLimit{bytes, dir};
+        }
+    }
+    return tightest;
+}
+
+MeasureScratch::MeasureScratch(const std::string & command) {
+    const fs::path base = temp_dir(command);
     std::string tmpl = (base / (std::string(kCgroupPrefix) + "XXXXXX")).string();
     if (!::mkdtemp(tmpl.data())) {
         throw Error(fmt::format("TMPDIR={}: cannot make a scratch folder in it: {}; set TMPDIR to a writable folder",
@@ -202,8 +265,8 @@ MeasureScratch::MeasureScratch() {
         const std::string why = std::strerror(errno);
         std::error_code ec;
         fs::remove_all(path_, ec);
-        throw Error(fmt::format("{}: cannot be made and locked ({}); measure marks its scratch folder so; set TMPDIR "
-                                "to a local folder", lock.string(), why));
+        throw Error(fmt::format("{}: cannot be made and locked ({}); {} marks what it makes so; set TMPDIR "
+                                "to a local folder", lock.string(), why, command));
     }
 }
 
@@ -219,9 +282,19 @@ MemoryCgroup::MemoryCgroup(const CgroupSupport & support, uint64_t limit_bytes, 
         throw Error(support.problem);
     }
     path_ = support.parent / fmt::format("{}{}-{}", kCgroupPrefix, owner.token(), g_cgroups_made++);
+    // Listed before it exists, so that a sweep finds it whatever cgroup the sweeper is in.
+    {
+        std::ofstream list(owner.path() / kCgroupList, std::ios::app);
+        list << path_.string() << '\n';
+        if (!list.flush()) {
+            throw Error(fmt::format("{}: cannot be written: the list of the cgroups it makes keeps them findable "
+                                    "after a kill; set TMPDIR to a writable folder",
+                                    (owner.path() / kCgroupList).string()));
+        }
+    }
     if (::mkdir(path_.c_str(), 0755) != 0) {
         throw Error(fmt::format("cannot make the memory cgroup {}: {}; {}", path_.string(), std::strerror(errno),
-                                kHowToGetOne));
+                                how_to_get_one(support.command)));
     }
     if (version_ == 2 && !fs::exists(path_ / "memory.max")) {
         // The memory controller must be enabled for the children of moeprune's own cgroup,
@@ -231,7 +304,7 @@ MemoryCgroup::MemoryCgroup(const CgroupSupport & support, uint64_t limit_bytes, 
             ::rmdir(path_.c_str());
             throw Error(fmt::format("cannot enable the memory controller below {} (a cgroup v2 that holds processes "
                                     "cannot give its children one); {}",
-                                    support.parent.string(), kHowToGetOne));
+                                    support.parent.string(), how_to_get_one(support.command)));
         }
     }
     if (limit_bytes > 0) {
@@ -321,9 +394,11 @@ StaleSweep remove_stale_measures(const CgroupSupport & support, const MeasureScr
     }
     for (const auto & [token, fd] : gone) {
         const fs::path dir = tmp / (prefix + token);
-        fs::remove_all(dir, ec);
+        if (remove_listed_cgroups(dir, token, out)) {
+            fs::remove_all(dir, ec);
+            out.removed.push_back(dir.string());
+        }
         ::close(fd);
-        out.removed.push_back(dir.string());
     }
     return out;
 }

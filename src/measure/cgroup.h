@@ -6,6 +6,7 @@
 // cached, as on a machine with that much memory.
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,24 +24,36 @@ struct CgroupSupport {
     int version = 0;                  // 1 or 2; 0 when no memory cgroup can be made
     std::filesystem::path parent;     // where moeprune makes its cgroups (its own cgroup)
     std::string problem;              // why none can be made, and how to get one
+    std::string command = "measure";  // the moeprune command asking, as its messages name it
 };
 
 // Finds the memory controller (cgroup v2, else v1) and checks that moeprune may make
-// cgroups under its own; `problem` says what is missing otherwise.
-CgroupSupport find_memory_cgroup();
+// cgroups under its own; `problem` says what is missing otherwise, in advice for `command`.
+CgroupSupport find_memory_cgroup(const std::string & command = "measure");
 
-// Every measure claims what it makes with a marker only a live measure holds: a scratch
-// folder TMPDIR/moeprune-measure-TOKEN whose file `owner.lock` it keeps locked (flock) for
-// its whole life, and cgroups named moeprune-measure-TOKEN-N. A later measure removes a
-// cgroup or scratch folder only when that lock exists and can be taken (its maker is
-// gone), and leaves every other name alone, saying so.
+// The tightest memory limit on moeprune's own cgroup and those above it, which holds
+// every cgroup it makes whatever their own limit; nullopt when none is set.
+struct InheritedLimit {
+    uint64_t bytes = 0;
+    std::filesystem::path cgroup;     // the cgroup that sets it
+};
+std::optional<InheritedLimit> inherited_limit(const CgroupSupport & support);
+
+// Every measure (and limit) claims what it makes with a marker only a live one holds: a
+// scratch folder TMPDIR/moeprune-measure-TOKEN whose file `owner.lock` it keeps locked
+// (flock) for its whole life, and cgroups named moeprune-measure-TOKEN-N, each listed in
+// the folder's file `cgroups` before it is made. A later measure or limit removes a cgroup
+// or scratch folder only when that lock exists and can be taken (its maker is gone), and
+// leaves every other name alone, saying so. The folder, and so the marker, goes only
+// after every cgroup it lists is gone, wherever it was made: a sweep from another cgroup
+// removes those by their recorded paths.
 constexpr const char * kCgroupPrefix = "moeprune-measure-";
 
 // The scratch folder of one measure (workers' specs and results, llama-bench's output),
 // locked while it lives and removed with everything in it.
 class MeasureScratch {
 public:
-    MeasureScratch();
+    explicit MeasureScratch(const std::string & command = "measure");
     ~MeasureScratch();
     MeasureScratch(const MeasureScratch &) = delete;
     MeasureScratch & operator=(const MeasureScratch &) = delete;

@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
+#include <initializer_list>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -121,14 +123,64 @@ void drop_model_pages(const std::vector<fs::path> & shards) {
 // and faults is charged there, and dies with this process (PR_SET_PDEATHSIG) so a killed
 // measure leaves no child behind. It leads its own process group, which a signal to
 // measure (DeferredSignals) or `timeout_s` kills whole: a script's children too.
+namespace {
+
+// The terminal moeprune's process group has in the foreground, or -1: a command run there
+// gets the terminal while it runs, as a shell gives it, so that it can read it.
+int foreground_terminal() {
+    return ::isatty(STDIN_FILENO) && ::tcgetpgrp(STDIN_FILENO) == ::getpgrp() ? STDIN_FILENO : -1;
+}
+
+// tcsetpgrp from a group that is not in the foreground raises SIGTTOU unless it is blocked.
+void give_terminal(int tty, pid_t group) {
+    sigset_t ttou, old;
+    sigemptyset(&ttou);
+    sigaddset(&ttou, SIGTTOU);
+    ::sigprocmask(SIG_BLOCK, &ttou, &old);
+    ::tcsetpgrp(tty, group);
+    ::sigprocmask(SIG_SETMASK, &old, nullptr);
+}
+
+void say(std::initializer_list<const char *> parts) {
+    for (const char * part : parts) {
+        [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, part, std::strlen(part));
+    }
+}
+
+// In the child after execv failed: why, as a shell says it, and its exit status (127: not
+// found, 126: found but not runnable). A script whose #! interpreter is missing fails with
+// ENOENT although the script is there: the interpreter is named.
+[[noreturn]] void exec_failed(const char * program) {
+    const int why = errno;
+    if (why == ENOENT && ::access(program, F_OK) == 0) {
+        char head[256] = {};
+        const int fd = ::open(program, O_RDONLY | O_CLOEXEC);
+        const ssize_t n = fd >= 0 ? ::read(fd, head, sizeof head - 1) : 0;
+        if (n > 2 && head[0] == '#' && head[1] == '!') {
+            char * interp = head + 2;
+            while (*interp == ' ' || *interp == '\t') {
+                ++interp;
+            }
+            interp[std::strcspn(interp, " \t\n")] = '\0';
+            say({"cannot run ", program, ": its interpreter ", interp, " (the #! line) does not exist\n"});
+            ::_exit(126);
+        }
+    }
+    say({"cannot run ", program, ": ", std::strerror(why), "\n"});
+    ::_exit(why == ENOENT ? 127 : 126);
+}
+
+} // namespace
+
 WorkerExit spawn_in(std::vector<std::string> args, const MemoryCgroup * cgroup, const fs::path & stdout_path,
-                    const fs::path & stderr_path, double timeout_s) {
+                    const fs::path & stderr_path, double timeout_s, bool job_control) {
     const std::string procs = cgroup ? cgroup->procs_file().string() : "";
     std::vector<char *> argv;
     for (std::string & a : args) {
         argv.push_back(a.data());
     }
     argv.push_back(nullptr);
+    const int tty = job_control ? foreground_terminal() : -1;
     const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
     if (pid < 0) {
@@ -136,6 +188,9 @@ WorkerExit spawn_in(std::vector<std::string> args, const MemoryCgroup * cgroup, 
     }
     if (pid == 0) {
         ::setpgid(0, 0);
+        if (tty >= 0) {
+            give_terminal(tty, ::getpgrp());
+        }
         ::prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (::getppid() != parent) {
             ::_exit(125);
@@ -158,20 +213,34 @@ WorkerExit spawn_in(std::vector<std::string> args, const MemoryCgroup * cgroup, 
                 ::close(fd);
             }
         }
+        restore_inherited_signals();
         ::execv(argv[0], argv.data());
-        const char * why = std::strerror(errno);
-        for (const char * part : {"cannot run ", static_cast<const char *>(argv[0]), ": ", why, "\n"}) {
-            [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, part, std::strlen(part));
-        }
-        ::_exit(127);
+        exec_failed(argv[0]);
     }
     ::setpgid(pid, pid);  // as the child does, so the group exists before either goes on
+    if (tty >= 0) {
+        give_terminal(tty, pid);
+    }
     DeferredSignals::add_child_group(pid);
     WorkerExit out;
     const auto t0 = std::chrono::steady_clock::now();
     int status = 0;
     for (;;) {
-        const pid_t done = ::waitpid(pid, &status, WNOHANG);
+        const pid_t done = ::waitpid(pid, &status, WNOHANG | (job_control ? WUNTRACED : 0));
+        if (done == pid && WIFSTOPPED(status)) {
+            // Stopped (Ctrl-Z on its terminal, or by itself): moeprune stops too, so that its
+            // shell sees the job stopped, and when continued gives the command the terminal
+            // and continues it.
+            if (tty >= 0) {
+                give_terminal(tty, ::getpgrp());
+            }
+            ::raise(SIGSTOP);
+            if (tty >= 0) {
+                give_terminal(tty, pid);
+            }
+            ::kill(-pid, SIGCONT);
+            continue;
+        }
         if (done == pid || (done < 0 && errno != EINTR)) {
             break;
         }
@@ -181,6 +250,9 @@ WorkerExit spawn_in(std::vector<std::string> args, const MemoryCgroup * cgroup, 
             ::kill(-pid, SIGKILL);
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (tty >= 0) {
+        give_terminal(tty, ::getpgrp());
     }
     out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ::kill(-pid, SIGKILL);  // what the child started and left behind

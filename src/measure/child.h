@@ -34,10 +34,13 @@ struct WorkerExit {
 // `stdout_path` when given. The child joins the cgroup before exec, so everything it maps
 // and faults is charged there, and dies with this process (PR_SET_PDEATHSIG) so a killed
 // measure leaves no child behind. It leads its own process group, which a signal to
-// measure (DeferredSignals) or `timeout_s` kills whole: a script's children too.
+// measure (DeferredSignals) or `timeout_s` kills whole: a script's children too. With
+// `job_control` (limit), it also has moeprune's terminal in the foreground while it runs,
+// and a stop of it stops moeprune too, as a shell runs a job. Its exit status is a
+// shell's where it cannot be run: 127 not found, 126 not runnable.
 WorkerExit spawn_in(std::vector<std::string> args, const MemoryCgroup * cgroup,
                     const std::filesystem::path & stdout_path = {}, const std::filesystem::path & stderr_path = {},
-                    double timeout_s = 0);
+                    double timeout_s = 0, bool job_control = false);
 
 // Runs `spec` in `measure-worker`, a child process of this program.
 WorkerExit spawn_worker(const std::filesystem::path & exe, const WorkerSpec & spec, const MemoryCgroup * cgroup,

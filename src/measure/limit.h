@@ -10,9 +10,17 @@
 
 namespace moeprune {
 
+// Below this no program starts (the kernel kills it at exec): a --ram under it is a size
+// without its unit.
+inline constexpr uint64_t kLeastLimitBytes = uint64_t(4) << 20;
+
 // Runs `command` (its program found on the PATH when it names no folder) limited to
-// `limit_bytes`; returns its exit status, or 128 + the signal that ended it. Throws where no
-// cgroup can be made, and names the limit when the kernel killed the command for memory.
+// `limit_bytes`; returns its exit status, or 128 + the signal that ended it, as a shell
+// would. On a terminal the command has it in the foreground, as a shell's job. Throws where
+// no cgroup can be made. Says so when the kernel killed the command or anything it started
+// for memory, naming the limit that held: --ram, or a tighter one on moeprune's own cgroup
+// (warned about before the command starts). First removes what a killed measure or limit
+// left (cgroups, scratch folders, a changed read-ahead).
 int run_limited(std::vector<std::string> command, uint64_t limit_bytes);
 
 } // namespace moeprune

@@ -70,9 +70,7 @@ public:
     explicit Measurement(const MeasureOptions & opt) : opt_(opt) {}
 
     MeasureReport run() {
-        for (const std::string & line : restore_left_read_ahead(read_ahead_state_dir())) {
-            std::fprintf(stderr, "moeprune: %s\n", line.c_str());
-        }
+        print_left_read_ahead();
         check_options();
         read_model();
         read_text();
@@ -348,7 +346,7 @@ json Measurement::llama_bench_once(uint64_t limit, const std::string & ram, cons
         return tail.empty() ? std::string("; it printed no messages") : "; its last messages:\n" + tail;
     };
     if (w.timed_out) {
-        throw Error(fmt::format("{} under --ram {}: did not finish in {:.0f} s, so it and every process it started were "
+        throw Error(fmt::format("{} under --ram {}: did not finish in {:.3g} s, so it and every process it started were "
                                 "killed (--llama-bench-timeout sets the bound){}",
                                 program, ram, timeout, messages()));
     }
@@ -450,6 +448,13 @@ void Measurement::probe_storage(std::optional<uint64_t> read_ahead_kb) {
     ProbeFigures & p = rep_.probes.emplace_back(
         with_json_errors("the storage probe's result", [&] { return probe_figures(w.result, limit); }));
     p.read_ahead_kb = read_ahead_kb;
+    if (p.bytes_read == 0 || p.major_faults == 0) {
+        throw Error(fmt::format("the storage probe{} read nothing from the device ({} major faults, {} bytes): the "
+                                "read-ahead brought in the experts it reads before it read them, so it measured no "
+                                "storage; measure at a read-ahead well under the model's {:.0f} MB",
+                                read_ahead_kb ? fmt::format(" at a read-ahead of {} KB", *read_ahead_kb) : "",
+                                p.major_faults, p.bytes_read, double(rep_.routed_expert_bytes) / 1e6));
+    }
 }
 
 // A resident decode at the read-ahead set now, for its speed alone: the folios a smaller
@@ -506,6 +511,9 @@ void Measurement::limited_runs() {
             }
             for (size_t i = 0; i < limits_.size(); ++i, ++n) {
                 runs[a][i].push_back(limited_run(i, n, at));
+                if (read_aheads[a]) {
+                    read_ahead_->check();
+                }
             }
         }
     }

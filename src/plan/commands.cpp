@@ -56,10 +56,20 @@ PlanCommands commands_of(const PlanOption & o, const PlanOptions & opt, const Ge
     if (o.k < g.n_expert) {
         const std::string label = keep_map_label(o.criterion, o.k);
         c.model = (opt.sliced_dir / (label + ".gguf")).string();
-        const std::string map = o.keep_map ? *o.keep_map : keep_map_file_name(o.criterion, o.k);
-        if (!o.keep_map) {
-            c.notes.push_back(fmt::format("{}: the plan read no keep map of {} at K {}; give select's", map, o.criterion,
-                                          o.k));
+        std::string map;
+        if (o.keep_map) {
+            // Absolute, so that the commands run from any folder; eval.json's paths are relative
+            // to the folder eval ran in, which is this one when run made both.
+            map = std::filesystem::absolute(*o.keep_map).lexically_normal().string();
+            if (std::filesystem::path(*o.keep_map).is_relative()) {
+                c.notes.push_back(fmt::format("the keep map {} was named relative to the folder the plan ran in, {}",
+                                              *o.keep_map, std::filesystem::current_path().string()));
+            }
+        } else {
+            map = fmt::format("KEEP-MAP-K{}.json", o.k);
+            c.notes.push_back(fmt::format("{} stands for a keep map of K {}: the plan read none (give eval's report, "
+                                          "--eval); `moeprune select --stats STATS -k {} -o DIR` writes one",
+                                          map, o.k, o.k));
         }
         c.slice = {opt.moeprune_bin.string(), "slice", "-m", original, "--keep", map, "-o", c.model};
     }
@@ -78,6 +88,11 @@ PlanCommands commands_of(const PlanOption & o, const PlanOptions & opt, const Ge
     const int threads = opt.threads > 0 ? opt.threads : measured ? measured->report().threads : 0;
     std::vector<std::string> flags = model_flags(o, opt, g, c.model, threads, c.notes);
     c.llama_completion = {tool(opt, "llama-completion")};
+    if (!opt.llama_bin.empty() && !std::filesystem::exists(opt.llama_bin / "llama-completion")) {
+        c.notes.push_back(fmt::format("{} has no llama-completion: build it there (make build, target "
+                                      "llama-completion) or give --llama-bin the folder that has it",
+                                      opt.llama_bin.string()));
+    }
     c.llama_completion.insert(c.llama_completion.end(), flags.begin(), flags.end());
     // moeprune builds llama.cpp without its server: where --llama-bin has none, the PATH's.
     const bool server_there = !opt.llama_bin.empty() && std::filesystem::exists(opt.llama_bin / "llama-server");

@@ -93,6 +93,8 @@ void Planner::read_evals() {
         }
         if (report.base_tasks) {
             base_accuracy = report.base_tasks->accuracy;
+            base_accuracy_stderr = report.base_tasks->stderr_;
+            base_task_count = report.base_tasks->tasks;
         }
         if (report.base_mtp) {
             EvalFigures base;
@@ -502,7 +504,7 @@ nlohmann::json make_plan(const PlanOptions & given) {
     planner.apply_shortlist();
     const std::vector<size_t> pareto_eligible = planner.pareto_front(true);
     const auto [recommended, why] = planner.recommend(pareto_eligible);
-    return planner.to_plan_json(planner.pareto_front(false), pareto_eligible, recommended, why);
+    return planner.to_plan_json(planner.pareto_front(false), pareto_eligible, recommended, why + planner.accuracy_noise());
 }
 
 } // namespace moeprune

@@ -58,7 +58,10 @@ json Planner::to_plan_json(const std::vector<size_t> & pareto, const std::vector
             {"pareto", pareto},
             {"pareto_runs_on", pareto_eligible},
             {"recommended", recommended ? json(*recommended) : json(nullptr)},
-            {"commands", recommended ? to_json(commands_of(options[*recommended], opt, g, measured)) : json(nullptr)},
+            // llama.cpp's commands run only what llama.cpp runs: a recommended expert cache has none.
+            {"commands", recommended && options[*recommended].runs_on == kRunsOnLlamaCpp
+                             ? to_json(commands_of(options[*recommended], opt, g, measured))
+                             : json(nullptr)},
             {"why", why}};
 }
 

@@ -15,7 +15,11 @@ namespace {
 
 std::string commands_text(const PlanFile & plan) {
     if (!plan.commands) {
-        return "";
+        const bool simulated = plan.recommended && *plan.recommended < plan.options.size() &&
+                               plan.options[*plan.recommended].runs_on != kRunsOnLlamaCpp;
+        return simulated ? "no command runs it: no llama.cpp release runs an expert cache; --runs-on llama.cpp "
+                           "recommends among what llama.cpp runs, with its commands\n"
+                         : "";
     }
     std::string out = "to run it:\n";
     for (const std::string & line : plan.commands->lines) {

@@ -77,6 +77,9 @@ public:
     void apply_shortlist();
 
     bool has_task_accuracy() const { return base_accuracy.has_value(); }
+    // With --min-accuracy, a sentence for `why` where the share it allows the options to lose
+    // is within two standard errors of the base's accuracy: the filter then reads noise.
+    std::string accuracy_noise() const;
 
     // Whether the recommendation may be `o`: with --runs-on llama.cpp, only what stock
     // llama.cpp runs; after a shortlist, only what llama.cpp was measured running, so that
@@ -160,6 +163,8 @@ private:
     std::map<std::pair<std::string, int64_t>, double> kld;
     std::map<std::pair<std::string, int64_t>, double> accuracy;   // on the eval's choice tasks
     std::optional<double> base_accuracy;
+    double base_accuracy_stderr = 0;
+    int64_t base_task_count = 0;
     std::map<std::pair<std::string, int64_t>, std::pair<double, std::string>> acceptance;  // and where it came from
     using ClosedKey = std::tuple<std::string, int64_t, std::string, int64_t, double>;
     std::map<ClosedKey, double> closed_kld;

@@ -268,4 +268,19 @@ void Planner::add(PlanOption o) {
     options.push_back(std::move(o));
 }
 
+std::string Planner::accuracy_noise() const {
+    if (!opt.min_accuracy || !base_accuracy) {
+        return "";
+    }
+    const double allowed = (1 - *opt.min_accuracy) * *base_accuracy, noise = 2 * base_accuracy_stderr;
+    if (allowed >= noise) {
+        return "";
+    }
+    return fmt::format(" (--min-accuracy {}: it allows {:.1f} points of task accuracy lost, but the base's {:.1f}% has "
+                       "a standard error of {:.1f} points over {} tasks, so differences under {:.1f} points are noise: "
+                       "accuracy cannot tell these options apart; more tasks, or KLD, can)",
+                       *opt.min_accuracy, 100 * allowed, 100 * *base_accuracy, 100 * base_accuracy_stderr,
+                       base_task_count, 100 * noise);
+}
+
 } // namespace moeprune::plan_impl

@@ -13,6 +13,11 @@ namespace moeprune {
 
 std::string html_escape(const std::string & s);
 
+// JSON to put inside a <script> element: `<`, `>` and `&` as \u escapes, so that no string
+// in it (a domain name from whoever supplied the corpus) can close the element or open a
+// comment, and U+2028/U+2029 escaped for older JavaScript parsers. Still the same JSON.
+std::string script_json(const nlohmann::json & v);
+
 // A value as a table cell: strings as they are, floats to 4 significant digits.
 std::string cell(const nlohmann::json & v);
 

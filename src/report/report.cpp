@@ -38,7 +38,7 @@ std::string chart_scripts() {
 // The page: the chart library inlined, the sections' parts in order, every spec with its data.
 std::string report_page(const std::string & body, const json & charts) {
     const std::string libs = chart_scripts();
-    const std::string specs = charts.dump(-1, ' ', false, json::error_handler_t::replace);
+    const std::string specs = script_json(charts);
     std::string page = "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>moeprune report</title>\n<style>"
                        "body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
                        "table{border-collapse:collapse}th,td{border:1px solid #ccc;padding:3px 8px;text-align:left}"

@@ -77,12 +77,15 @@ std::string verify_stage(Runner & run, const RunOptions & opt, const RunPaths & 
             fail_file(model.string(), "is missing: verify measures the recommended option's sliced model");
         }
     }
-    run.stage("verify", {{"ram", c.ram}, {"tokens", c.measure_tokens}, {"repeats", c.measure_repeats}, {"threads", c.threads},
+    // Under the limit the option was measured under, which its commands use too: at --ram
+    // the error would mostly be the difference between the two limits.
+    const std::string ram = o->measured ? std::to_string(uint64_t(o->measured->limit_bytes)) : c.ram;
+    run.stage("verify", {{"ram", ram}, {"tokens", c.measure_tokens}, {"repeats", c.measure_repeats}, {"threads", c.threads},
                          {"read_ahead_kb", o->read_ahead_kb ? json(*o->read_ahead_kb) : json(nullptr)}},
               {model, at.eval_text, at.plan_json}, [&] {
                   std::vector<fs::path> out =
-                      measure_to(opt, model, at.eval_text, {c.ram}, at.verify_json, read_ahead_of(*o));
-                  const VerifySummary v = measured_option(*o, at.plan_json.string(), model, c.ram, at.verify_json);
+                      measure_to(opt, model, at.eval_text, {ram}, at.verify_json, read_ahead_of(*o));
+                  const VerifySummary v = measured_option(*o, at.plan_json.string(), model, ram, at.verify_json);
                   const fs::path summary = at.dir / "verify" / "summary.json";
                   write_file_atomic(summary, to_json(v).dump(1) + "\n");
                   out.push_back(summary);
@@ -97,7 +100,8 @@ std::string verify_stage(Runner & run, const RunOptions & opt, const RunPaths & 
                                 *v.resident_tok_per_s, *v.shortlist_resident_tok_per_s, 100 * std::abs(*v.drift()),
                                 *v.drift() < 0 ? "slower" : "faster")
                   : "";
-    return fmt::format("\nverify: {} at --ram {}: predicted {}, measured {:.2f} tokens/s{}{}", v.model, c.ram,
+    const std::string limit = o->measured ? fmt::format("{} bytes, the limit it was measured under", ram) : "--ram " + ram;
+    return fmt::format("\nverify: {} at {}: predicted {}, measured {:.2f} tokens/s{}{}", v.model, limit,
                        v.predicted_tok_per_s ? fmt::format("{:.2f}", *v.predicted_tok_per_s) : "unbounded tokens/s",
                        v.measured_tok_per_s, v.error() ? fmt::format(" (error {:.0f}%)", 100 * *v.error()) : "", drift);
 }

@@ -7,6 +7,7 @@
 #include "formats/stage_reports.h"
 #include "formats/verify_summary.h"
 #include "measure/measure.h"
+#include "measure/read_ahead.h"
 #include "model/inspect.h"
 #include "model/model_file.h"
 #include "plan/plan.h"
@@ -86,6 +87,7 @@ InspectReport check_run_options(const RunOptions & opt) {
     if (c.measure_shortlist < 0 || c.measure_shortlist > 64) {
         throw Error(fmt::format("measure_shortlist is {}: 0 (none) to 64 options", c.measure_shortlist));
     }
+
     if (!c.hellaswag.empty() + !c.winogrande.empty() + !c.multiple_choice.empty() > 1) {
         throw Error("hellaswag, winogrande, multiple_choice: give one task file per run");
     }
@@ -98,13 +100,16 @@ InspectReport check_run_options(const RunOptions & opt) {
     if (c.measure_repeats < 1 || c.measure_repeats > 100) {
         throw Error(fmt::format("measure_repeats {} must be from 1 to 100", c.measure_repeats));
     }
-    // Without a reserve given, a measured run learns it; the plan checks the budget then.
-    if (!c.ram.empty() && (!c.reserve.empty() || c.measure.empty())) {
-        const double budget = parse_size(c.ram, "--ram") - parse_size(reserve_of(c), "--reserve");
+    // Without a reserve given, a measured run learns it, and the plan checks the budget then;
+    // a --ram under the weights that are not experts is refused whatever that reserve.
+    if (!c.ram.empty()) {
+        const bool reserve_known = !c.reserve.empty() || c.measure.empty();
+        const double budget = parse_size(c.ram, "--ram") - (reserve_known ? parse_size(reserve_of(c), "--reserve") : 0);
         if (budget < double(model.other_bytes)) {
-            throw Error(fmt::format("--ram {} minus the reserve of {} leaves {:.3f} GB, less than the {:.3f} GB of weights "
-                                    "in {} that are not routed experts", c.ram, reserve_of(c), budget / 1e9,
-                                    double(model.other_bytes) / 1e9, c.model.string()));
+            throw Error(fmt::format("--ram {}{} leaves {:.3f} GB, less than the {:.3f} GB of weights in {} that are not "
+                                    "routed experts",
+                                    c.ram, reserve_known ? " minus the reserve of " + reserve_of(c) : std::string(),
+                                    budget / 1e9, double(model.other_bytes) / 1e9, c.model.string()));
         }
     }
     return model;
@@ -116,6 +121,8 @@ std::string run_pipeline(const RunOptions & opt) {
     const RunConfig & c = opt.config;
     const fs::path & dir = opt.run_dir;
     const InspectReport model = check_run_options(opt);
+    // What the run measures and what its commands serve at is the device's own read-ahead.
+    print_left_read_ahead();
     create_output_dir(dir);
     refuse_output_clashes({dir / "run.toml"}, {c.model});
     write_file_atomic(dir / "run.toml", run_config_toml(c));

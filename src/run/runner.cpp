@@ -14,6 +14,17 @@
 
 namespace moeprune::run_impl {
 
+namespace {
+
+// This moeprune executable's digest: a stage written by another build may hold what a bug
+// since mended wrote, so it is redone, not skipped.
+const std::string & this_build() {
+    static const std::string build = identity_digest("/proc/self/exe");
+    return build;
+}
+
+} // namespace
+
 void Runner::stage(const std::string & name, const json & settings, const std::vector<fs::path> & inputs,
            const std::function<std::vector<fs::path>()> & work) {
     ++index_;
@@ -26,7 +37,12 @@ void Runner::stage(const std::string & name, const json & settings, const std::v
     std::error_code ec;
     if (!forcing_ && fs::exists(manifest, ec)) {
         const json m = parse_json(read_text_file(manifest), manifest.string());
-        if (m.value("settings", json()) == settings && m.value("inputs", json()) == in) {
+        const bool same_work = m.value("settings", json()) == settings && m.value("inputs", json()) == in;
+        const json build = m.value("build", json());
+        if (same_work && build != this_build()) {
+            std::printf("[%zu/%zu] %-8s was written by another moeprune build (%s): redone by this one\n", index_, n_,
+                        name.c_str(), build.is_string() ? build.get<std::string>().substr(0, 12).c_str() : "unrecorded");
+        } else if (same_work) {
             const JsonFields manifest_fields(m, manifest.string());
             const JsonFields outputs = manifest_fields.object("outputs");
             for (const auto & [rel, d] : m.at("outputs").items()) {
@@ -75,7 +91,7 @@ void Runner::stage(const std::string & name, const json & settings, const std::v
         out[fs::relative(p, dir_).string()] = digest(p);
     }
     write_file_atomic(manifest, json({{"stage", name}, {"settings", settings}, {"inputs", in}, {"outputs", out},
-                                      {"seconds", seconds}})
+                                      {"seconds", seconds}, {"build", this_build()}})
                                     .dump(1) +
                                     "\n");
     std::printf("[%zu/%zu] %-8s done in %.1f s\n", index_, n_, name.c_str(), seconds);

@@ -1084,3 +1084,146 @@ TEST_F(HostilePlan, ReroutedOptionsGetOnlyTheClosedLoopsKld) {
     }
     EXPECT_EQ(measured, 1);
 }
+
+// The commands plan prints run what it recommends, or none is printed: a first word the
+// shell would take for an assignment is quoted, a keep map plan never read is a named
+// placeholder, a relative keep map is made absolute, a --llama-bin without the tool is said.
+TEST_F(HostilePlan, PrintedCommandsRunWhatTheyNameFromAnyFolder) {
+    fs::create_directory(local("a=b"));
+    auto r = test::run_command(fmt::format("cd {} && {}", s(local_.path()),
+                                           moeprune_cmd(fmt::format("plan -m {} -k 4 --llama-bin a=b", s(path("m.gguf"))))));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("'a=b/llama-completion' -m"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("a=b has no llama-completion"), std::string::npos) << r.output;
+    // Without --eval no keep map was read: the slice line names a placeholder and says so.
+    EXPECT_NE(r.output.find("--keep KEEP-MAP-K4.json"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("KEEP-MAP-K4.json stands for a keep map of K 4"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("any-k4.json"), std::string::npos) << r.output;
+
+    // eval.json's keep map named relative to the folder eval ran in.
+    const auto e = test::run_command(fmt::format(
+        "cd {} && {}", s(dir_->path()), moeprune_cmd(fmt::format("eval -m m.gguf -f c.jsonl -c 32 --keep maps/freq-k4.json --json {}",
+                                                        s(local("e-rel.json"))))));
+    ASSERT_EQ(e.exit_code, 0) << e.output;
+    r = test::run_command(fmt::format("cd {} && {}", s(dir_->path()),
+                                      moeprune_cmd(fmt::format("plan -m m.gguf --eval {} -k 4 --ram 1G --reserve 0 --json {}",
+                                                               s(local("e-rel.json")), s(local("p.json"))))));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const json p = json::parse(test::read_bytes(local("p.json")));
+    const std::vector<std::string> slice = p["commands"]["slice"].get<std::vector<std::string>>();
+    ASSERT_FALSE(slice.empty()) << p["commands"].dump();
+    EXPECT_EQ(slice[5], s(path("maps") / "freq-k4.json")) << p["commands"].dump();
+}
+
+// A recommended expert cache runs in no llama.cpp release: plan prints no llama.cpp
+// command as if it ran it, and says why.
+TEST_F(HostilePlan, ARecommendedExpertCacheGetsNoLlamaCppCommands) {
+    // 500 MB experts: K 8 resident does not fit in 5.37 GB, K 4 does, and an LRU of 4 slots
+    // on K 8 (KLD 0) is within --speed-share of it when compute dominates.
+    const std::string by_hand = fmt::format("plan --expert-mb 500 --layers 2 --experts 8 --used 2 --other-gb 1 -k 4,8 "
+                                            "--ram 6G --reserve 1G --eval {} --replay {} --compute-ms 1000 "
+                                            "--speed-share 0.8",
+                                            s(path("e.json")), s(path("r.json")));
+    auto r = test::run_command(moeprune_cmd(by_hand + " --runs-on any --json " + s(local("p.json"))));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const json p = json::parse(test::read_bytes(local("p.json")));
+    ASSERT_TRUE(p["recommended"].is_number()) << r.output;
+    EXPECT_EQ(p["options"][p["recommended"].get<size_t>()]["runs_on"], "expert-cache runtime") << r.output;
+    EXPECT_TRUE(p["commands"].is_null()) << p["commands"].dump();
+    EXPECT_NE(r.output.find("no command runs it: no llama.cpp release runs an expert cache"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("llama-completion"), std::string::npos) << r.output;
+    // Among what llama.cpp runs, the same plan has its commands.
+    r = test::run_command(moeprune_cmd(by_hand + " --json " + s(local("p2.json"))));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const json p2 = json::parse(test::read_bytes(local("p2.json")));
+    EXPECT_EQ(p2["options"][p2["recommended"].get<size_t>()]["runs_on"], "llama.cpp");
+    EXPECT_TRUE(p2["commands"].is_object());
+}
+
+// --min-accuracy on tasks too few to tell a map from the base: the plan says the filter
+// reads noise.
+TEST_F(HostilePlan, MinAccuracyWithinTheBasesNoiseIsSaidToBeNoise) {
+    std::string tasks;
+    static const char * words[] = {"the fox", "a dog", "experts", "routers", "int main"};
+    for (int t = 0; t < 8; ++t) {
+        tasks += fmt::format("{} {}\n{}\n", words[t % 5], words[(t + 2) % 5], t % 4);
+        for (int e = 0; e < 4; ++e) {
+            tasks += fmt::format("{} {}\n", words[(t + e) % 5], words[(t + 3 * e) % 5]);
+        }
+    }
+    test::write_text(local("tasks.txt"), tasks);
+    const auto e = test::run_command(moeprune_cmd(fmt::format("eval -m {} -f {} -c 64 --keep {} --hellaswag {} --json {}",
+                                                              s(path("m.gguf")), s(path("c.jsonl")),
+                                                              s(path("maps") / "freq-k4.json"), s(local("tasks.txt")),
+                                                              s(local("et.json")))));
+    ASSERT_EQ(e.exit_code, 0) << e.output;
+    const auto r = test::run_command(moeprune_cmd(fmt::format("plan -m {} --eval {} -k 4 --min-accuracy 0.9", s(path("m.gguf")),
+                                                              s(local("et.json")))));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("over 8 tasks, so differences under"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("accuracy cannot tell these options apart"), std::string::npos) << r.output;
+}
+
+// Bytes that are not UTF-8 in a path: refused naming the argument, before anything is made.
+TEST_F(Hostile, PathsThatAreNotUtf8AreRefusedBeforeAnythingIsMade) {
+    const std::string bad = s(local("r_")) + "\xff";
+    auto r = test::run_command(moeprune_cmd(fmt::format("plan -m {} -k 4 --ram 1G --json '{}'", s(path("m.gguf")), bad)));
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("--json " + s(local("r_")) + "\\xff: is not UTF-8"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(bad));
+    test::write_text(local("c.toml"), "[[source]]\npath = \"" + s(path("c.jsonl")) + "\"\n");
+    r = test::run_command(moeprune_cmd(fmt::format("run -m {} --corpus {} -k 4 -o '{}'", s(path("m.gguf")), s(local("c.toml")), bad)));
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("is not UTF-8"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(bad)) << "no run folder made";
+    // A shortlist needs a measure and a budget: refused, not ignored.
+    r = test::run_command(moeprune_cmd(fmt::format("run -m {} --corpus {} -k 4 --measure-shortlist 2 -o {}", s(path("m.gguf")),
+                                                   s(local("c.toml")), s(local("run")))));
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("--measure-shortlist 2: the shortlist is measured under --ram after the measure stage"),
+              std::string::npos)
+        << r.output;
+    EXPECT_FALSE(fs::exists(local("run")));
+}
+
+// One JSONL file of independent documents without an id: group = "document" splits it,
+// and the refusal with the default group says so. Task settings out of bounds are refused,
+// and a domain left without tasks says why.
+TEST_F(Hostile, CorpusSplitsOneJsonlFileByDocumentAndSaysWhyTasksAreMissing) {
+    std::string jsonl;
+    for (int d = 0; d < 40; ++d) {
+        std::string text;
+        for (int w = 0; w < 60; ++w) {
+            text += fmt::format("word{} ", (d * 7 + w * 13) % 97) + (w % 10 == 9 ? "end.\n" : "");
+        }
+        jsonl += json({{"text", text}}).dump() + "\n";
+    }
+    test::write_text(local("docs.jsonl"), jsonl);
+    const std::string m = s(path("m.gguf"));
+    expect_refused(fmt::format("corpus -m {} --source prose={} -o {}", m, s(local("docs.jsonl")), s(local("o1"))),
+                   {"eval side would be empty", "one group", "group = \"document\" puts each JSONL document in a group"},
+                   {local("docs.jsonl")}, {local("o1") / "corpus.json"});
+    test::write_text(local("doc.toml"), fmt::format("[corpus]\ntasks_per_domain = 4\n[[source]]\npath = \"{}\"\ndomain = "
+                                                    "\"prose\"\ngroup = \"document\"\n",
+                                                    s(local("docs.jsonl"))));
+    auto r = test::run_command(moeprune_cmd(fmt::format("corpus -m {} --manifest {} -o {}", m, s(local("doc.toml")), s(local("o2")))));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_GT(test::read_bytes(local("o2") / "calib.jsonl").size(), 0u);
+    EXPECT_GT(test::read_bytes(local("o2") / "eval.jsonl").size(), 0u);
+
+    test::write_text(local("huge.toml"), fmt::format("[corpus]\ntask_context = 999999999\n[[source]]\npath = \"{}\"\n"
+                                                     "domain = \"prose\"\ngroup = \"document\"\n",
+                                                     s(local("docs.jsonl"))));
+    expect_refused(fmt::format("corpus -m {} --manifest {} -o {}", m, s(local("huge.toml")), s(local("o3"))),
+                   {"huge.toml", "\"task_context\" is 999999999 tokens: at most 65536"}, {local("huge.toml")},
+                   {local("o3") / "corpus.json"});
+
+    // Endings of one token: too few distinct ones, said in tasks.json.
+    r = test::run_command(moeprune_cmd(fmt::format("corpus -m {} --manifest {} --task-context 1 --task-ending 1 -o {}", m,
+                                                   s(local("doc.toml")), s(local("o4")))));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const json tasks = json::parse(test::read_bytes(local("o4") / "tasks.json"));
+    for (const json & d : tasks["domains"]) {
+        EXPECT_TRUE(d["tasks"].get<int>() > 0 || !d.value("skipped", std::string()).empty()) << d.dump();
+    }
+}

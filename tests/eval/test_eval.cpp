@@ -227,6 +227,35 @@ TEST(Eval, BadInputsAreRefusedByNameWithNothingWritten) {
     u32(3);
     mc += "yes";
     test::write_text(dir / "cut.bin", mc);
+    // One task with the given answers and labels (its second answer list, llama-perplexity's
+    // "multiple correct", empty): one answer, a label other than 0 or 1, no right answer.
+    const auto mc_task = [](const std::vector<std::string> & answers, const std::vector<int32_t> & labels) {
+        std::string b;
+        const auto put = [&](uint32_t v) { b.append(reinterpret_cast<const char *>(&v), 4); };
+        put(1);
+        put(8);
+        put(9);
+        b += "Question?";
+        put(uint32_t(answers.size()));
+        for (const std::string & a : answers) {
+            put(uint32_t(a.size()));
+            b += a;
+        }
+        for (const int32_t l : labels) {
+            put(uint32_t(l));
+        }
+        put(0);
+        return b;
+    };
+    test::write_text(dir / "one.bin", mc_task({"yes"}, {1}));
+    test::write_text(dir / "seven.bin", mc_task({"yes", "no"}, {7, 0}));
+    test::write_text(dir / "none.bin", mc_task({"yes", "no"}, {0, 0}));
+    // A HellaSwag file with CRLF line ends.
+    std::string crlf = task + "A second task\n2\na\nb\nc\nd\n";
+    for (size_t at = crlf.find('\n'); at != std::string::npos; at = crlf.find('\n', at + 2)) {
+        crlf.insert(at, "\r");
+    }
+    test::write_text(dir / "crlf.txt", crlf);
     auto r = test::run_command(moeprune_cmd(fmt::format("eval -m {} -f {} --keep {} -c 128 --base-out {}", m, text,
                                                         (dir / "k4.json").string(), (dir / "b.mpkl").string())));
     ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -269,6 +298,14 @@ TEST(Eval, BadInputsAreRefusedByNameWithNothingWritten) {
          "blank.csv: line 2 has no _ in its sentence"},
         {fmt::format("eval -m {} -f {} --multiple-choice {} -c 128 {}", m, text, (dir / "cut.bin").string(), outs),
          "cut.bin: task 1 (at byte"},
+        {fmt::format("eval -m {} -f {} --multiple-choice {} -c 128 {}", m, text, (dir / "one.bin").string(), outs),
+         "one.bin: task 1 has one answer: a choice needs two or more"},
+        {fmt::format("eval -m {} -f {} --multiple-choice {} -c 128 {}", m, text, (dir / "seven.bin").string(), outs),
+         "seven.bin: task 1: answer 0 is labelled 7: a label is 1 (right) or 0 (wrong)"},
+        {fmt::format("eval -m {} -f {} --multiple-choice {} -c 128 {}", m, text, (dir / "none.bin").string(), outs),
+         "none.bin: task 1 has no right answer (no answer labelled 1)"},
+        {fmt::format("eval -m {} -f {} --hellaswag {} -c 128 {}", m, text, (dir / "crlf.txt").string(), outs),
+         "crlf.txt: line 2 (task 1): the label ends in a carriage return (\\r): the file has CRLF line ends"},
     };
     const std::string keep_bytes = test::read_bytes(dir / "k4.json");
     for (const auto & [args, says] : cases) {

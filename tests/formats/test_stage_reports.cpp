@@ -328,6 +328,10 @@ TEST(StageReports, APlanOptionAndItsCommandsSurviveTheRoundTripWithEveryFieldSet
     EXPECT_THROW(read_plan_commands(JsonFields(bad, "plan.json", "commands")), Error);
     EXPECT_EQ(shell_line({"llama-completion", "-m", "my model.gguf", "-p", "it's"}),
               "llama-completion -m 'my model.gguf' -p 'it'\\''s'");
+    // A first word with `=` is quoted: unquoted, the shell would take it for an assignment.
+    EXPECT_EQ(shell_line({"a=b/llama-completion", "-m", "x=y.gguf"}), "'a=b/llama-completion' -m x=y.gguf");
+    const auto sh = test::run_command("sh -c \"" + shell_line({"a=b/missing", "-m"}) + "\" 2>&1");
+    EXPECT_NE(sh.output.find("a=b/missing"), std::string::npos) << "the shell runs the program it names\n" << sh.output;
 }
 
 namespace {

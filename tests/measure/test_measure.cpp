@@ -314,6 +314,7 @@ TEST(Measure, LimitRunsACommandInACgroupOfItsOwnAndPassesItsStatus) {
     r = test::run_command(moeprune_cmd("limit --ram 16MB -- dd if=/dev/zero of=/dev/null bs=64M count=1"));
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.output.find("the kernel killed it for memory under the limit of 15.3 MiB"), std::string::npos) << r.output;
+    EXPECT_EQ(r.exit_code, 137) << "the command's status, as docs/measure.md says";
     // A program that is nowhere, and no program.
     r = test::run_command(moeprune_cmd("limit --ram 16MB -- moeprune-no-such-program"));
     EXPECT_NE(r.exit_code, 0);
@@ -659,13 +660,14 @@ TEST(Measure, ReadAheadIsMeasuredAtEachSettingAndPutBackEvenAfterAKill) {
     EXPECT_EQ(current(), original) << "put back when the runs end";
     EXPECT_EQ(count_named(dir / "state", "read-ahead"), 0u);
 
-    // Killed while the setting is changed: the next measure puts it back from the state file.
+    // Killed while the setting is changed (the state file, the claim, exists from before the
+    // first run): the next measure puts it back from the state file.
     const std::string changed = original == "64" ? "96" : "64";
     test::write_text(dir / "kill.sh",
-                     fmt::format("{}{} > {} 2>&1 & m=$!; for i in $(seq 3000); do ls {} 2>/dev/null | grep -q read-ahead "
+                     fmt::format("{}{} > {} 2>&1 & m=$!; for i in $(seq 3000); do [ \"$(cat {})\" = {} ] "
                                  "&& break; sleep 0.02; done; kill -9 $m; wait $m; true",
                                  env, moeprune_cmd(measure_args(dir, "--ram 50% --read-ahead-kb " + changed, 1100)),
-                                 (dir / "log").string(), (dir / "state").string()));
+                                 (dir / "log").string(), setting.string(), changed));
     test::run_command("bash " + (dir / "kill.sh").string());
     ASSERT_EQ(count_named(dir / "state", "read-ahead"), 1u) << test::read_bytes(dir / "log");
     EXPECT_EQ(current(), changed) << "left changed by the kill";

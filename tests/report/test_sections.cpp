@@ -1,4 +1,5 @@
 // The report's sections on hand-made inputs.
+#include "report/html.h"
 #include "report/section.h"
 
 #include <gtest/gtest.h>
@@ -62,4 +63,16 @@ TEST(ReportSections, TheCacheSectionSaysWhatMoceAddsToItsCache) {
     const std::string without = runs_on_page(plan);
     EXPECT_EQ(without.find("MoCE, λ"), std::string::npos) << without;
     EXPECT_NE(without.find("was not replayed: a <code>lambdas</code> value above 0"), std::string::npos) << without;
+}
+
+// JSON inside a <script>: nothing in a string can end the element or open a comment, and
+// it parses back to the same value.
+TEST(ReportSections, ScriptJsonEscapesWhatWouldEndTheScript) {
+    const nlohmann::json v = {{"domain", "</script><script>alert(1)</script><!-- & \u2028\u2029"}, {"n", 3}};
+    const std::string text = script_json(v);
+    for (const char * bad : {"<", ">", "&", "\u2028", "\u2029"}) {
+        EXPECT_EQ(text.find(bad), std::string::npos) << bad << " in " << text;
+    }
+    EXPECT_EQ(nlohmann::json::parse(text), v);
+    EXPECT_NE(text.find("\\u003c/script\\u003e"), std::string::npos) << text;
 }

@@ -150,6 +150,19 @@ TEST_F(RunTest, RunsEveryStageSkipsWhatIsUnchangedAndRendersTheReport) {
     r = test::run_command(moeprune_cmd(base_args() + " -k 6,10 --from select -o " + run.string()));
     ASSERT_EQ(r.exit_code, 0) << r.output;
 
+    // A stage another moeprune build wrote is redone by this one, and said so.
+    json manifest = read_json(run / "corpus" / "stage.json");
+    EXPECT_TRUE(manifest["build"].is_string()) << manifest.dump();
+    manifest["build"] = "xxh3:0000000000000000";
+    test::write_text(run / "corpus" / "stage.json", manifest.dump(1));
+    r = test::run_command(moeprune_cmd(base_args() + " -k 6,10 -o " + run.string()));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("corpus   was written by another moeprune build (xxh3:0000000): redone by this one"),
+              std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("corpus   running"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("collect  unchanged"), std::string::npos) << "its outputs are the same bytes\n" << r.output;
+
     // --slice best: the recommended keep map sliced out, a model llama.cpp's reader accepts.
     r = test::run_command(moeprune_cmd(base_args() + " -k 6,10 --slice best -o " + run.string()));
     ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -182,6 +195,51 @@ TEST_F(RunTest, RunsEveryStageSkipsWhatIsUnchangedAndRendersTheReport) {
                                         " " + url + " 2>/dev/null");
     EXPECT_EQ(shot.exit_code, 0);
     EXPECT_GT(fs::file_size(shots / "report.png"), 10000u);
+}
+
+// Domain names are whoever supplied the corpus's: names that close the charts' <script> or
+// open an element are data in report.html, as a browser parses it, and every chart renders.
+TEST_F(RunTest, HostileDomainNamesCannotScriptTheReport) {
+    const std::string closes_script = "</script><script>document.title='PWNED'</script><!--";
+    const std::string opens_img = "\\\"><img src=x onerror=alert(1)></td>\u2028";
+    test::write_text(tmp_ / "corpus.toml", fmt::format(R"([corpus]
+seed = 2
+tasks_per_domain = 6
+[[source]]
+path = "{}"
+domain = "{}"
+[[source]]
+path = "{}"
+domain = "{}"
+)", (d() / "src" / "prose").string(), closes_script, (d() / "src" / "code").string(), opens_img));
+    const fs::path run = tmp_ / "run";
+    auto r = test::run_command(moeprune_cmd(fmt::format(
+        "run -m {} --corpus {} --criteria freq --ram 0.2GB --reserve 0 --compute-ms 5 -c 128 -t 2 -k 8 -o {}",
+        (d() / "m.gguf").string(), (tmp_ / "corpus.toml").string(), run.string())));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::string html = test::read_bytes(run / "report.html");
+    const test::HtmlScripts page = test::html_scripts(html);
+    EXPECT_TRUE(page.handlers.empty()) << fmt::format("{}", fmt::join(page.handlers, ", "));
+    // The chart libraries, three, then the page's own script with the specs.
+    ASSERT_EQ(page.scripts.size(), 4u);
+    for (const std::string & script : page.scripts) {
+        EXPECT_EQ(script.find("PWNED'</script"), std::string::npos);
+    }
+    const std::string & own = page.scripts.back();
+    const std::string prefix = "\nconst specs = ";
+    ASSERT_EQ(own.rfind(prefix, 0), 0u) << own.substr(0, 80);
+    const size_t end = own.find(";\n", prefix.size());
+    const json specs = json::parse(own.substr(prefix.size(), end - prefix.size()));
+    const std::string all = specs.dump();
+    EXPECT_NE(all.find(closes_script), std::string::npos) << "the domain is in the charts' data, as it was written";
+    EXPECT_NE(all.find("><img src=x onerror=alert(1)></td>\u2028"), std::string::npos);
+
+    const std::string url = "file://" + fs::absolute(run / "report.html").string();
+    const auto dom = test::run_command("chromium --headless --no-sandbox --disable-gpu --virtual-time-budget=30000 --dump-dom " +
+                                       url + " 2>/dev/null");
+    ASSERT_EQ(dom.exit_code, 0);
+    EXPECT_NE(dom.output.find(fmt::format("data-rendered=\"{}\"", specs.size())), std::string::npos) << "every chart rendered";
+    EXPECT_EQ(dom.output.find("<title>PWNED"), std::string::npos);
 }
 
 // λ > 0 asked for: every map's rerouted options are measured in the closed loop, the plan
@@ -537,6 +595,14 @@ TEST_F(RunTest, MeasuredRunCalibratesThePlanAndVerifiesTheRecommendation) {
     EXPECT_GT(verify["measured_tok_per_s"].get<double>(), 0);
     const json verified = read_json(run / "verify" / "verify.json");
     EXPECT_EQ(verified["runs"].size(), 1u);
+    // Verified under the limit it was measured under, which its commands use: a measure's
+    // limit for an option measure timed, --ram for the shortlist's.
+    if (recommended.contains("measured_limit_bytes")) {
+        EXPECT_EQ(verified["runs"][0]["limit_bytes"].get<double>(), recommended["measured_limit_bytes"].get<double>());
+        EXPECT_EQ(verify["ram"], std::to_string(uint64_t(recommended["measured_limit_bytes"].get<double>())));
+    } else {
+        EXPECT_EQ(verify["ram"], "0.3GB");
+    }
     EXPECT_NE(r.output.find("verify: "), std::string::npos) << r.output;
     // Beside it, the machine's drift since the shortlist: the same model's resident decodes.
     EXPECT_EQ(verify["resident_tok_per_s"], verified["resident"]["decode"]["tokens_per_second"]);

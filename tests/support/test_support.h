@@ -51,6 +51,14 @@ void synth(const std::string & args, const std::filesystem::path & out);
 
 nlohmann::json read_json(const std::filesystem::path & path);
 
+// An HTML page as a browser parses it (gumbo, the HTML5 algorithm): the text of each
+// <script> element, and every element that carries an event handler (an on* attribute).
+struct HtmlScripts {
+    std::vector<std::string> scripts;
+    std::vector<std::string> handlers;   // "img onerror", ...
+};
+HtmlScripts html_scripts(const std::string & html);
+
 // eval's --per-token JSONL grouped by candidate name, rows in file order.
 std::map<std::string, std::vector<nlohmann::json>> per_token_rows(const std::filesystem::path & path);
 
