@@ -262,7 +262,8 @@ TEST(Plan, RecommendsWhatStockLlamaCppRunsUnlessAskedForAnyAndSaysHowToRunIt) {
     EXPECT_EQ(s["keep_map"], "maps/reap-k224.json");
     EXPECT_FALSE(s.contains("outside_model"));
     EXPECT_NE(with_streamed["why"].get<std::string>().find("sliced and mapped from disk"), std::string::npos);
-    EXPECT_EQ(with_streamed["commands"]["slice"][5], "maps/reap-k224.json");
+    // The commands name it absolute, so that they run from any folder.
+    EXPECT_EQ(with_streamed["commands"]["slice"][5], fs::absolute("maps/reap-k224.json").lexically_normal().string());
     EXPECT_FALSE(s.contains("read_ahead_kb")) << "priced at the device's own read-ahead";
     // The same slice priced at each read-ahead measure calibrated: the faster setting is
     // recommended with it, and the two are apart as options.
@@ -309,7 +310,8 @@ TEST(Plan, RecommendsWhatStockLlamaCppRunsUnlessAskedForAnyAndSaysHowToRunIt) {
     const json & c = p["commands"];
     const std::string sliced = (dir / "sliced" / "reap-k224.gguf").string();
     EXPECT_EQ(c["model"], sliced);
-    EXPECT_EQ(c["slice"], json({"moeprune", "slice", "-m", "MODEL.gguf", "--keep", "maps/reap-k224.json", "-o", sliced}));
+    EXPECT_EQ(c["slice"], json({"moeprune", "slice", "-m", "MODEL.gguf", "--keep",
+                                fs::absolute("maps/reap-k224.json").lexically_normal().string(), "-o", sliced}));
     EXPECT_EQ(c["llama_completion"], json({"/opt/llama/bin/llama-completion", "-m", sliced, "-t", "8", "-c", "4096"}));
     EXPECT_EQ(c["llama_server"][0], "llama-server") << "no llama-server in --llama-bin: the PATH's";
     EXPECT_EQ(c["memory_limit"], json({"moeprune", "limit", "--ram", "20000000000", "--"}));
