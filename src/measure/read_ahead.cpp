@@ -12,7 +12,6 @@
 #include <sstream>
 
 #include <fcntl.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -49,7 +48,16 @@ fs::path state_file(const fs::path & state_dir, const fs::path & setting) {
 
 // Opens `file` and takes its lock without waiting: -1 when another process holds it (a
 // live measure), or when the file is not a plain file of root's. The lock is taken on the
-// name still linked at `file`, so a restorer that unlinks it meanwhile is not missed.
+// name still linked at `file`, so a restorer that unlinks it meanwhile is not missed. It is
+// a record lock (fcntl), which a forked child does not share, unlike flock: a killed
+// measure's claim is free when it dies, not when a child it was starting dies after it.
+bool try_lock(int fd) {
+    struct flock whole{};
+    whole.l_type = F_WRLCK;
+    whole.l_whence = SEEK_SET;
+    return ::fcntl(fd, F_SETLK, &whole) == 0;
+}
+
 int lock_state(const fs::path & file, bool create) {
     for (int attempt = 0; attempt < 8; ++attempt) {
         const int fd = ::open(file.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | (create ? O_CREAT : 0), 0644);
@@ -57,7 +65,7 @@ int lock_state(const fs::path & file, bool create) {
             return -1;
         }
         struct stat held{}, linked{};
-        if (::fstat(fd, &held) != 0 || !S_ISREG(held.st_mode) || held.st_uid != 0 || ::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        if (::fstat(fd, &held) != 0 || !S_ISREG(held.st_mode) || held.st_uid != 0 || !try_lock(fd)) {
             const int why = errno;
             ::close(fd);
             errno = why;

@@ -3,7 +3,7 @@
 // for `measure --read-ahead-kb` and put back as it was found: when the measurement ends,
 // also by an error or a signal measure defers, and after a kill -9 by the next measure,
 // from a state file written before the first change. The state file is also the claim on
-// the device: a measure holds its lock (flock) from before its first run to its restore,
+// the device: a measure holds its lock (fcntl) from before its first run to its restore,
 // so a second measure is refused and a restorer knows a live measure from a killed one.
 // docs/measure.md, "Read-ahead".
 #include <cstdint>

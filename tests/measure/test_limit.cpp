@@ -245,6 +245,24 @@ TEST(Measure, ReadAheadIsClaimedBeforeTheFirstRunAndRestoredByLimit) {
     }
     EXPECT_EQ(count_named(state, "read-ahead"), 0u) << "the claim goes with its holder";
 
+    // A read-ahead so large that the probe may fault nothing: either refused as a probe that
+    // measured no storage, or a probe that read bytes; never a rate of 0 GB/s reported.
+    const fs::path json_out = dir / "huge.json";
+    auto huge = test::run_command(env + test::moeprune_cmd(fmt::format(
+                                            "measure -m {} -f {} --ram 50% --tokens 4 --warmup 0 --probe-mib 1 "
+                                            "--read-ahead-kb 1048576 --json {}",
+                                            (dir / "m.gguf").string(), (dir / "text.txt").string(), json_out.string())));
+    if (huge.exit_code == 0) {
+        const nlohmann::json m = test::read_json(json_out);
+        for (const nlohmann::json & probe : m.at("probes")) {
+            EXPECT_GT(probe.at("bytes_read").get<int64_t>(), 0) << probe.dump();
+        }
+    } else {
+        EXPECT_NE(huge.output.find("read nothing from the device"), std::string::npos) << huge.output;
+        EXPECT_FALSE(fs::exists(json_out));
+    }
+    EXPECT_EQ(first_line(setting), original);
+
     // What a measure killed after its first change leaves: its record, unlocked.
     const std::string changed = original == "64" ? "96" : "64";
     std::string name = "read-ahead" + setting.string();

@@ -493,8 +493,8 @@ TEST(Measure, HostileSettingsAndLlamaBenchProgramsAreRefusedByName) {
         fs::permissions(dir / f, fs::perms::owner_all);
     }
     const std::string bad_before = test::read_bytes(dir / "bad.sh");
-    std::string out = refused("--llama-bench " + (dir / "hang.sh").string() + " --llama-bench-timeout 2",
-                              "did not finish in 2 s");
+    std::string out = refused("--llama-bench " + (dir / "hang.sh").string() + " --llama-bench-timeout 0.25",
+                              "did not finish in 0.25 s");
     EXPECT_NE(out.find((dir / "hang.sh").string()), std::string::npos) << out;
     EXPECT_NE(test::run_command(pgrep(marker)).exit_code, 0) << "llama-bench's child outlived measure";
     refused("--llama-bench " + (dir / "bad.sh").string(), "printed samples_ts [0, -5, 12]: tokens/s must be finite and > 0");
