@@ -13,6 +13,10 @@ set(rank_run 5)
 set(rank_cli 6)
 # Stages that build on another stage's result, the only edges within a layer.
 set(stage_edges "eval>replay" "measure>eval")
+# Headers private to their folder: its phases' shared state, which no other folder may
+# reach even where its layer may use the folder (every FOLDER/internal.h is one too).
+set(private_headers collect/collect_run.h corpus/phases.h eval/eval_run.h plan/planner.h replay/runner.h
+    run/runner.h run/stages.h)
 
 function(layer_of folder out)
   if(folder IN_LIST stages)
@@ -35,6 +39,11 @@ foreach(f ${files})
   foreach(line ${includes})
     string(REGEX REPLACE "^#include \"([a-z_]+)/.*" "\\1" to ${line})
     if(to STREQUAL from)
+      continue()
+    endif()
+    string(REGEX REPLACE "^#include \"([^\"]+)\".*" "\\1" header ${line})
+    if(header IN_LIST private_headers OR header MATCHES "/internal\\.h$")
+      list(APPEND faults "${f}: ${line}: ${header} is private to ${to}/ (docs/architecture.md)")
       continue()
     endif()
     layer_of(${to} to_layer)

@@ -1,9 +1,12 @@
 #include "cli/commands.h"
-#include "measure/read_ahead.h"
 #include "core/atomic_file.h"
+#include "core/defaults.h"
 #include "core/errors.h"
 #include "core/sizes.h"
+#include "measure/read_ahead.h"
 #include "plan/plan.h"
+
+#include <fmt/format.h>
 
 #include <cstdio>
 #include <memory>
@@ -56,7 +59,7 @@ void add_plan(CLI::App & app, Action & action) {
         ->check(CLI::Range(0.0, 1e6));
     sub->add_option("-k", opt->ks, "Expert counts to plan (default: those measured)")->delimiter(',');
     sub->add_option("--ram", *ram, "RAM for the model: 24G (GiB), 24GB (10^9 bytes), or bytes");
-    sub->add_option("--reserve", *reserve, "RAM kept for the KV cache, the OS and the program (default 2G)");
+    sub->add_option("--reserve", *reserve, fmt::format("RAM kept for the KV cache, the OS and the program (default {})", kDefaultReserve));
     sub->add_option("--ssd", opt->throughput.ssd_gbps, "SSD read bandwidth, GB/s (3.9: PCIe 3, 6.8: PCIe 4)")
         ->check(CLI::PositiveNumber)
         ->capture_default_str();

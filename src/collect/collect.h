@@ -4,6 +4,7 @@
 // per-expert saliency statistics and optionally a router trace. Every gating variant
 // of build_moe_ffn is read from the nodes it names; a missing or misshapen node stops
 // the run with the architecture and node named, never a silent zero.
+#include "core/defaults.h"
 #include "formats/stats.h"
 
 #include <cstdint>
@@ -18,9 +19,9 @@ struct CollectOptions {
     std::filesystem::path trace;          // optional
     std::filesystem::path imatrix;        // optional: llama.cpp's importance matrix (GGUF) from the same pass
     std::filesystem::path mmproj;         // projector for the corpus' images and audio (llama.cpp's libmtmd)
-    int trace_top = 64;                   // candidates per layer and token in the trace
+    int trace_top = kDefaultTraceTop;                 // candidates per layer and token in the trace
     uint64_t trace_tokens = 0;            // trace only the first N tokens; 0: all
-    int ctx = 512;                        // window of a long document
+    int ctx = kDefaultContext;                      // window of a long document
     int batch = 512;
     int ubatch = 512;
     int threads = 0;                      // 0: one per core

@@ -60,7 +60,7 @@ struct CorpusSpec {
     std::optional<uint64_t> tokens;       // calib budget shared by weighted sources; none: all they have
     uint32_t doc_tokens = 4096;           // longer documents are truncated or cut into pieces
     bool strip_boilerplate = false;
-    // Choice tasks from the held-out side (corpus/tasks.cpp): up to tasks_per_domain per
+    // Choice tasks from the held-out side (corpus/choice_tasks.cpp): up to tasks_per_domain per
     // domain (0: none), each a context of about task_context tokens and four endings of
     // about task_ending.
     int64_t task_context = 64, task_ending = 48, tasks_per_domain = 100;

@@ -2,7 +2,7 @@
 // The phases of build_corpus, in the order it runs them, and CorpusBuild, what they share.
 #include "core/atomic_file.h"
 #include "corpus/build.h"
-#include "corpus/dedupe.h"
+#include "corpus/similarity.h"
 #include "corpus/documents.h"
 #include "corpus/units.h"
 #include "formats/corpus_report.h"

@@ -4,6 +4,7 @@
 // Keep maps are evaluated inside the base model, their removed experts made
 // unselectable in llama.cpp's own router graph (eval/masking.h), so N keep maps cost
 // one model load and N + 1 forward passes. Definitions: docs/eval.md.
+#include "core/defaults.h"
 #include "eval/behaviour.h"
 #include "eval/closed_loop.h"
 #include "eval/tasks.h"
@@ -29,7 +30,7 @@ struct EvalOptions {
     std::filesystem::path against;                  // compare with this candidate file instead of the base
     uint32_t top = 0;                               // top-T in the base file; 0: the largest within 1% of llama's
     std::string score = "all";                      // "all" or "second-half"
-    int ctx = 512;
+    int ctx = kDefaultContext;
     int batch = 2048;
     int ubatch = 512;
     int threads = 0;
@@ -52,7 +53,7 @@ struct EvalOptions {
     bool closed_loop_full_model = true;             // false: only on the keep maps (one per map, their own caches)
     std::optional<int> j;                           // MoCE's J; unset: 2, or k - 1 when k <= 2
     std::string moce = "prior";                     // "prior" or "topk-gap"
-    int trace_top = 64;                             // candidates per token and layer, as collect's trace
+    int trace_top = kDefaultTraceTop;                           // candidates per token and layer, as collect's trace
     PolicyParams policy_params;
     ThroughputParams throughput;
     std::filesystem::path trace_out;                // the base pass's router trace (for replay)

@@ -351,6 +351,136 @@ json sequential_read(const GgufModel & gguf, uint64_t bytes) {
 // an expert's matrix, then the same reads simulated: the time beyond what the sequential
 // rate transfers, per simulated read-around, is the wait a read-around adds as a decode
 // meets it (docs/measure.md, "The prediction").
+// The model's shards mapped as llama.cpp maps them, unmapped when it goes.
+struct MappedShards {
+    std::vector<const uint8_t *> maps;
+    std::vector<uint64_t> sizes;
+    explicit MappedShards(const GgufModel & gguf) {
+        for (const fs::path & shard : gguf.shard_paths()) {
+            const int fd = ::open(shard.c_str(), O_RDONLY);
+            if (fd < 0) {
+                fail_file(shard.string(), "cannot be opened");
+            }
+            const uint64_t size = fs::file_size(shard);
+            ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);   // as llama.cpp's mapping advises
+            void * addr = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+            ::close(fd);
+            if (addr == MAP_FAILED) {
+                fail_file(shard.string(), "cannot be mapped");
+            }
+            maps.push_back(static_cast<const uint8_t *>(addr));
+            sizes.push_back(size);
+        }
+    }
+    ~MappedShards() {
+        for (size_t i = 0; i < maps.size(); ++i) {
+            ::munmap(const_cast<uint8_t *>(maps[i]), sizes[i]);
+        }
+    }
+    MappedShards(const MappedShards &) = delete;
+    MappedShards & operator=(const MappedShards &) = delete;
+};
+
+// One expert tensor's bytes as ggml's mul_mat_id splits it for a token: chunks of 64 rows
+// (the threads' count when that makes fewer than four per thread).
+struct ProbeSlab {
+    const volatile uint8_t * base;
+    uint64_t bytes, chunk_bytes, chunks;
+    size_t expert;
+};
+
+std::vector<ProbeSlab> probe_slabs(const std::vector<std::vector<ExpertSlab>> & experts, size_t n,
+                                   const MappedShards & shards, int threads) {
+    std::vector<ProbeSlab> slabs;
+    for (size_t e = 0; e < n; ++e) {
+        for (const ExpertSlab & slab : experts[e]) {
+            const uint64_t rows = slab.row_bytes ? slab.bytes / slab.row_bytes : 1;
+            uint64_t chunk_rows = 64;
+            if ((rows + 63) / 64 < uint64_t(4 * threads)) {
+                chunk_rows = (rows + uint64_t(threads) - 1) / uint64_t(threads);
+            }
+            const uint64_t chunk_bytes = std::max<uint64_t>(1, chunk_rows * std::max<uint64_t>(1, slab.row_bytes));
+            slabs.push_back({shards.maps[size_t(slab.shard)] + slab.offset, slab.bytes, chunk_bytes,
+                             (slab.bytes + chunk_bytes - 1) / chunk_bytes, e});
+        }
+    }
+    return slabs;
+}
+
+struct ProbeReads {
+    std::vector<double> expert_ms;
+    uint64_t checksum = 0;
+};
+
+// Reads `slabs` as ggml's threads read them: the first chunk of each taken by each thread
+// at once, the rest as they finish, a barrier after each matrix as after each node of the
+// graph; the time from an expert's first chunk to its last.
+ProbeReads read_as_mul_mat_id(const std::vector<ProbeSlab> & slabs, size_t n, int threads) {
+    const uint64_t page = uint64_t(::sysconf(_SC_PAGESIZE));
+    std::vector<std::atomic<uint64_t>> next_chunk(slabs.size());
+    for (std::atomic<uint64_t> & c : next_chunk) {
+        c = uint64_t(threads);
+    }
+    ProbeReads out;
+    out.expert_ms.assign(n, 0);
+    std::vector<std::atomic<uint64_t>> chunks_left(n);
+    for (const ProbeSlab & slab : slabs) {
+        chunks_left[slab.expert] += slab.chunks;
+    }
+    std::atomic<uint64_t> sink{0};
+    std::vector<Clock::time_point> started(n, Clock::now());
+    std::barrier node_done(threads);
+    std::vector<std::thread> readers;
+    for (int ith = 0; ith < threads; ++ith) {
+        readers.emplace_back([&, ith] {
+            uint64_t sum = 0;
+            for (size_t i = 0; i < slabs.size(); ++i) {
+                const ProbeSlab & slab = slabs[i];
+                if (ith == 0 && (i == 0 || slabs[i - 1].expert != slab.expert)) {
+                    started[slab.expert] = Clock::now();
+                }
+                for (uint64_t c = uint64_t(ith); c < slab.chunks; c = next_chunk[i].fetch_add(1)) {
+                    const uint64_t end = std::min(slab.bytes, (c + 1) * slab.chunk_bytes);
+                    for (uint64_t off = c * slab.chunk_bytes; off < end; off += page) {
+                        sum += slab.base[off];
+                    }
+                    sum += slab.base[end - 1];
+                    if (chunks_left[slab.expert].fetch_sub(1) == 1) {
+                        out.expert_ms[slab.expert] = seconds_since(started[slab.expert]) * 1e3;
+                    }
+                }
+                node_done.arrive_and_wait();
+            }
+            sink += sum;
+        });
+    }
+    for (std::thread & r : readers) {
+        r.join();
+    }
+    out.checksum = sink.load();
+    return out;
+}
+
+// The same reads through the simulated page cache: its read-arounds are what a prediction
+// counts, so the time is calibrated per read-around it would start.
+MappedFileCache::Touch simulate_probe(const GgufModel & gguf, const std::vector<std::vector<ExpertSlab>> & experts,
+                                      size_t n, const WorkerSpec & s) {
+    std::vector<uint64_t> files;
+    for (size_t shard = 0; shard < gguf.shard_paths().size(); ++shard) {
+        files.push_back(gguf.shard_bytes(int(shard)));
+    }
+    MappedFileCache cache(files, s.probe_cache_bytes, uint64_t(::sysconf(_SC_PAGESIZE)), s.readaround_bytes);
+    MappedFileCache::Touch simulated;
+    for (size_t e = 0; e < n; ++e) {
+        for (const ExpertSlab & slab : experts[e]) {
+            const MappedFileCache::Touch t = cache.touch(size_t(slab.shard), slab.offset, slab.bytes);
+            simulated.faults += t.faults;
+            simulated.read_bytes += t.read_bytes;
+        }
+    }
+    return simulated;
+}
+
 json probe_run(const WorkerSpec & s) {
     const GgufModel gguf = GgufModel::open(s.model);
     std::vector<std::vector<ExpertSlab>> experts = routed_expert_slabs(gguf, inspect_model(gguf, {}));
@@ -366,119 +496,31 @@ json probe_run(const WorkerSpec & s) {
         ++n;
     }
     const json sequential = sequential_read(gguf, std::min<uint64_t>(asked, uint64_t(64) << 20));
-    std::vector<const uint8_t *> maps;
-    std::vector<uint64_t> sizes;
-    for (const fs::path & shard : gguf.shard_paths()) {
-        const int fd = ::open(shard.c_str(), O_RDONLY);
-        if (fd < 0) {
-            fail_file(shard.string(), "cannot be opened");
-        }
-        const uint64_t size = fs::file_size(shard);
-        ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);   // as llama.cpp's mapping advises
-        void * addr = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
-        ::close(fd);
-        if (addr == MAP_FAILED) {
-            fail_file(shard.string(), "cannot be mapped");
-        }
-        maps.push_back(static_cast<const uint8_t *>(addr));
-        sizes.push_back(size);
-    }
-    // As ggml's mul_mat_id splits one expert's matrix for a token: chunks of 64 rows (the
-    // threads' count when that makes fewer than four per thread), the first taken by each
-    // thread at once, the rest as they finish; the threads meet at a barrier after each
-    // matrix, as they meet after each node of the graph.
-    struct Slab {
-        const volatile uint8_t * base;
-        uint64_t bytes, chunk_bytes, chunks;
-        size_t expert;
-    };
     const int threads = std::max(1, s.threads);
-    std::vector<Slab> slabs;
-    for (size_t e = 0; e < n; ++e) {
-        for (const ExpertSlab & slab : experts[e]) {
-            const uint64_t rows = slab.row_bytes ? slab.bytes / slab.row_bytes : 1;
-            uint64_t chunk_rows = 64;
-            if ((rows + 63) / 64 < uint64_t(4 * threads)) {
-                chunk_rows = (rows + uint64_t(threads) - 1) / uint64_t(threads);
-            }
-            const uint64_t chunk_bytes = std::max<uint64_t>(1, chunk_rows * std::max<uint64_t>(1, slab.row_bytes));
-            slabs.push_back({maps[size_t(slab.shard)] + slab.offset, slab.bytes, chunk_bytes,
-                             (slab.bytes + chunk_bytes - 1) / chunk_bytes, e});
-        }
+    ProbeReads reads;
+    double seconds = 0;
+    Usage u0, u1;
+    {
+        const MappedShards shards(gguf);
+        const std::vector<ProbeSlab> slabs = probe_slabs(experts, n, shards, threads);
+        u0 = usage_now();
+        const auto t0 = Clock::now();
+        reads = read_as_mul_mat_id(slabs, n, threads);
+        seconds = seconds_since(t0);
+        u1 = usage_now();
     }
-    const uint64_t page = uint64_t(::sysconf(_SC_PAGESIZE));
-    std::vector<std::atomic<uint64_t>> next_chunk(slabs.size());
-    for (std::atomic<uint64_t> & c : next_chunk) {
-        c = uint64_t(threads);
-    }
-    std::vector<double> expert_ms(n);
-    std::vector<std::atomic<uint64_t>> chunks_left(n);
-    for (const Slab & slab : slabs) {
-        chunks_left[slab.expert] += slab.chunks;
-    }
-    std::atomic<uint64_t> sink{0};
-    const Usage u0 = usage_now();
-    const auto t0 = Clock::now();
-    std::vector<Clock::time_point> started(n, t0);
-    std::barrier node_done(threads);
-    std::vector<std::thread> readers;
-    for (int ith = 0; ith < threads; ++ith) {
-        readers.emplace_back([&, ith] {
-            uint64_t sum = 0;
-            for (size_t i = 0; i < slabs.size(); ++i) {
-                const Slab & slab = slabs[i];
-                if (ith == 0 && (i == 0 || slabs[i - 1].expert != slab.expert)) {
-                    started[slab.expert] = Clock::now();
-                }
-                for (uint64_t c = uint64_t(ith); c < slab.chunks; c = next_chunk[i].fetch_add(1)) {
-                    const uint64_t end = std::min(slab.bytes, (c + 1) * slab.chunk_bytes);
-                    for (uint64_t off = c * slab.chunk_bytes; off < end; off += page) {
-                        sum += slab.base[off];
-                    }
-                    sum += slab.base[end - 1];
-                    if (chunks_left[slab.expert].fetch_sub(1) == 1) {
-                        expert_ms[slab.expert] = seconds_since(started[slab.expert]) * 1e3;
-                    }
-                }
-                node_done.arrive_and_wait();
-            }
-            sink += sum;
-        });
-    }
-    for (std::thread & r : readers) {
-        r.join();
-    }
-    const double seconds = seconds_since(t0);
-    const Usage u1 = usage_now();
-    for (size_t i = 0; i < maps.size(); ++i) {
-        ::munmap(const_cast<uint8_t *>(maps[i]), sizes[i]);
-    }
-    // The same reads through the simulated page cache: its read-arounds are what a
-    // prediction counts, so the time is calibrated per read-around it would start.
-    std::vector<uint64_t> files;
-    for (size_t shard = 0; shard < gguf.shard_paths().size(); ++shard) {
-        files.push_back(gguf.shard_bytes(int(shard)));
-    }
-    MappedFileCache cache(files, s.probe_cache_bytes, page, s.readaround_bytes);
-    MappedFileCache::Touch simulated;
-    for (size_t e = 0; e < n; ++e) {
-        for (const ExpertSlab & slab : experts[e]) {
-            const MappedFileCache::Touch t = cache.touch(size_t(slab.shard), slab.offset, slab.bytes);
-            simulated.faults += t.faults;
-            simulated.read_bytes += t.read_bytes;
-        }
-    }
+    const MappedFileCache::Touch simulated = simulate_probe(gguf, experts, n, s);
     return {{"experts", n},
             {"bytes_needed", asked},
             {"bytes_read", u0.read_bytes < 0 ? json() : json(u1.read_bytes - u0.read_bytes)},
             {"major_faults", u1.major_faults - u0.major_faults},
             {"seconds", seconds},
-            {"expert_ms", expert_ms},
+            {"expert_ms", reads.expert_ms},
             {"threads", threads},
             {"sequential", sequential},
             {"simulated_faults", simulated.faults},
             {"simulated_read_bytes", simulated.read_bytes},
-            {"checksum", sink.load() & 0xff}};
+            {"checksum", reads.checksum & 0xff}};
 }
 
 } // namespace

@@ -3,6 +3,7 @@
 // faults and allocates is all charged to its own memory cgroup and counted by its own
 // counters. It decodes as llama.cpp generates (one token per llama_decode, the model
 // mapped as llama.cpp maps it by default), or probes the storage under the model.
+#include "core/defaults.h"
 #include "model/inspect.h"
 
 #include <nlohmann/json.hpp>
@@ -39,7 +40,7 @@ struct WorkerSpec {
     // of every token there and of the timed ones to `trace` (when set): the resident run,
     // warm from llama.cpp's prefetch at load.
     std::filesystem::path trace, trace_all;
-    int trace_top = 64;
+    int trace_top = kDefaultTraceTop;
     nlohmann::json trace_meta = nlohmann::json::object();
     // probe: random routed experts (every slab of each) read through page faults, until
     // `probe_bytes` have been asked for, then the same reads simulated (sim/page_cache.h)

@@ -4,6 +4,7 @@
 // with its bytes, misses, tokens/s and KLD, the Pareto front of speed against quality,
 // and one recommendation with the reason. Unknown numbers stay null, never invented.
 // With a measurement (`--measured`), time per token comes from what llama.cpp really did.
+#include "core/defaults.h"
 #include "formats/measure_report.h"
 #include "formats/stage_reports.h"
 #include "sim/throughput.h"
@@ -39,7 +40,7 @@ struct PlanOptions {
     std::optional<double> other_gb;        // everything but routed experts, 10^9 bytes
     std::vector<int64_t> ks;               // expert counts to plan (default: those measured)
     double ram_bytes = 0;                  // 0: no RAM limit given
-    double reserve_bytes = 2.0 * (1ull << 30);  // KV cache, the OS, the program
+    double reserve_bytes = kDefaultReserveBytes;  // KV cache, the OS, the program
     ThroughputParams throughput;
     std::vector<std::filesystem::path> replays;   // moeprune-replay JSON
     std::vector<std::filesystem::path> evals;     // moeprune-eval JSON

@@ -98,9 +98,10 @@ Counts replay_per_layer(const ReplayOptions & opt, const Setup & s, const std::v
             in_all_sizes[c] = 1;
         }
     }
-    Counts counts(configs.size());
     by_layer.assign(configs.size(), std::vector<uint64_t>(h.n_layer, 0));
-    std::mutex counts_mutex;
+    // Each layer's counts, summed in layer order once all are done: summed as threads
+    // finish, the floating-point sums (moved_mass) would depend on the thread count.
+    std::vector<std::vector<std::array<PhaseCounts, 2>>> per_layer(h.n_layer);
     run_parallel(h.n_layer, opt.threads, [&](unsigned l) {
         const LayerData d = load_layer(s, l);
         Predictions pred;
@@ -140,15 +141,20 @@ Counts replay_per_layer(const ReplayOptions & opt, const Setup & s, const std::v
                 runner.token(t, l, d, 0, predicted, local[c][phase_index(s, t)]);
             }
         }
-        std::lock_guard<std::mutex> lock(counts_mutex);
         for (size_t c = 0; c < configs.size(); ++c) {
-            counts[c][0].add(local[c][0]);
-            counts[c][1].add(local[c][1]);
             for (const PhaseCounts & pc : local[c]) {
                 by_layer[c][l] += pc.misses + pc.forced_misses;
             }
         }
+        per_layer[l] = std::move(local);
     });
+    Counts counts(configs.size());
+    for (const auto & layer : per_layer) {
+        for (size_t c = 0; c < configs.size(); ++c) {
+            counts[c][0].add(layer[c][0]);
+            counts[c][1].add(layer[c][1]);
+        }
+    }
     return counts;
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 // run.toml: every setting of a `moeprune run`, read and written through one table of keys
 // (docs/run.md lists them; a test checks that it lists every one).
+#include "core/defaults.h"
 #include "sim/throughput.h"
 
 #include <cstdint>
@@ -32,7 +33,7 @@ struct RunConfig {
     std::optional<double> min_accuracy;
     std::string runs_on = "llama.cpp";    // what the plan recommends among: "llama.cpp" or "any"
     std::string llama_bin;                 // llama.cpp's tools, for the recommendation's commands; empty: the PATH
-    int ctx = 512;
+    int ctx = kDefaultContext;
     int threads = 0;
     // A task file of llama.cpp's (at most one), scored by the eval stage for the base and
     // every keep map, and `tasks` of its tasks (0: llama-perplexity's default).
@@ -43,7 +44,7 @@ struct RunConfig {
     std::optional<double> eval_share;
     std::optional<uint64_t> tokens;        // calib tokens for weighted corpus sources
     std::optional<uint32_t> doc_tokens;
-    int trace_top = 64;                    // at most the model's experts
+    int trace_top = kDefaultTraceTop;                  // at most the model's experts
     int save_every = 16;                   // collect checkpoints, in windows
     std::string slice;                     // "", "best" or "all"
     // llama.cpp's decode measured under these RAM limits (as `measure --ram` reads them) on

@@ -2,6 +2,7 @@
 // The stages of `moeprune run` in the order run_pipeline runs them, and what they share:
 // where each writes (RunPaths) and the keep maps every later stage derives from
 // (RunMaps). Each stage skips itself through the Runner when nothing it reads changed.
+#include "core/defaults.h"
 #include "corpus/manifest.h"
 #include "model/inspect.h"
 #include "plan/plan.h"
@@ -47,7 +48,7 @@ struct RunMaps {
 };
 
 // --reserve as given, or its default.
-inline std::string reserve_of(const RunConfig & c) { return c.reserve.empty() ? "2G" : c.reserve; }
+inline std::string reserve_of(const RunConfig & c) { return c.reserve.empty() ? kDefaultReserve : c.reserve; }
 
 // data_stages.cpp: the corpus, the statistics on both sides, the keep maps.
 // The corpus spec, from a manifest or from sources, with run.toml's overrides; and every

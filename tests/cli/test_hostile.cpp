@@ -1171,7 +1171,7 @@ TEST_F(Hostile, PathsThatAreNotUtf8AreRefusedBeforeAnythingIsMade) {
     EXPECT_EQ(r.exit_code, 1) << r.output;
     EXPECT_NE(r.output.find("--json " + s(local("r_")) + "\\xff: is not UTF-8"), std::string::npos) << r.output;
     EXPECT_FALSE(fs::exists(bad));
-    test::write_text(local("c.toml"), "[[source]]\npath = \"" + s(path("c.jsonl")) + "\"\n");
+    test::write_text(local("c.toml"), "[[source]]\npath = \"" + s(path("c.jsonl")) + "\"\ndomain = \"en\"\n");
     r = test::run_command(moeprune_cmd(fmt::format("run -m {} --corpus {} -k 4 -o '{}'", s(path("m.gguf")), s(local("c.toml")), bad)));
     EXPECT_EQ(r.exit_code, 1) << r.output;
     EXPECT_NE(r.output.find("is not UTF-8"), std::string::npos) << r.output;
@@ -1183,6 +1183,13 @@ TEST_F(Hostile, PathsThatAreNotUtf8AreRefusedBeforeAnythingIsMade) {
     EXPECT_NE(r.output.find("--measure-shortlist 2: the shortlist is measured under --ram after the measure stage"),
               std::string::npos)
         << r.output;
+    EXPECT_FALSE(fs::exists(local("run")));
+    // A --ram under the weights that are not experts is refused before any stage, measured
+    // reserve or not.
+    r = test::run_command(moeprune_cmd(fmt::format("run -m {} --corpus {} -k 4 --ram 1M --measure 25% -o {}", s(path("m.gguf")),
+                                                   s(local("c.toml")), s(local("run")))));
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("--ram 1M leaves 0.001 GB, less than the"), std::string::npos) << r.output;
     EXPECT_FALSE(fs::exists(local("run")));
 }
 

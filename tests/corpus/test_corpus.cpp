@@ -2,7 +2,7 @@
 // and kept apart; budgets and prefix shares are met in the model's tokens; the output
 // is what collect reads; bad input is refused by name with nothing written.
 #include "corpus/build.h"
-#include "corpus/dedupe.h"
+#include "corpus/similarity.h"
 #include "corpus/sources.h"
 #include "core/digest.h"
 #include "formats/task_set.h"

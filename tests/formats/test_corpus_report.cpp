@@ -47,16 +47,6 @@ std::filesystem::path write(const test::TempDir & dir, const std::string & name,
     return p;
 }
 
-void expect_refused(const std::filesystem::path & path, const std::string & needle) {
-    try {
-        (void)read_corpus_report(path);
-        ADD_FAILURE() << "accepted " << path;
-    } catch (const Error & e) {
-        const std::string msg = e.what();
-        EXPECT_NE(msg.find(path.string()), std::string::npos) << msg;
-        EXPECT_NE(msg.find(needle), std::string::npos) << msg;
-    }
-}
 
 } // namespace
 
@@ -83,16 +73,16 @@ TEST(CorpusReport, ImpossibleValuesAreRefusedByFileAndField) {
         forge(doc);
         return write(dir, name, doc);
     };
-    expect_refused(forged("a.json", [](json & d) { d["format"] = "moeprune-eval"; }), "is not a moeprune corpus report");
-    expect_refused(forged("b.json", [](json & d) { d["version"] = 2; }), "version: is 2");
-    expect_refused(forged("c.json", [](json & d) { d["domains"][1]["calib"]["share"] = 2; }), "domains[1].calib.share: is 2");
-    expect_refused(forged("d.json", [](json & d) { d["sources"][0]["eval"]["shortfall"] = 0; }),
+    test::expect_read_refused(read_corpus_report, forged("a.json", [](json & d) { d["format"] = "moeprune-eval"; }), "is not a moeprune corpus report");
+    test::expect_read_refused(read_corpus_report, forged("b.json", [](json & d) { d["version"] = 2; }), "version: is 2");
+    test::expect_read_refused(read_corpus_report, forged("c.json", [](json & d) { d["domains"][1]["calib"]["share"] = 2; }), "domains[1].calib.share: is 2");
+    test::expect_read_refused(read_corpus_report, forged("d.json", [](json & d) { d["sources"][0]["eval"]["shortfall"] = 0; }),
                    "sources[0].eval.shortfall: is 0, but the side took 150 tokens of a budget of 200");
-    expect_refused(forged("e.json", [](json & d) { d["leak_check"]["clean"] = true; }), "leak_check.clean: is true beside");
-    expect_refused(forged("f.json", [](json & d) { d["outputs"]["eval"]["tokens"] = -1; }), "outputs.eval.tokens: is -1");
-    expect_refused(forged("g.json", [](json & d) { d["settings"]["seed"] = -1; }), "settings.seed");
-    expect_refused(forged("h.json", [](json & d) { d["prefix_shares"]["calib"][0]["shares"]["en"] = "most"; }),
+    test::expect_read_refused(read_corpus_report, forged("e.json", [](json & d) { d["leak_check"]["clean"] = true; }), "leak_check.clean: is true beside");
+    test::expect_read_refused(read_corpus_report, forged("f.json", [](json & d) { d["outputs"]["eval"]["tokens"] = -1; }), "outputs.eval.tokens: is -1");
+    test::expect_read_refused(read_corpus_report, forged("g.json", [](json & d) { d["settings"]["seed"] = -1; }), "settings.seed");
+    test::expect_read_refused(read_corpus_report, forged("h.json", [](json & d) { d["prefix_shares"]["calib"][0]["shares"]["en"] = "most"; }),
                    "prefix_shares.calib[0].shares.en");
-    expect_refused(forged("i.json", [](json & d) { d["sources"][1].erase("tokens"); }), "sources[1].weight: is missing");
-    expect_refused(forged("j.json", [](json & d) { d["boilerplate"][0].erase("begins"); }), "boilerplate[0].begins: is missing");
+    test::expect_read_refused(read_corpus_report, forged("i.json", [](json & d) { d["sources"][1].erase("tokens"); }), "sources[1].weight: is missing");
+    test::expect_read_refused(read_corpus_report, forged("j.json", [](json & d) { d["boilerplate"][0].erase("begins"); }), "boilerplate[0].begins: is missing");
 }

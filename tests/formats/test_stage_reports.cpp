@@ -69,16 +69,6 @@ std::filesystem::path write(const test::TempDir & dir, const std::string & name,
     return path;
 }
 
-template <class Read> void expect_refused(Read read, const std::filesystem::path & path, const std::string & needle) {
-    try {
-        read(path);
-        FAIL() << "accepted " << path;
-    } catch (const Error & e) {
-        const std::string msg = e.what();
-        EXPECT_NE(msg.find(path.string()), std::string::npos) << msg;
-        EXPECT_NE(msg.find(needle), std::string::npos) << msg;
-    }
-}
 
 } // namespace
 
@@ -96,7 +86,7 @@ TEST(StageReports, EvalCandidatesAreTypedWithTheirDomainsByNameAndNullsAsUnknown
     EXPECT_EQ(m.base_mtp->acceptance, 0.625);
     EXPECT_EQ(m.base_mtp->tokens_per_step, 1.5);
     with_mtp["base"]["mtp"]["acceptance"] = 2;
-    expect_refused(read_eval_report, write(dir, "bad-mtp.json", with_mtp), "base.mtp.acceptance: is 2");
+    test::expect_read_refused(read_eval_report, write(dir, "bad-mtp.json", with_mtp), "base.mtp.acceptance: is 2");
     ASSERT_EQ(r.candidates.size(), 3u);
     EXPECT_EQ(r.candidates[0].kind, "base");
     const EvalFileCandidate & keep = r.candidates[1];
@@ -155,16 +145,16 @@ TEST(StageReports, ImpossibleValuesAreRefusedByFileAndField) {
     test::TempDir dir;
     json e = eval_doc();
     e["format"] = "moeprune-replay";
-    expect_refused(read_eval_report, write(dir, "a.json", e), "is not a moeprune-eval report");
+    test::expect_read_refused(read_eval_report, write(dir, "a.json", e), "is not a moeprune-eval report");
     e = eval_doc();
     e["candidates"][1]["all"]["kld_mean"] = -1;
-    expect_refused(read_eval_report, write(dir, "b.json", e), "candidates[1].all.kld_mean: is -1");
+    test::expect_read_refused(read_eval_report, write(dir, "b.json", e), "candidates[1].all.kld_mean: is -1");
     e = eval_doc();
     e["candidates"][2]["cache"] = 0;
-    expect_refused(read_eval_report, write(dir, "c.json", e), "candidates[2].cache: is 0");
+    test::expect_read_refused(read_eval_report, write(dir, "c.json", e), "candidates[2].cache: is 0");
     e = eval_doc();
     e["candidates"][1]["domains"]["code"]["same_top1"] = 2;
-    expect_refused(read_eval_report, write(dir, "d.json", e), "candidates[1].domains.code.same_top1: is 2");
+    test::expect_read_refused(read_eval_report, write(dir, "d.json", e), "candidates[1].domains.code.same_top1: is 2");
     // Task answers: an accuracy its counts do not make, more base answers kept than right.
     const json task_figures = {{"tasks", 10}, {"correct", 6}, {"accuracy", 0.6}, {"stderr", 0.15},
                                {"kept_base_correct", 5}, {"new_correct", 1}, {"answers", "0123012301"}};
@@ -176,20 +166,20 @@ TEST(StageReports, ImpossibleValuesAreRefusedByFileAndField) {
     EXPECT_EQ(with_tasks.candidates[1].tasks->kept_base_correct, 5);
     EXPECT_EQ(with_tasks.task_format, "hellaswag");
     e["candidates"][1]["tasks"]["accuracy"] = 0.7;
-    expect_refused(read_eval_report, write(dir, "d3.json", e), "candidates[1].tasks.accuracy: is 0.7, but 6 of 10");
+    test::expect_read_refused(read_eval_report, write(dir, "d3.json", e), "candidates[1].tasks.accuracy: is 0.7, but 6 of 10");
     e["candidates"][1]["tasks"] = task_figures;
     e["tasks"]["base"]["kept_base_correct"] = 7;
-    expect_refused(read_eval_report, write(dir, "d4.json", e), "tasks.base.kept_base_correct: is 7");
+    test::expect_read_refused(read_eval_report, write(dir, "d4.json", e), "tasks.base.kept_base_correct: is 7");
 
     json r = replay_doc();
     r["records"][1]["slots"] = {4, -1};
-    expect_refused(read_replay_report, write(dir, "e.json", r), "records[1].slots[1]: is -1");
+    test::expect_read_refused(read_replay_report, write(dir, "e.json", r), "records[1].slots[1]: is -1");
     r = replay_doc();
     r["inputs"]["n_layer"] = 0;
-    expect_refused(read_replay_report, write(dir, "f.json", r), "inputs.n_layer: is 0");
+    test::expect_read_refused(read_replay_report, write(dir, "f.json", r), "inputs.n_layer: is 0");
     r = replay_doc();
     r["records"][0].erase("misses_per_token");
-    expect_refused(read_replay_report, write(dir, "g.json", r), "records[0].misses_per_token: is missing");
+    test::expect_read_refused(read_replay_report, write(dir, "g.json", r), "records[0].misses_per_token: is missing");
 
     // A record refuses later what only its reader can judge, by the same file and field.
     const ReplayFile ok = read_replay_report(write(dir, "h.json", replay_doc()));
@@ -233,10 +223,10 @@ TEST(StageReports, SelectLayersCarryTheirHeldOutShareAndScreenWhereTheReportHasT
 
     json bad = doc;
     bad["results"][0]["layers"][1]["reap_share"] = 1.5;
-    expect_refused(read_select_report, write(dir, "bad.json", bad), "results[0].layers[1].reap_share: is 1.5");
+    test::expect_read_refused(read_select_report, write(dir, "bad.json", bad), "results[0].layers[1].reap_share: is 1.5");
     bad = doc;
     bad["format"] = "moeprune-eval";
-    expect_refused(read_select_report, write(dir, "other.json", bad), "is not a moeprune-select report");
+    test::expect_read_refused(read_select_report, write(dir, "other.json", bad), "is not a moeprune-select report");
 }
 
 TEST(StageReports, PlanOptionsAndItsRecommendationAreTypedAndIndicesMustNameAnOption) {
@@ -271,13 +261,13 @@ TEST(StageReports, PlanOptionsAndItsRecommendationAreTypedAndIndicesMustNameAnOp
     EXPECT_EQ(read_plan_report(write(dir, "none.json", none)).recommendation(), nullptr);
     json bad = doc;
     bad["recommended"] = 2;
-    expect_refused(read_plan_report, write(dir, "bad.json", bad), "recommended: is 2");
+    test::expect_read_refused(read_plan_report, write(dir, "bad.json", bad), "recommended: is 2");
     bad = doc;
     bad["pareto"] = {0, 5};
-    expect_refused(read_plan_report, write(dir, "bad2.json", bad), "pareto[1]: is 5");
+    test::expect_read_refused(read_plan_report, write(dir, "bad2.json", bad), "pareto[1]: is 5");
     bad = doc;
     bad["options"][1]["k"] = 0;
-    expect_refused(read_plan_report, write(dir, "bad3.json", bad), "options[1].k: is 0");
+    test::expect_read_refused(read_plan_report, write(dir, "bad3.json", bad), "options[1].k: is 0");
 }
 
 TEST(StageReports, APlanOptionAndItsCommandsSurviveTheRoundTripWithEveryFieldSet) {
@@ -412,19 +402,19 @@ TEST(StageReports, AMeasureReportReadsBackAsWrittenAndItsFiguresMustAgree) {
 
     json bad = doc;
     bad["runs"][0]["decode"]["tokens_per_second"] = 500.0;
-    expect_refused(read_measure_report, write(dir, "speed.json", bad), "runs[0].decode.tokens_per_second: is 500");
+    test::expect_read_refused(read_measure_report, write(dir, "speed.json", bad), "runs[0].decode.tokens_per_second: is 500");
     bad = doc;
     bad["resident_need_bytes"] = 1;
-    expect_refused(read_measure_report, write(dir, "need.json", bad), "resident_need_bytes: is 1");
+    test::expect_read_refused(read_measure_report, write(dir, "need.json", bad), "resident_need_bytes: is 1");
     bad = doc;
     bad["runs"][0]["limit_bytes"] = 1024;
-    expect_refused(read_measure_report, write(dir, "limit.json", bad), "runs[0].limit_bytes: is 1024");
+    test::expect_read_refused(read_measure_report, write(dir, "limit.json", bad), "runs[0].limit_bytes: is 1024");
     bad = doc;
     bad["probe"]["seconds"] = 5.0;
-    expect_refused(read_measure_report, write(dir, "probe.json", bad), "probe.effective_gbps");
+    test::expect_read_refused(read_measure_report, write(dir, "probe.json", bad), "probe.effective_gbps");
     bad = doc;
     bad["version"] = 2;
-    expect_refused(read_measure_report, write(dir, "version.json", bad), "version: is not 1");
+    test::expect_read_refused(read_measure_report, write(dir, "version.json", bad), "version: is not 1");
 }
 
 TEST(StageReports, AVerifySummaryReadsBackAsWritten) {
@@ -450,7 +440,7 @@ TEST(StageReports, AVerifySummaryReadsBackAsWritten) {
     EXPECT_EQ(to_json(read_verify_summary(write(dir, "drift.json", to_json(v)))), to_json(v));
     json bad = doc;
     bad["measured_tok_per_s"] = -1;
-    expect_refused(read_verify_summary, write(dir, "bad.json", bad), "measured_tok_per_s");
+    test::expect_read_refused(read_verify_summary, write(dir, "bad.json", bad), "measured_tok_per_s");
 }
 
 TEST(StageReports, APlansInputsAreTypedForTheReportAndTheirFieldsRequired) {
@@ -496,10 +486,10 @@ TEST(StageReports, APlansInputsAreTypedForTheReportAndTheirFieldsRequired) {
 
     json bad = doc;
     bad["inputs"]["geometry"].erase("source");
-    expect_refused([](const std::filesystem::path & f) { return read_plan_inputs(read_plan_report(f)); },
+    test::expect_read_refused([](const std::filesystem::path & f) { return read_plan_inputs(read_plan_report(f)); },
                    write(dir, "bad.json", bad), "inputs.geometry.source: is missing");
     bad = doc;
     bad["inputs"]["throughput"]["queue_depth"] = 0;
-    expect_refused([](const std::filesystem::path & f) { return read_plan_inputs(read_plan_report(f)); },
+    test::expect_read_refused([](const std::filesystem::path & f) { return read_plan_inputs(read_plan_report(f)); },
                    write(dir, "bad2.json", bad), "inputs.throughput.queue_depth: is 0");
 }

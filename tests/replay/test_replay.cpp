@@ -442,6 +442,27 @@ TEST(Replay, MoceMissesDoNotIncreaseWithLambda) {
     }
 }
 
+// Rerouting's moved gate mass is a sum of doubles over layers: the same at any thread count.
+TEST(Replay, MovedMassIsTheSameAtEveryThreadCount) {
+    test::TempDir dir;
+    const TraceSpec s = random_trace(11, 6, 64, 16, 800);
+    write_trace(dir / "t.trace", s);
+    std::vector<ReplayReport> reports;
+    for (const int threads : {1, 2, 3}) {
+        ReplayOptions o = options(dir / "t.trace", {"lru", "near-pick-ema"}, {12}, 4);
+        o.lambdas = {0.3};
+        o.threads = threads;
+        reports.push_back(run_replay(o));
+    }
+    for (const std::string p : {"lru", "near-pick-ema"}) {
+        const double moved = record(reports[0], p, 12, 0.3).total().moved_mass;
+        EXPECT_GT(moved, 0) << p;
+        for (size_t i = 1; i < reports.size(); ++i) {
+            EXPECT_EQ(record(reports[i], p, 12, 0.3).total().moved_mass, moved) << p << ", run " << i;
+        }
+    }
+}
+
 // Bytes of an expert from the model's GGUF, budgets in MiB, and the throughput model
 // computed by hand from the printed inputs.
 TEST(Replay, BudgetsAndThroughputUseTheModelsExpertBytes) {

@@ -6,6 +6,7 @@
 #include "core/errors.h"
 #include "measure/cgroup.h"
 #include "run/run.h"
+#include "support/html_scripts.h"
 #include "support/test_support.h"
 
 #include <gtest/gtest.h>

@@ -8,6 +8,9 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include <gtest/gtest.h>
+
+#include "core/errors.h"
 
 #include "synth/synth.h"
 
@@ -51,13 +54,17 @@ void synth(const std::string & args, const std::filesystem::path & out);
 
 nlohmann::json read_json(const std::filesystem::path & path);
 
-// An HTML page as a browser parses it (gumbo, the HTML5 algorithm): the text of each
-// <script> element, and every element that carries an event handler (an on* attribute).
-struct HtmlScripts {
-    std::vector<std::string> scripts;
-    std::vector<std::string> handlers;   // "img onerror", ...
-};
-HtmlScripts html_scripts(const std::string & html);
+// `read(path)` refuses the file: it throws an Error that names the file and holds `needle`.
+template <class Read> void expect_read_refused(Read read, const std::filesystem::path & path, const std::string & needle) {
+    try {
+        read(path);
+        ADD_FAILURE() << "accepted " << path;
+    } catch (const Error & e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find(path.string()), std::string::npos) << msg;
+        EXPECT_NE(msg.find(needle), std::string::npos) << msg;
+    }
+}
 
 // eval's --per-token JSONL grouped by candidate name, rows in file order.
 std::map<std::string, std::vector<nlohmann::json>> per_token_rows(const std::filesystem::path & path);

@@ -1,4 +1,4 @@
-#include "corpus/dedupe.h"
+#include "corpus/similarity.h"
 
 #include <fmt/format.h>
 #include <xxhash.h>
