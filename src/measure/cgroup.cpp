@@ -10,6 +10,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -379,6 +380,9 @@ StaleSweep remove_stale_measures(const CgroupSupport & support, const MeasureScr
                 continue;
             }
             const fs::path marker = tmp / (prefix + token) / kOwnerLock;
+            if (gone.count(token) && fs::exists(tmp / (prefix + token) / kCgroupList, ec)) {
+                continue;   // removed below by its recorded path, with any others it lists
+            }
             if (gone.count(token)) {
                 if (kill_and_remove(e.path())) {
                     out.removed.push_back(e.path().string());
@@ -401,6 +405,16 @@ StaleSweep remove_stale_measures(const CgroupSupport & support, const MeasureScr
         ::close(fd);
     }
     return out;
+}
+
+void sweep_stale_measures(const CgroupSupport & support, const MeasureScratch & own, const char * killed) {
+    const StaleSweep swept = remove_stale_measures(support, own);
+    for (const std::string & stale : swept.removed) {
+        std::fprintf(stderr, "moeprune: removed %s, left by %s that was killed\n", stale.c_str(), killed);
+    }
+    for (const std::string & left : swept.left) {
+        std::fprintf(stderr, "moeprune: %s\n", left.c_str());
+    }
 }
 
 } // namespace moeprune

@@ -99,4 +99,8 @@ struct StaleSweep {
 // (they were killed), by the rule of kCgroupPrefix; `own` is this measure's.
 StaleSweep remove_stale_measures(const CgroupSupport & support, const MeasureScratch & own);
 
+// remove_stale_measures, each line said on stderr: what it removed as left by `killed`
+// ("a measure"), and what it left alone and why.
+void sweep_stale_measures(const CgroupSupport & support, const MeasureScratch & own, const char * killed);
+
 } // namespace moeprune

@@ -56,13 +56,7 @@ int run_limited(std::vector<std::string> command, uint64_t limit_bytes) {
     print_left_read_ahead();
     DeferredSignals signals;
     MeasureScratch scratch("limit");
-    const StaleSweep swept = remove_stale_measures(support, scratch);
-    for (const std::string & stale : swept.removed) {
-        std::fprintf(stderr, "moeprune: removed %s, left by a measure or limit that was killed\n", stale.c_str());
-    }
-    for (const std::string & left : swept.left) {
-        std::fprintf(stderr, "moeprune: %s\n", left.c_str());
-    }
+    sweep_stale_measures(support, scratch, "a measure or limit");
     const std::optional<InheritedLimit> above = inherited_limit(support);
     if (above && above->bytes < limit_bytes) {
         std::fprintf(stderr, "moeprune: warning: --ram %s is above the limit of %s that moeprune itself runs under "

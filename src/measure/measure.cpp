@@ -239,13 +239,7 @@ void Measurement::find_cgroups() {
     if (cgroups_.version == 0) {
         throw Error(cgroups_.problem);
     }
-    const StaleSweep swept = remove_stale_measures(cgroups_, scratch_);
-    for (const std::string & stale : swept.removed) {
-        std::fprintf(stderr, "moeprune: removed %s, left by a measure that was killed\n", stale.c_str());
-    }
-    for (const std::string & left : swept.left) {
-        std::fprintf(stderr, "moeprune: %s\n", left.c_str());
-    }
+    sweep_stale_measures(cgroups_, scratch_, "a measure");
 }
 
 WorkerSpec Measurement::decode_spec(const std::string & label) const {

@@ -9,30 +9,25 @@ trap 'rm -rf "$tmp"' EXIT
 cp -r "$root/src" "$tmp/src"
 check() { cmake -DSRC="$tmp/src" -DSTAMP="$tmp/stamp" -P "$root/cmake/check_layers.cmake"; }
 check
-# file:include pairs, each a layer reaching above itself (or sim and engine into each other).
-for pair in core/errors.h:formats/trace.h formats/trace.h:model/inspect.h model/inspect.h:engine/session.h \
-            engine/session.h:sim/policy.h sim/policy.h:engine/session.h sim/throughput.h:replay/replay.h \
-            replay/replay.h:collect/collect.h select/select.h:run/run.h run/run.h:cli/commands.h; do
-  file=${pair%%:*}
-  include=${pair#*:}
+# refused FILE:INCLUDE WHY: the check refuses FILE including INCLUDE, saying WHY (a pattern).
+refused() {
+  local file=${1%%:*} include=${1#*:} why=$2
   echo "#include \"$include\"" >> "$tmp/src/$file"
   if check 2> "$tmp/err"; then
     echo "the layering check accepted $file including $include" >&2
     exit 1
   fi
-  grep -q "$file: #include \"$include\": layer .* may not use" "$tmp/err" || { cat "$tmp/err" >&2; exit 1; }
+  grep -q "$file: #include \"$include\": $why" "$tmp/err" || { cat "$tmp/err" >&2; exit 1; }
   cp "$root/src/$file" "$tmp/src/$file"
+}
+# Each a layer reaching above itself (or sim and engine into each other).
+for pair in core/errors.h:formats/trace.h formats/trace.h:model/inspect.h model/inspect.h:engine/session.h \
+            engine/session.h:sim/policy.h sim/policy.h:engine/session.h sim/throughput.h:replay/replay.h \
+            replay/replay.h:collect/collect.h select/select.h:run/run.h run/run.h:cli/commands.h; do
+  refused "$pair" "layer .* may not use"
 done
 # A folder's private header, from a folder whose layer may use that folder (measure>eval).
 for pair in measure/measure.cpp:eval/eval_run.h run/run.cpp:replay/internal.h; do
-  file=${pair%%:*}
-  include=${pair#*:}
-  echo "#include \"$include\"" >> "$tmp/src/$file"
-  if check 2> "$tmp/err"; then
-    echo "the layering check accepted $file including the private $include" >&2
-    exit 1
-  fi
-  grep -q "$file: #include \"$include\": $include is private to" "$tmp/err" || { cat "$tmp/err" >&2; exit 1; }
-  cp "$root/src/$file" "$tmp/src/$file"
+  refused "$pair" "${pair#*:} is private to"
 done
 echo "layering: the tree passes, 9 upward includes and 2 private headers refused"
