@@ -444,15 +444,14 @@ TEST_P(ArchMatrix, Verify) {
             ADD_FAILURE() << r.output;
         } else {
             double worst = 0, sum = 0;
-            bool top1 = true;
-            size_t rows = 0;
+            size_t rows = 0, other_top1 = 0;
             std::istringstream in(test::read_bytes(dir / "pt.jsonl"));
             for (std::string line; std::getline(in, line);) {
                 const json j = json::parse(line);
                 if (j["candidate"] == "cut") {
                     worst = std::max(worst, j["kld"].get<double>());
                     sum += j["kld"].get<double>();
-                    top1 = top1 && j["same_top1"].get<bool>();
+                    other_top1 += !j["same_top1"].get<bool>();
                     ++rows;
                 }
             }
@@ -461,13 +460,16 @@ TEST_P(ArchMatrix, Verify) {
             rec.note("eval_masked_vs_sliced_mean_kld", mean);
             EXPECT_GT(rows, 100u);
             // Masking computes the same experts in another graph (softmax over 8 with two at
-            // -inf against 6), so f32 rounding, scaled up by multipliers such as granite's,
-            // leaves per-token KLDs up to about 1e-5 on these near-uniform random models; the
-            // mean must also be far below what the cut itself costs.
+            // -inf against 6: another ggml code path), so the gate weights differ in the last
+            // bit; the q8_0 output matrix quantizes its input, which hides that on most tokens
+            // and makes one quantum of it on a few (per-token KLDs up to about 1e-5 on these
+            // near-uniform random models, where that also moves a near-tied top-1 now and
+            // then). The mean must also be far below what the cut itself costs.
             const double mean_bound = std::min(1e-6, cut_kld / 100);
+            const bool top1 = other_top1 <= rows / 100;
             EXPECT_LE(mean, mean_bound);
             EXPECT_LE(worst, 1e-4);
-            EXPECT_TRUE(top1);
+            EXPECT_TRUE(top1) << other_top1 << " of " << rows << " tokens with another top-1";
             rec.pass_if("eval_masking_equals_sliced", rows > 100 && mean <= mean_bound && worst <= 1e-4 && top1);
             if (o.mtp) {
                 // The nextn layer masked in the MTP context drafts as the sliced head does.
