@@ -8,11 +8,12 @@ set(rank_formats 1)
 set(rank_model 2)
 set(rank_engine 3)
 set(rank_sim 3)
-set(rank_stages 4)
-set(rank_run 5)
-set(rank_cli 6)
+set(rank_route 4)
+set(rank_stages 5)
+set(rank_run 6)
+set(rank_cli 7)
 # Stages that build on another stage's result, the only edges within a layer.
-set(stage_edges "eval>replay" "measure>eval")
+set(stage_edges "eval>replay")
 # Headers private to their folder: its phases' shared state, which no other folder may
 # reach even where its layer may use the folder (every FOLDER/internal.h is one too).
 set(private_headers collect/collect_run.h corpus/phases.h eval/eval_run.h plan/planner.h replay/runner.h

@@ -5,7 +5,7 @@
 #include "collect/collect.h"
 #include "collect/imatrix.h"
 #include "core/errors.h"
-#include "engine/router_graph.h"
+#include "route/router_graph.h"
 #include "formats/trace.h"
 
 #include "ggml-backend.h"

@@ -2,6 +2,7 @@
 // through the projector, the MTP head after the trunk), generation after it, checkpoints.
 #include "collect/collect_run.h"
 #include "core/errors.h"
+#include "engine/batch.h"
 #include "formats/stats.h"
 
 #include <fmt/format.h>
@@ -126,25 +127,16 @@ void CollectPass::finish_batch(size_t n) {
 }
 
 void CollectPass::decode(std::vector<TokenInfo> infos) {
-    llama_batch batch = llama_batch_init(int32_t(infos.size()), 0, 1);
-    for (size_t i = 0; i < infos.size(); ++i) {
-        batch.token[i] = infos[i].meta.token;
-        batch.pos[i] = infos[i].meta.pos;
-        batch.n_seq_id[i] = 1;
-        batch.seq_id[i][0] = 0;
-        batch.logits[i] = true; // every row through the last layer
+    DecodeBatch batch(infos.size());
+    std::vector<llama_token> tokens;
+    for (const TokenInfo & t : infos) {
+        batch.add(t.meta.token, t.meta.pos, true);  // every row through the last layer
+        tokens.push_back(t.meta.token);
     }
-    batch.n_tokens = int32_t(infos.size());
     const size_t n = infos.size();
-    std::vector<llama_token> tokens(batch.token, batch.token + n);
     const int32_t pos0 = infos.front().meta.pos;
     collector.begin_batch(std::move(infos));
-    const int rc = llama_decode(ctx, batch);
-    llama_batch_free(batch);
-    collector.rethrow_failure();
-    if (rc != 0) {
-        throw Error(fmt::format("llama_decode failed ({}) on a batch of {} tokens", rc, n));
-    }
+    batch.decode(ctx, fmt::format("a batch of {} tokens", n), [&] { collector.rethrow_failure(); });
     if (mtp) {
         collector.in_mtp_graph(true);
         try {

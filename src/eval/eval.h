@@ -2,11 +2,11 @@
 // What a keep map (or another model file) costs in quality: KL divergence, same top-1,
 // Δp and perplexity ratio against the base model, per token, whole and per domain.
 // Keep maps are evaluated inside the base model, their removed experts made
-// unselectable in llama.cpp's own router graph (eval/masking.h), so N keep maps cost
+// unselectable in llama.cpp's own router graph (route/mask.h), so N keep maps cost
 // one model load and N + 1 forward passes. Definitions: docs/eval.md.
 #include "core/defaults.h"
 #include "eval/behaviour.h"
-#include "eval/closed_loop.h"
+#include "route/tap.h"
 #include "eval/tasks.h"
 #include "sim/policy.h"
 #include "replay/replay.h"
@@ -45,7 +45,7 @@ struct EvalOptions {
     // false (--mtp drop): the trunk only, and keep maps may leave the nextn layers out.
     bool mtp = true;
 
-    // Closed loop (eval/closed_loop.h): every policy x cache x lambda is a candidate,
+    // Closed loop (route/tap.h): every policy x cache x lambda is a candidate,
     // on the full model and on each keep map.
     std::vector<std::string> cache_policies;
     std::vector<int> caches;                        // slots per layer

@@ -2,8 +2,8 @@
 // Eval's internals shared by the files of its phases: windows, prompts, the models a run
 // loads, and EvalRun, one run phase by phase. Private to eval (its interface: eval/eval.h).
 #include "eval/eval.h"
-#include "eval/closed_loop.h"
-#include "eval/masking.h"
+#include "route/tap.h"
+#include "route/mask.h"
 #include "eval/scoring.h"
 #include "eval/tasks.h"
 #include "core/atomic_file.h"

@@ -1,7 +1,7 @@
 #include "eval/tasks.h"
-
-#include "core/errors.h"
 #include "core/atomic_file.h"
+#include "core/errors.h"
+#include "engine/batch.h"
 
 #include <fmt/format.h>
 
@@ -65,70 +65,20 @@ TokenizedTask tokenize_task(const llama_vocab * vocab, const std::string & quest
     return out;
 }
 
-// The batch decoded in pieces of the context's n_batch, as llama-perplexity decodes it,
-// every output's logits copied in order.
-void decode_in_batches(llama_context * ctx, llama_batch & batch, std::vector<float> & logits, int n_vocab,
-                       const std::function<void()> & rethrow) {
-    const int n_batch = int(llama_n_batch(ctx));
+// A task batch decoded from a clean cache, in pieces of the context's n_batch as
+// llama-perplexity decodes it, every output's logits copied in order.
+void decode_tasks(llama_context * ctx, const DecodeBatch & batch, std::vector<float> & logits, int n_vocab,
+                  const std::function<void()> & rethrow) {
+    logits.resize(batch.outputs() * size_t(n_vocab));
+    llama_memory_clear(llama_get_memory(ctx), true);
     size_t outputs = 0;
-    for (int i = 0; i < batch.n_tokens; i += n_batch) {
-        const int n = std::min(n_batch, batch.n_tokens - i);
-        llama_batch view = {n, batch.token + i, nullptr, batch.pos + i, batch.n_seq_id + i, batch.seq_id + i, batch.logits + i};
-        const int rc = llama_decode(ctx, view);
-        if (rethrow) {
-            rethrow();
-        }
-        if (rc != 0) {
-            throw Error(fmt::format("llama_decode failed ({}) on a choice task of {} tokens", rc, batch.n_tokens));
-        }
-        int n_out = 0;
-        for (int k = 0; k < n; ++k) {
-            n_out += view.logits[k] != 0;
-        }
-        std::memcpy(logits.data() + outputs * size_t(n_vocab), llama_get_logits(ctx), size_t(n_out) * size_t(n_vocab) * sizeof(float));
-        outputs += size_t(n_out);
-    }
+    batch.decode(ctx, fmt::format("a batch of choice tasks of {} tokens", batch.size()), rethrow,
+                 [&](int32_t, int32_t, int32_t n_out) {
+                     std::memcpy(logits.data() + outputs * size_t(n_vocab), llama_get_logits(ctx),
+                                 size_t(n_out) * size_t(n_vocab) * sizeof(float));
+                     outputs += size_t(n_out);
+                 });
 }
-
-// A batch filled as llama-perplexity fills one for its tasks, then decoded from a clean
-// cache with its outputs' logits copied in order.
-class TaskBatch {
-public:
-    TaskBatch(size_t tokens, size_t seqs) : batch_(llama_batch_init(int32_t(tokens), 0, int32_t(seqs))) {}
-    ~TaskBatch() { llama_batch_free(batch_); }
-    TaskBatch(const TaskBatch &) = delete;
-    TaskBatch & operator=(const TaskBatch &) = delete;
-
-    void clear() {
-        batch_.n_tokens = 0;
-        outputs_ = 0;
-    }
-    void add(llama_token tok, size_t pos, std::initializer_list<int> seqs, bool output) { add(tok, pos, {seqs.begin(), seqs.size()}, output); }
-    void add(llama_token tok, size_t pos, std::span<const int> seqs, bool output) {
-        const int k = batch_.n_tokens++;
-        batch_.token[k] = tok;
-        batch_.pos[k] = int(pos);
-        batch_.n_seq_id[k] = int32_t(seqs.size());
-        std::copy(seqs.begin(), seqs.end(), batch_.seq_id[k]);
-        batch_.logits[k] = output;
-        outputs_ += output;
-    }
-    // Makes the last token added an output (the shared prefix's last).
-    void output_last() {
-        outputs_ += !batch_.logits[batch_.n_tokens - 1];
-        batch_.logits[batch_.n_tokens - 1] = true;
-    }
-    size_t outputs() const { return outputs_; }
-    void decode(llama_context * ctx, std::vector<float> & logits, int n_vocab, const std::function<void()> & rethrow) {
-        logits.resize(outputs_ * size_t(n_vocab));
-        llama_memory_clear(llama_get_memory(ctx), true);
-        decode_in_batches(ctx, batch_, logits, n_vocab, rethrow);
-    }
-
-private:
-    llama_batch batch_;
-    size_t outputs_ = 0;
-};
 
 float largest(const float * logits, int n_vocab) {
     return *std::max_element(logits, logits + n_vocab);
@@ -236,7 +186,7 @@ std::vector<size_t> score_shared_prefix(llama_context * ctx, const std::vector<T
                                             tasks[i].required, n_ctx));
         }
     }
-    TaskBatch batch(n_ctx, max_seq);
+    DecodeBatch batch(n_ctx, max_seq);
     std::vector<float> logits;
     std::vector<size_t> chosen;
     std::vector<int> seqs;
@@ -264,7 +214,7 @@ std::vector<size_t> score_shared_prefix(llama_context * ctx, const std::vector<T
             n_cur += t.required;
             ++i1;
         }
-        batch.decode(ctx, logits, n_vocab, rethrow);
+        decode_tasks(ctx, batch, logits, n_vocab, rethrow);
         for (size_t i = i0; i < i1; ++i) {
             const TokenizedTask & t = tasks[i];
             const float * prefix = logits.data() + first_output[i - i0] * size_t(n_vocab);
@@ -459,7 +409,7 @@ std::vector<size_t> score_winogrande(llama_context * ctx, const std::vector<Wino
         }
         tokenized.push_back(std::move(t));
     }
-    TaskBatch batch(n_ctx, 2);
+    DecodeBatch batch(n_ctx, 2);
     std::vector<float> logits;
     std::vector<size_t> chosen;
     for (size_t i0 = 0; i0 < tokenized.size();) {
@@ -483,7 +433,7 @@ std::vector<size_t> score_winogrande(llama_context * ctx, const std::vector<Wino
             n_cur += t.required;
             ++i1;
         }
-        batch.decode(ctx, logits, n_vocab, rethrow);
+        decode_tasks(ctx, batch, logits, n_vocab, rethrow);
         for (size_t i = i0; i < i1; ++i) {
             const TokenizedWinogrande & t = tokenized[i];
             float score[2];

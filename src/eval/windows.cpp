@@ -2,6 +2,7 @@
 // one is decoded, with its media before it and its MTP head's drafts after it.
 #include "eval/eval_run.h"
 #include "core/errors.h"
+#include "engine/batch.h"
 #include "engine/windows.h"
 
 #include <fmt/format.h>
@@ -15,23 +16,11 @@ namespace moeprune::eval_impl {
 // Decodes tokens [0, n) at positions pos0.. of sequence 0; outputs are [first, last].
 void decode_tokens(llama_context * ctx, const llama_token * tokens, int n, int pos0, int first, int last,
                    const std::function<void()> & rethrow) {
-    llama_batch batch = llama_batch_init(n, 0, 1);
+    DecodeBatch batch{size_t(n)};
     for (int i = 0; i < n; ++i) {
-        batch.token[i] = tokens[i];
-        batch.pos[i] = pos0 + i;
-        batch.n_seq_id[i] = 1;
-        batch.seq_id[i][0] = 0;
-        batch.logits[i] = i >= first && i <= last;
+        batch.add(tokens[i], pos0 + i, i >= first && i <= last);
     }
-    batch.n_tokens = n;
-    const int rc = llama_decode(ctx, batch);
-    llama_batch_free(batch);
-    if (rethrow) {
-        rethrow();
-    }
-    if (rc != 0) {
-        throw Error(fmt::format("llama_decode failed ({}) on {} tokens at position {}", rc, n, pos0));
-    }
+    batch.decode(ctx, fmt::format("{} tokens at position {}", n, pos0), rethrow);
 }
 
 namespace {

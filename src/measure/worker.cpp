@@ -3,11 +3,12 @@
 #include "core/errors.h"
 #include "core/json.h"
 #include "core/progress.h"
+#include "engine/batch.h"
 #include "engine/session.h"
-#include "eval/closed_loop.h"
 #include "formats/trace.h"
 #include "model/inspect.h"
 #include "model/model_file.h"
+#include "route/tap.h"
 #include "sim/page_cache.h"
 
 #include <fmt/format.h>
@@ -83,14 +84,11 @@ ContextPtr decode_context(llama_model * model, const WorkerSpec & s, ggml_backen
     return new_context(model, {s.ctx, 1, 1, s.threads, cb, ud});
 }
 
-// One token at the next position, its logits requested as a generation step requests them.
+// One token at position `pos`, its logits requested as a generation step requests them.
 void decode_one(llama_context * ctx, int32_t token, int pos) {
-    llama_token t = token;
-    llama_batch b = llama_batch_get_one(&t, 1);
-    const int rc = llama_decode(ctx, b);
-    if (rc != 0) {
-        throw Error(fmt::format("llama_decode failed ({}) at position {}", rc, pos));
-    }
+    DecodeBatch b(1);
+    b.add(token, pos, true);
+    b.decode(ctx, fmt::format("position {}", pos));
     llama_synchronize(ctx);
 }
 
@@ -120,12 +118,9 @@ void trace_pass(llama_model * model, const WorkerSpec & s) {
     Progress progress(s.label + " (traced)", s.tokens.size(), "tokens");
     for (size_t i = 0; i < s.tokens.size(); ++i) {
         tap.begin_window(uint32_t(i), 1);
-        llama_token t = s.tokens[i];
-        const int rc = llama_decode(ctx.get(), llama_batch_get_one(&t, 1));
-        tap.rethrow_failure();
-        if (rc != 0) {
-            throw Error(fmt::format("llama_decode failed ({}) at position {}", rc, i));
-        }
+        DecodeBatch b(1);
+        b.add(s.tokens[i], int32_t(i), true);
+        b.decode(ctx.get(), fmt::format("position {}", i), [&] { tap.rethrow_failure(); });
         tap.end_window();
         TraceTokenMeta meta;
         meta.token = s.tokens[i];

@@ -1,7 +1,7 @@
-#include "eval/closed_loop.h"
+#include "route/tap.h"
 #include "engine/arch_quirks.h"
 #include "core/errors.h"
-#include "engine/router_graph.h"
+#include "route/router_graph.h"
 #include "formats/trace.h"
 
 #include "ggml-backend.h"

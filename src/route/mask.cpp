@@ -1,4 +1,4 @@
-#include "eval/masking.h"
+#include "route/mask.h"
 #include "engine/arch_quirks.h"
 #include "core/errors.h"
 

@@ -1,5 +1,5 @@
-// The router-graph facts every observer shares (engine/router_graph.h).
-#include "engine/router_graph.h"
+// The router-graph facts every observer shares (route/router_graph.h).
+#include "route/router_graph.h"
 
 #include <gtest/gtest.h>
 

@@ -12,13 +12,12 @@
 // by the score the router selects on; the top M) and their logits are rounded to half
 // precision as a trace stores them, so that at lambda 0 the closed loop and a replay of
 // the base pass's trace apply the policies to identical requests.
-#include "eval/masking.h"
+#include "route/mask.h"
 #include "formats/keep_map.h"
 #include "sim/moce.h"
 #include "sim/policy.h"
 #include "sim/routing.h"
 #include "sim/throughput.h"
-#include "replay/replay.h"
 
 #include "ggml.h"
 

@@ -13,7 +13,7 @@
 // slice requires), at least two per group, and the used groups can hold the top-k.
 // What the masked pass does is checked while it runs: the gating op is the one planned
 // and every chosen expert is a kept one.
-#include "engine/router_graph.h"
+#include "route/router_graph.h"
 #include "formats/keep_map.h"
 #include "model/inspect.h"
 

@@ -1,4 +1,4 @@
-#include "engine/router_graph.h"
+#include "route/router_graph.h"
 
 #include "ggml-backend.h"
 
