@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <array>
+#include <functional>
 #include <map>
 #include <optional>
 #include <random>
@@ -205,6 +206,176 @@ struct Task {
     std::array<std::string, kEndings> endings;
 };
 
+// The held-out passages of each domain, domains in the order eval.jsonl first shows them.
+struct DomainPassages {
+    std::vector<std::string> order;
+    std::map<std::string, std::vector<Passage>> passages;
+    std::map<std::string, std::set<size_t>> documents;
+};
+
+DomainPassages passages_by_domain(const CorpusBuild & b, const llama_vocab * vocab, size_t context, size_t ending) {
+    DomainPassages out;
+    for (const Unit * u : b.sequence[kEval]) {
+        const std::string & domain = b.specs[b.docs[u->doc].d.source].domain;
+        if (!out.passages.contains(domain)) {
+            out.order.push_back(domain);
+            out.passages[domain];
+        }
+        out.documents[domain].insert(u->doc);
+        if (std::optional<Passage> p = passage_of(*u, vocab, context, ending)) {
+            out.passages[domain].push_back(std::move(*p));
+        }
+    }
+    return out;
+}
+
+using Draw = std::function<size_t(size_t)>;   // a seeded draw in [0, n)
+
+// A cut of a passage where a task's ending starts, and whether its window overlaps one
+// chosen before it.
+struct TaskCut {
+    size_t passage, split;
+    bool overlapping;
+};
+
+// Why a domain's passages can give no task, or "" when they can; `cuts` lists every
+// candidate cut as (passage, token).
+std::string no_tasks_because(const std::vector<Passage> & ps, const std::vector<std::pair<size_t, size_t>> & cuts,
+                             size_t context, size_t ending) {
+    std::set<size_t> docs_with_starts;
+    for (const Passage & p : ps) {
+        if (!p.starts.empty()) {
+            docs_with_starts.insert(p.doc);
+        }
+    }
+    if (cuts.empty()) {
+        return fmt::format("no held-out text of {} tokens or more before a sentence or line start with {} after it, "
+                           "and no conversation ending in an answer",
+                           context, ending);
+    }
+    if (docs_with_starts.size() < 2) {
+        return "its held-out text is one document: the wrong endings must come from other documents";
+    }
+    return "";
+}
+
+// Up to `n` cuts in a seeded order: windows apart first; where the text is too short for
+// that, windows that overlap.
+std::vector<TaskCut> choose_cuts(std::vector<std::pair<size_t, size_t>> cuts, size_t window, size_t n, const Draw & draw) {
+    for (size_t i = cuts.size(); i > 1; --i) {   // Fisher-Yates, portable
+        std::swap(cuts[i - 1], cuts[draw(i)]);
+    }
+    std::vector<TaskCut> chosen;
+    std::vector<bool> taken(cuts.size(), false);
+    const auto overlaps = [&](const std::pair<size_t, size_t> & c) {
+        return std::any_of(chosen.begin(), chosen.end(), [&](const TaskCut & o) {
+            return o.passage == c.first && o.split < c.second + window && c.second < o.split + window;
+        });
+    };
+    for (const bool overlapping : {false, true}) {
+        for (size_t i = 0; i < cuts.size() && chosen.size() < n; ++i) {
+            if (!taken[i] && (overlapping || !overlaps(cuts[i]))) {
+                taken[i] = true;
+                chosen.push_back({cuts[i].first, cuts[i].second, overlapping});
+            }
+        }
+    }
+    return chosen;
+}
+
+// The context before a cut, from a word start: the first within `context` tokens of the
+// cut, or, where a word is longer than that, the one the cut's first token belongs to.
+std::string context_before(const Passage & p, size_t split, size_t context) {
+    const size_t earliest = split > context ? split - context : 0;
+    size_t from = earliest;
+    while (from < split && !word_start(p, from)) {
+        ++from;
+    }
+    if (from == split) {
+        for (from = earliest; from > 0 && !word_start(p, from); --from) {
+        }
+    }
+    return one_line(std::string_view(p.text).substr(p.at[from], p.at[split] - p.at[from]));
+}
+
+enum class TaskDrop { None, EmptyContext, TooFewEndings };
+
+// The task at a cut: its context, its true ending and wrong ones from other documents of
+// the domain, the true one at a drawn position.
+TaskDrop task_at(const std::vector<Passage> & ps, const TaskCut & cut, size_t context, size_t ending, const Draw & draw,
+                 Task & t) {
+    const Passage & p = ps[cut.passage];
+    t.context = context_before(p, cut.split, context);
+    const std::string truth = span(p, cut.split, ending);
+    std::vector<std::string> wrong;
+    for (int tries = 0; wrong.size() + 1 < kEndings && tries < kDistractorTries; ++tries) {
+        const Passage & o = ps[draw(ps.size())];
+        if (o.doc == p.doc || o.starts.empty()) {
+            continue;
+        }
+        std::string e = span(o, o.starts[draw(o.starts.size())], ending);
+        if (!e.empty() && e != truth && std::find(wrong.begin(), wrong.end(), e) == wrong.end()) {
+            wrong.push_back(std::move(e));
+        }
+    }
+    if (t.context.empty()) {
+        return TaskDrop::EmptyContext;
+    }
+    if (truth.empty() || wrong.size() + 1 < kEndings) {
+        return TaskDrop::TooFewEndings;   // too few distinct endings in the other documents
+    }
+    t.gold = draw(kEndings);
+    for (size_t e = 0, w = 0; e < kEndings; ++e) {
+        t.endings[e] = e == t.gold ? truth : wrong[w++];
+    }
+    return TaskDrop::None;
+}
+
+// One domain's tasks appended to tasks.txt; its row says how many, or why none.
+TaskSetDomain make_domain_tasks(CorpusBuild & b, const std::string & domain, const std::vector<Passage> & ps,
+                                size_t documents) {
+    const CorpusSpec & spec = b.spec;
+    const size_t context = size_t(spec.task_context), ending = size_t(spec.task_ending);
+    TaskSetDomain row{domain, 0, documents, 0, ""};
+    std::mt19937_64 rng(spec.seed ^ XXH64(domain.data(), domain.size(), 0));
+    const Draw draw = [&](size_t n) { return size_t(rng() % n); };
+    std::vector<std::pair<size_t, size_t>> cuts;
+    for (size_t i = 0; i < ps.size(); ++i) {
+        for (const size_t s : ps[i].splits) {
+            cuts.emplace_back(i, s);
+        }
+    }
+    row.skipped = no_tasks_because(ps, cuts, context, ending);
+    if (!row.skipped.empty()) {
+        return row;
+    }
+    const std::vector<TaskCut> chosen = choose_cuts(std::move(cuts), ending + context, size_t(spec.tasks_per_domain), draw);
+    size_t empty_context = 0, too_few_endings = 0;
+    for (const TaskCut & cut : chosen) {
+        Task t;
+        const TaskDrop drop = task_at(ps, cut, context, ending, draw, t);
+        empty_context += drop == TaskDrop::EmptyContext;
+        too_few_endings += drop == TaskDrop::TooFewEndings;
+        if (drop != TaskDrop::None) {
+            continue;
+        }
+        b.tasks_text += t.context + "\n" + std::to_string(t.gold) + "\n";
+        for (const std::string & e : t.endings) {
+            b.tasks_text += e + "\n";
+        }
+        b.tasks.task_domains.push_back(domain);
+        ++row.tasks;
+        row.overlapping += cut.overlapping;
+    }
+    if (row.tasks == 0) {
+        row.skipped = fmt::format("each of its {} cuts was dropped: {} had no text before them on their line, {} found "
+                                  "fewer than {} distinct endings of {} tokens in other documents (a longer task_ending "
+                                  "tells endings apart)",
+                                  chosen.size(), empty_context, too_few_endings, kEndings, ending);
+    }
+    return row;
+}
+
 } // namespace
 
 void make_tasks(CorpusBuild & b, const llama_model * model) {
@@ -221,132 +392,10 @@ void make_tasks(CorpusBuild & b, const llama_model * model) {
     if (spec.tasks_per_domain == 0) {
         return;
     }
-    const llama_vocab * vocab = llama_model_get_vocab(model);
-    const size_t context = size_t(spec.task_context), ending = size_t(spec.task_ending);
-
-    // Domains in the order eval.jsonl first shows them, each with its passages.
-    std::vector<std::string> order;
-    std::map<std::string, std::vector<Passage>> passages;
-    std::map<std::string, std::set<size_t>> documents;
-    for (const Unit * u : b.sequence[kEval]) {
-        const std::string & domain = b.specs[b.docs[u->doc].d.source].domain;
-        if (!passages.contains(domain)) {
-            order.push_back(domain);
-            passages[domain];
-        }
-        documents[domain].insert(u->doc);
-        if (std::optional<Passage> p = passage_of(*u, vocab, context, ending)) {
-            passages[domain].push_back(std::move(*p));
-        }
-    }
-
-    for (const std::string & domain : order) {
-        const std::vector<Passage> & ps = passages[domain];
-        TaskSetDomain row{domain, 0, documents[domain].size(), 0, ""};
-        std::mt19937_64 rng(spec.seed ^ XXH64(domain.data(), domain.size(), 0));
-        const auto draw = [&](size_t n) { return size_t(rng() % n); };
-
-        std::vector<std::pair<size_t, size_t>> cuts;   // (passage, token)
-        for (size_t i = 0; i < ps.size(); ++i) {
-            for (const size_t s : ps[i].splits) {
-                cuts.emplace_back(i, s);
-            }
-        }
-        std::set<size_t> docs_with_starts;
-        for (const Passage & p : ps) {
-            if (!p.starts.empty()) {
-                docs_with_starts.insert(p.doc);
-            }
-        }
-        if (cuts.empty()) {
-            row.skipped = fmt::format("no held-out text of {} tokens or more before a sentence or line start with {} "
-                                      "after it, and no conversation ending in an answer",
-                                      context, ending);
-        } else if (docs_with_starts.size() < 2) {
-            row.skipped = "its held-out text is one document: the wrong endings must come from other documents";
-        }
-        if (!row.skipped.empty()) {
-            set.domains.push_back(std::move(row));
-            continue;
-        }
-        for (size_t i = cuts.size(); i > 1; --i) {   // a seeded order of the cuts (Fisher-Yates, portable)
-            std::swap(cuts[i - 1], cuts[draw(i)]);
-        }
-        // Windows apart first; where the text is too short for that, windows that overlap.
-        struct Window {
-            size_t passage, split;
-            bool overlapping;
-        };
-        std::vector<Window> chosen;
-        std::vector<bool> taken(cuts.size(), false);
-        const auto overlaps = [&](const std::pair<size_t, size_t> & c) {
-            return std::any_of(chosen.begin(), chosen.end(), [&](const Window & o) {
-                return o.passage == c.first && o.split < c.second + ending + context && c.second < o.split + ending + context;
-            });
-        };
-        for (const bool overlapping : {false, true}) {
-            for (size_t i = 0; i < cuts.size() && chosen.size() < size_t(spec.tasks_per_domain); ++i) {
-                if (!taken[i] && (overlapping || !overlaps(cuts[i]))) {
-                    taken[i] = true;
-                    chosen.push_back({cuts[i].first, cuts[i].second, overlapping});
-                }
-            }
-        }
-        size_t empty_context = 0, too_few_endings = 0;
-        for (const auto & [pi, split, overlapping] : chosen) {
-            const Passage & p = ps[pi];
-            Task t;
-            // The context starts at a word: the first within `context` tokens of the cut, or,
-            // where a word is longer than that, the one the cut's first token belongs to.
-            const size_t earliest = split > context ? split - context : 0;
-            size_t from = earliest;
-            while (from < split && !word_start(p, from)) {
-                ++from;
-            }
-            if (from == split) {
-                for (from = earliest; from > 0 && !word_start(p, from); --from) {
-                }
-            }
-            t.context = one_line(std::string_view(p.text).substr(p.at[from], p.at[split] - p.at[from]));
-            const std::string truth = span(p, split, ending);
-            std::vector<std::string> wrong;
-            for (int tries = 0; wrong.size() + 1 < kEndings && tries < kDistractorTries; ++tries) {
-                const Passage & o = ps[draw(ps.size())];
-                if (o.doc == p.doc || o.starts.empty()) {
-                    continue;
-                }
-                std::string e = span(o, o.starts[draw(o.starts.size())], ending);
-                if (!e.empty() && e != truth && std::find(wrong.begin(), wrong.end(), e) == wrong.end()) {
-                    wrong.push_back(std::move(e));
-                }
-            }
-            if (t.context.empty()) {
-                ++empty_context;
-                continue;
-            }
-            if (truth.empty() || wrong.size() + 1 < kEndings) {
-                ++too_few_endings;   // too few distinct endings in the other documents
-                continue;
-            }
-            t.gold = draw(kEndings);
-            for (size_t e = 0, w = 0; e < kEndings; ++e) {
-                t.endings[e] = e == t.gold ? truth : wrong[w++];
-            }
-            b.tasks_text += t.context + "\n" + std::to_string(t.gold) + "\n";
-            for (const std::string & e : t.endings) {
-                b.tasks_text += e + "\n";
-            }
-            set.task_domains.push_back(domain);
-            ++row.tasks;
-            row.overlapping += overlapping;
-        }
-        if (row.tasks == 0) {
-            row.skipped = fmt::format("each of its {} cuts was dropped: {} had no text before them on their line, {} "
-                                      "found fewer than {} distinct endings of {} tokens in other documents (a longer "
-                                      "task_ending tells endings apart)",
-                                      chosen.size(), empty_context, too_few_endings, kEndings, ending);
-        }
-        set.domains.push_back(std::move(row));
+    DomainPassages d = passages_by_domain(b, llama_model_get_vocab(model), size_t(spec.task_context),
+                                          size_t(spec.task_ending));
+    for (const std::string & domain : d.order) {
+        set.domains.push_back(make_domain_tasks(b, domain, d.passages[domain], d.documents[domain].size()));
     }
     set.file_digest = xxh64_hex(b.tasks_text);
 }
