@@ -21,8 +21,9 @@ void add_answer_flags(CLI::App & sub, PlanOptions & o) {
     sub.add_option("--runs-on", o.runs_on,
                    "Recommend among what stock llama.cpp runs (a mapped or sliced model), or among any option, the "
                    "simulated expert caches included")
-        ->check(CLI::IsMember({"llama.cpp", "any"}))
-        ->capture_default_str();
+        ->transform(runs_on_names())
+        ->type_name("TEXT")
+        ->default_str(runs_on_name(o.runs_on));
     sub.add_option("--shortlist", o.shortlist,
                    "moeprune-verify summaries of options llama.cpp ran (run --measure's plan/shortlist/): their "
                    "measured tokens/s replace the predicted ones")

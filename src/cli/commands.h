@@ -3,6 +3,7 @@
 #include "sim/policy.h"
 #include "replay/replay.h"
 #include "core/threads.h"
+#include "formats/plan_option.h"
 
 #include <CLI/CLI.hpp>
 
@@ -29,6 +30,20 @@ void add_plan(CLI::App & app, Action & action);
 void add_run(CLI::App & app, Action & action);
 void add_measure(CLI::App & app, Action & action);
 void add_limit(CLI::App & app, Action & action);
+
+// --runs-on's two spellings, as plan and run take them.
+inline CLI::Validator runs_on_names() {
+    return CLI::Validator(
+        [](std::string & text) {
+            const std::optional<RunsOn> r = parse_runs_on(text);
+            if (!r) {
+                return "is llama.cpp or any, not \"" + text + "\"";
+            }
+            text = std::to_string(int(*r));   // CLI11 converts an enum from its number
+            return std::string();
+        },
+        "{llama.cpp,any}");
+}
 
 // The flags of the cache policies and the throughput model, shared by replay and eval's closed loop.
 // -t as every command takes it: refused far above this machine's CPUs (check_threads).

@@ -70,6 +70,18 @@ const char * runs_on_of(const std::string & policy) {
     return policy == "resident" || policy == "page-cache" ? kRunsOnLlamaCpp : kRunsOnExpertCache;
 }
 
+const char * runs_on_name(RunsOn r) { return r == RunsOn::Any ? "any" : kRunsOnLlamaCpp; }
+
+std::optional<RunsOn> parse_runs_on(const std::string & name) {
+    if (name == kRunsOnLlamaCpp) {
+        return RunsOn::LlamaCpp;
+    }
+    if (name == "any") {
+        return RunsOn::Any;
+    }
+    return std::nullopt;
+}
+
 double PlanOption::speed() const { return tok_per_s ? *tok_per_s : std::numeric_limits<double>::infinity(); }
 
 std::string PlanOption::describe() const {

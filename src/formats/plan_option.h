@@ -21,6 +21,13 @@ inline constexpr const char * kRunsOnExpertCache = "expert-cache runtime";
 // `policy`: "resident", "page-cache" (measured), "given" (misses by hand) or a cache policy.
 const char * runs_on_of(const std::string & policy);
 
+// What a plan recommends among: what stock llama.cpp runs, or any option (the simulated
+// expert caches too). Spelled "llama.cpp" and "any" in flags, run.toml and plan.json.
+enum class RunsOn { LlamaCpp, Any };
+const char * runs_on_name(RunsOn r);
+// nullopt for any other spelling.
+std::optional<RunsOn> parse_runs_on(const std::string & name);
+
 // An option priced with one MTP draft token per step (a model with an MTP head).
 struct PlanDraft {
     std::optional<double> acceptance;          // none: not measured

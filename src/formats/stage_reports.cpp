@@ -224,7 +224,12 @@ PlanFile read_plan_document(const json & r, const std::string & origin) {
     out.n_expert = report.object("inputs").object("geometry").integer("experts", 1, 65536);
     out.inputs = r.at("inputs");
     if (report.object("inputs").has("runs_on")) {
-        out.runs_on = report.object("inputs").string("runs_on");
+        const std::string runs_on = report.object("inputs").string("runs_on");
+        const std::optional<RunsOn> parsed = parse_runs_on(runs_on);
+        if (!parsed) {
+            fail_file(origin, fmt::format("inputs.runs_on is \"{}\", not \"llama.cpp\" or \"any\"", runs_on));
+        }
+        out.runs_on = *parsed;
     }
     for (const JsonFields & o : report.objects("options")) {
         out.options.push_back(read_plan_option(o));

@@ -161,7 +161,7 @@ struct PlanFile {
     std::vector<PlanOption> options;
     std::vector<size_t> pareto;        // indices into options: the front of all of them
     std::vector<size_t> pareto_runs_on;   // the front of those the recommendation was chosen from
-    std::string runs_on = "any";       // what the recommendation was chosen among (older plans: any)
+    RunsOn runs_on = RunsOn::Any;      // what the recommendation was chosen among (older plans: any)
     std::optional<size_t> recommended;
     std::optional<PlanCommands> commands;   // the recommendation's
     std::string why;

@@ -83,9 +83,6 @@ Geometry geometry(const PlanOptions & opt) {
 }
 
 void check_plan_options(const PlanOptions & opt) {
-    if (opt.runs_on != "llama.cpp" && opt.runs_on != "any") {
-        throw Error(fmt::format("--runs-on is llama.cpp or any, not \"{}\"", opt.runs_on));
-    }
     if (!std::isfinite(opt.ram_bytes) || opt.ram_bytes < 0 || opt.ram_bytes >= 0x1p64) {
         throw Error(fmt::format("--ram {} bytes is not a RAM size (0 < size < 2^64 bytes)", opt.ram_bytes));
     }

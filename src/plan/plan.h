@@ -59,9 +59,7 @@ struct PlanOptions {
     // RAM limit becomes an option of its own. What is in `by_hand` stays as given.
     std::filesystem::path measured;
     std::vector<std::string> by_hand;      // "--ssd", "--compute-ms", "--read-latency-us", "--reserve" given on the command line
-    // "llama.cpp": recommend only what stock llama.cpp runs; "any": the simulated expert
-    // caches too.
-    std::string runs_on = "llama.cpp";
+    RunsOn runs_on = RunsOn::LlamaCpp;
     // Options llama.cpp was measured running (`moeprune run --measure`'s shortlist, each a
     // moeprune-verify summary): their measured tokens/s replace the predicted ones, which
     // stay beside them, and rank.

@@ -51,7 +51,7 @@ json Planner::to_plan_json(const std::vector<size_t> & pareto, const std::vector
               {"max_kld", opt.max_kld ? json(*opt.max_kld) : json(nullptr)},
               {"min_accuracy", opt.min_accuracy ? json(*opt.min_accuracy) : json(nullptr)},
               {"speed_share", opt.speed_share},
-              {"runs_on", opt.runs_on},
+              {"runs_on", runs_on_name(opt.runs_on)},
               {"shortlist", shortlist_inputs}}},
             {"options", options_json},
             {"infeasible", infeasible},

@@ -107,7 +107,7 @@ std::string plan_text(const PlanFile & plan) {
                            num(o.misses_per_token, "{:.2f}"), num(o.tok_per_s, "{:.2f}"), kld, draft,
                            o.runs_on == kRunsOnLlamaCpp ? "" : "  (simulated)");
     }
-    const std::string legend = plan.runs_on == "any"
+    const std::string legend = plan.runs_on == RunsOn::Any
                                    ? "* Pareto front, > recommended, ~ interpolated KLD, (simulated) an expert cache no "
                                      "llama.cpp release runs"
                                    : "* Pareto front of what llama.cpp runs, + on the front only with the simulated "

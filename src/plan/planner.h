@@ -86,7 +86,7 @@ public:
     // an optimistic prediction cannot beat a measurement; never a prediction outside what
     // the predictor models.
     bool eligible(const PlanOption & o) const {
-        return (opt.runs_on == "any" || o.runs_on == kRunsOnLlamaCpp) &&
+        return (opt.runs_on == RunsOn::Any || o.runs_on == kRunsOnLlamaCpp) &&
                (opt.shortlist.empty() || o.shortlist || o.measured) && answered(o) &&
                (!opt.min_accuracy || (o.task_accuracy && base_accuracy && *o.task_accuracy >= *opt.min_accuracy * *base_accuracy));
     }
@@ -108,7 +108,7 @@ public:
 
 private:
     std::string runs_on_words() const {
-        return std::string(opt.runs_on == "any" ? "" : " that stock llama.cpp runs") +
+        return std::string(opt.runs_on == RunsOn::Any ? "" : " that stock llama.cpp runs") +
                (opt.shortlist.empty() ? "" : " and that were measured") + accuracy_words();
     }
 

@@ -97,7 +97,7 @@ std::pair<std::optional<size_t>, std::string> Planner::recommend(const std::vect
         why += recommendation_details(options[*recommended]);
     }
     const size_t unanswered = size_t(std::count_if(options.begin(), options.end(), [&](const PlanOption & o) {
-        return !answered(o) && !o.bound && (opt.runs_on == "any" || o.runs_on == kRunsOnLlamaCpp);
+        return !answered(o) && !o.bound && (opt.runs_on == RunsOn::Any || o.runs_on == kRunsOnLlamaCpp);
     }));
     if (unanswered > 0) {
         why += fmt::format("; {} predicted option{} outside what measure's predictor models left out (the note of each "

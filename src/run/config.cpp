@@ -1,13 +1,19 @@
 #include "run/config.h"
 #include "core/atomic_file.h"
 #include "core/errors.h"
+#include "core/threads.h"
 #include "core/toml_fields.h"
 
 #include <fmt/format.h>
 #include <toml++/toml.h>
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <functional>
+#include <limits>
+#include <sstream>
+#include <type_traits>
 
 namespace moeprune {
 
@@ -51,109 +57,204 @@ fs::path from_base(const std::string & p, const fs::path & base) {
     return (fs::path(p).is_absolute() ? fs::path(p) : base / p).lexically_normal();
 }
 
-// One key of run.toml: how it is read into a RunConfig and written back.
-struct ConfigKey {
-    const char * key;
-    // Reads the value at `where` (FILE:LINE:COLUMN); paths are made absolute from `base`.
-    std::function<void(RunConfig &, const toml::node &, const std::string & where, const fs::path & base)> read;
-    // The value as TOML, or nullopt where the key is left out.
-    std::function<std::optional<std::string>(const RunConfig &)> write;
-    const char * comment = "";  // after the value, with its padding
-    const char * before = "";   // a comment line written before the key
-};
+template <class> inline constexpr bool is_optional = false;
+template <class T> inline constexpr bool is_optional<std::optional<T>> = true;
+template <class> inline constexpr bool is_vector = false;
+template <class T> inline constexpr bool is_vector<std::vector<T>> = true;
+template <class> inline constexpr bool is_number_list = false;
+template <class T> inline constexpr bool is_number_list<std::vector<T>> = std::is_arithmetic_v<T>;
 
-template <class T> ConfigKey one(const char * key, T RunConfig::*m, const char * comment = "", const char * before = "") {
-    return {key, [key, m](RunConfig & c, const toml::node & n, const std::string & where, const fs::path &) { c.*m = value<T>(n, where, key); },
-            [m](const RunConfig & c) -> std::optional<std::string> { return toml_value(c.*m); }, comment, before};
+// A setting's value read from run.toml at `where`; paths absolute from `base`.
+template <class T> T read_value(const RunSetting & s, const toml::node & n, const std::string & where, const fs::path & base) {
+    if constexpr (std::is_same_v<T, fs::path>) {
+        const std::string file = value<std::string>(n, where, s.key);
+        return file.empty() ? fs::path() : from_base(file, base);
+    } else if constexpr (std::is_same_v<T, std::string>) {
+        const std::string text = value<std::string>(n, where, s.key);
+        return s.paths == SettingPaths::File && !text.empty() ? from_base(text, base).string() : text;
+    } else if constexpr (std::is_same_v<T, RunsOn>) {
+        const std::string text = value<std::string>(n, where, s.key);
+        const std::optional<RunsOn> r = parse_runs_on(text);
+        if (!r) {
+            fail_file(where, fmt::format("{} is \"llama.cpp\" or \"any\", not \"{}\"", s.key, text));
+        }
+        return *r;
+    } else if constexpr (is_optional<T>) {
+        return value<typename T::value_type>(n, where, s.key);
+    } else if constexpr (is_vector<T>) {
+        T out = values<typename T::value_type>(n, where, s.key);
+        if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+            if (s.paths == SettingPaths::CorpusEntries) {
+                for (std::string & e : out) {
+                    e = corpus_entry_from(e, base);
+                }
+            }
+        }
+        return out;
+    } else {
+        return value<T>(n, where, s.key);
+    }
 }
 
-template <class T>
-ConfigKey maybe(const char * key, std::optional<T> RunConfig::*m, const char * comment = "", const char * before = "") {
-    return {key, [key, m](RunConfig & c, const toml::node & n, const std::string & where, const fs::path &) { c.*m = value<T>(n, where, key); },
-            [m](const RunConfig & c) -> std::optional<std::string> {
-                return c.*m ? std::optional<std::string>(toml_value(*(c.*m))) : std::nullopt;
-            },
-            comment, before};
+// The value as run.toml writes it, or nullopt where the key is left out (an unset
+// optional, an empty file name).
+template <class T> std::optional<std::string> write_value(const T & v) {
+    if constexpr (std::is_same_v<T, fs::path>) {
+        return v.empty() ? std::nullopt : std::optional<std::string>(toml_value(v));
+    } else if constexpr (std::is_same_v<T, RunsOn>) {
+        return toml_string(runs_on_name(v));
+    } else if constexpr (is_optional<T>) {
+        return v ? write_value(*v) : std::nullopt;
+    } else if constexpr (is_vector<T>) {
+        return toml_array(v);
+    } else {
+        return toml_value(v);
+    }
 }
 
-template <class T> ConfigKey list(const char * key, std::vector<T> RunConfig::*m, const char * comment = "") {
-    return {key, [key, m](RunConfig & c, const toml::node & n, const std::string & where, const fs::path &) { c.*m = values<T>(n, where, key); },
-            [m](const RunConfig & c) -> std::optional<std::string> { return toml_array(c.*m); }, comment};
+std::string range_words(const SettingRange & r) {
+    const bool no_max = r.max == std::numeric_limits<double>::infinity();
+    if (r.above_min) {
+        return no_max ? fmt::format("above {}", r.min) : fmt::format("above {} and at most {}", r.min, r.max);
+    }
+    return no_max ? fmt::format("at least {}", r.min) : fmt::format("from {} to {}", r.min, r.max);
 }
 
-// A file named relative to run.toml's folder, written only when given.
-ConfigKey task_file(const char * key, fs::path RunConfig::*m, const char * comment) {
-    return {key, [key, m](RunConfig & c, const toml::node & n, const std::string & where, const fs::path & base) {
-                const std::string file = value<std::string>(n, where, key);
-                c.*m = file.empty() ? fs::path() : from_base(file, base);
-            },
-            [m](const RunConfig & c) -> std::optional<std::string> {
-                return (c.*m).empty() ? std::nullopt : std::optional<std::string>(toml_value(c.*m));
-            },
-            comment};
-}
-
-const std::vector<ConfigKey> & config_keys() {
-    static const std::vector<ConfigKey> keys = {
-        {"model", [](RunConfig & c, const toml::node & n, const std::string & where, const fs::path & base) {
-             c.model = from_base(value<std::string>(n, where, "model"), base);
-         }, [](const RunConfig & c) -> std::optional<std::string> { return toml_value(c.model); }},
-        {"corpus", [](RunConfig & c, const toml::node & n, const std::string & where, const fs::path & base) {
-             c.corpus.clear();
-             for (const std::string & s : values<std::string>(n, where, "corpus")) {
-                 c.corpus.push_back(corpus_entry_from(s, base));
-             }
-         }, [](const RunConfig & c) -> std::optional<std::string> { return toml_array(c.corpus); },
-         "      # a manifest, or DOMAIN=PATH sources"},
-        {"mmproj", [](RunConfig & c, const toml::node & n, const std::string & where, const fs::path & base) {
-             c.mmproj = from_base(value<std::string>(n, where, "mmproj"), base);
-         }, [](const RunConfig & c) -> std::optional<std::string> {
-             return c.mmproj.empty() ? std::nullopt : std::optional<std::string>(toml_value(c.mmproj));
-         }, "      # the projector for the corpus' images and audio"},
-        list("k", &RunConfig::ks),
-        list("criteria", &RunConfig::criteria),
-        one("ram", &RunConfig::ram, "                # empty: no RAM limit"),
-        one("reserve", &RunConfig::reserve, "        # RAM kept for KV cache and the OS; empty: measured, else 2G"),
-        one("ssd", &RunConfig::ssd, "                  # GB/s"),
-        one("read_latency_us", &RunConfig::read_latency_us),
-        one("queue_depth", &RunConfig::queue_depth),
-        one("compute_ms", &RunConfig::compute_ms),
-        one("sync_us", &RunConfig::sync_us),
-        list("policies", &RunConfig::policies),
-        list("cache_shares", &RunConfig::cache_shares, "   # per-layer caches as shares of K"),
-        list("lambdas", &RunConfig::lambdas),
-        maybe("max_kld", &RunConfig::max_kld),
-        maybe("min_accuracy", &RunConfig::min_accuracy),
-        one("runs_on", &RunConfig::runs_on, "          # recommend among \"llama.cpp\" options or \"any\""),
-        {"llama_bin", [](RunConfig & c, const toml::node & n, const std::string & where, const fs::path & base) {
-             const std::string dir = value<std::string>(n, where, "llama_bin");
-             c.llama_bin = dir.empty() ? dir : from_base(dir, base).string();
-         }, [](const RunConfig & c) -> std::optional<std::string> { return toml_value(c.llama_bin); },
-         "        # llama.cpp's tools for the printed commands; empty: the PATH"},
-        task_file("hellaswag", &RunConfig::hellaswag, "   # llama.cpp's HellaSwag file: task accuracy beside KLD"),
-        task_file("winogrande", &RunConfig::winogrande, "  # llama.cpp's WinoGrande CSV"),
-        task_file("multiple_choice", &RunConfig::multiple_choice, "  # llama.cpp's binary multiple-choice file"),
-        one("tasks", &RunConfig::tasks, "                # of the task file; 0: llama-perplexity's default"),
-        one("ctx", &RunConfig::ctx),
-        one("threads", &RunConfig::threads),
-        maybe("seed", &RunConfig::seed, "", "# corpus settings given here override the manifest's\n"),
-        maybe("eval_share", &RunConfig::eval_share),
-        maybe("tokens", &RunConfig::tokens),
-        maybe("doc_tokens", &RunConfig::doc_tokens),
-        one("trace_top", &RunConfig::trace_top),
-        one("save_every", &RunConfig::save_every),
-        one("slice", &RunConfig::slice, "                # \"\", \"best\" or \"all\""),
-        list("measure", &RunConfig::measure, "      # RAM limits llama.cpp's decode is measured under; empty: none"),
-        one("measure_tokens", &RunConfig::measure_tokens),
-        one("measure_repeats", &RunConfig::measure_repeats, "     # each measured run's repeats, kept at the median"),
-        list("read_ahead_kb", &RunConfig::read_ahead_kb, "      # measure at each device read-ahead (KB, root)"),
-        one("measure_shortlist", &RunConfig::measure_shortlist, "   # with measure and ram: options measured; 0: none"),
-        one("verify", &RunConfig::verify),
-    };
-    return keys;
+void check_number(const RunSetting & s, double v) {
+    if (s.range && !((s.range->above_min ? v > s.range->min : v >= s.range->min) && v <= s.range->max)) {
+        throw Error(fmt::format("{} {} must be {}", s.key, v, range_words(*s.range)));
+    }
 }
 
 } // namespace
+
+const std::vector<RunSetting> & run_settings() {
+    using C = RunConfig;
+    static const std::vector<RunSetting> settings = {
+        {.key = "model", .flag = "-m,--model", .help = "The model (GGUF; first shard of a split model)", .member = &C::model, .paths = SettingPaths::File},
+        {.key = "corpus", .flag = "--corpus", .help = "A corpus manifest (.toml) or DOMAIN=PATH_OR_GLOB sources (repeatable)", .member = &C::corpus, .paths = SettingPaths::CorpusEntries, .comment = "      # a manifest, or DOMAIN=PATH sources"},
+        {.key = "mmproj", .flag = "--mmproj", .help = "The model's projector GGUF: media sources (images, audio) flow through corpus, collect and eval", .member = &C::mmproj, .paths = SettingPaths::File, .comment = "      # the projector for the corpus' images and audio"},
+        {.key = "k", .flag = "-k", .help = "Experts to keep per layer, one map per K and criterion", .member = &C::ks},
+        {.key = "criteria", .flag = "--criteria", .help = "Selection criteria", .member = &C::criteria},
+        {.key = "ram", .flag = "--ram", .help = "RAM for the model (24G = GiB, 24GB = 10^9 bytes)", .member = &C::ram, .comment = "                # empty: no RAM limit"},
+        {.key = "reserve", .flag = "--reserve", .help = "RAM kept for the KV cache and the OS", .member = &C::reserve, .comment = "        # RAM kept for KV cache and the OS; empty: measured, else 2G"},
+        {.key = "ssd", .flag = "--ssd", .help = "SSD read bandwidth, GB/s", .member = &C::ssd, .range = SettingRange{.min = 0, .above_min = true}, .comment = "                  # GB/s"},
+        {.key = "read_latency_us", .flag = "", .help = "", .member = &C::read_latency_us},
+        {.key = "queue_depth", .flag = "", .help = "", .member = &C::queue_depth},
+        {.key = "compute_ms", .flag = "--compute-ms", .help = "Compute time per token", .member = &C::compute_ms, .range = SettingRange{.min = 0}},
+        {.key = "sync_us", .flag = "", .help = "", .member = &C::sync_us},
+        {.key = "policies", .flag = "--policies", .help = "Cache policies to replay", .member = &C::policies},
+        {.key = "cache_shares", .flag = "--cache-shares", .help = "Per-layer cache sizes as shares of K", .member = &C::cache_shares, .range = SettingRange{.min = 0, .max = 1, .above_min = true}, .comment = "   # per-layer caches as shares of K"},
+        {.key = "lambdas", .flag = "--lambda", .help = "Cache-aware routing strengths (0: unbiased)", .member = &C::lambdas},
+        {.key = "max_kld", .flag = "--max-kld", .help = "Recommend the fastest option within this mean KLD", .member = &C::max_kld},
+        {.key = "min_accuracy", .flag = "--min-accuracy", .help = "Recommend only options keeping this share of the base's task accuracy", .member = &C::min_accuracy, .range = SettingRange{.min = 0, .max = 1}},
+        {.key = "runs_on", .flag = "--runs-on", .help = "Recommend among what stock llama.cpp runs, or any option (the simulated expert caches too)", .member = &C::runs_on, .comment = "          # recommend among \"llama.cpp\" options or \"any\""},
+        {.key = "llama_bin", .flag = "--llama-bin", .help = "The folder of llama.cpp's tools the printed commands name", .member = &C::llama_bin, .paths = SettingPaths::File, .comment = "        # llama.cpp's tools for the printed commands; empty: the PATH"},
+        {.key = "hellaswag", .flag = "--hellaswag", .help = "Task accuracy beside KLD: llama.cpp's HellaSwag file, scored by eval for the base and every keep map as " "llama-perplexity scores it", .member = &C::hellaswag, .paths = SettingPaths::File, .comment = "   # llama.cpp's HellaSwag file: task accuracy beside KLD"},
+        {.key = "winogrande", .flag = "--winogrande", .help = "Task accuracy: llama.cpp's WinoGrande CSV", .member = &C::winogrande, .paths = SettingPaths::File, .comment = "  # llama.cpp's WinoGrande CSV"},
+        {.key = "multiple_choice", .flag = "--multiple-choice", .help = "Task accuracy: llama.cpp's binary multiple-choice file", .member = &C::multiple_choice, .paths = SettingPaths::File, .comment = "  # llama.cpp's binary multiple-choice file"},
+        {.key = "tasks", .flag = "--tasks", .help = "Tasks of the task file, drawn as llama-perplexity draws them (0: its default)", .member = &C::tasks, .range = SettingRange{.min = 0}, .comment = "                # of the task file; 0: llama-perplexity's default"},
+        {.key = "ctx", .flag = "-c,--ctx-size", .help = "Context of collect and eval windows", .member = &C::ctx},
+        {.key = "threads", .flag = "-t,--threads", .help = "Threads (0: one per core)", .member = &C::threads, .check_integer = [](int64_t n, const std::string & named) { check_threads(n, named); }},
+        {.key = "seed", .flag = "--seed", .help = "Seed of the corpus split and order (default: the manifest's)", .member = &C::seed, .before = "# corpus settings given here override the manifest's\n"},
+        {.key = "eval_share", .flag = "", .help = "", .member = &C::eval_share},
+        {.key = "tokens", .flag = "--tokens", .help = "Calib tokens shared by weighted corpus sources", .member = &C::tokens},
+        {.key = "doc_tokens", .flag = "", .help = "", .member = &C::doc_tokens},
+        {.key = "trace_top", .flag = "", .help = "", .member = &C::trace_top},
+        {.key = "save_every", .flag = "", .help = "", .member = &C::save_every},
+        {.key = "slice", .flag = "--slice", .help = "Write sliced GGUFs at the end: best (the recommendation) or all", .member = &C::slice, .one_of = {"", "best", "all"}, .comment = "                # \"\", \"best\" or \"all\""},
+        {.key = "measure", .flag = "--measure", .help = "Measure llama.cpp's decode under these RAM limits (as measure --ram: 25%,50% or sizes) on the held-out text; " "the plan's timing then comes from the measurement", .member = &C::measure, .comment = "      # RAM limits llama.cpp's decode is measured under; empty: none"},
+        {.key = "measure_tokens", .flag = "--measure-tokens", .help = "Timed tokens per measured run", .member = &C::measure_tokens, .range = SettingRange{.min = 1}},
+        {.key = "measure_repeats", .flag = "--measure-repeats", .help = "Every measured run (limits, shortlist, verify) this many times, interleaved, each kept at its median " "(measure --repeats)", .member = &C::measure_repeats, .range = SettingRange{.min = 1, .max = 100}, .comment = "     # each measured run's repeats, kept at the median"},
+        {.key = "read_ahead_kb", .flag = "--read-ahead-kb", .help = "With --measure: every limit at each of these read-aheads of the model's device, in KB (root); the plan then " "recommends the fastest", .member = &C::read_ahead_kb, .comment = "      # measure at each device read-ahead (KB, root)"},
+        {.key = "measure_shortlist", .flag = "--measure-shortlist", .help = "With --measure and --ram: the plan's most promising llama.cpp options measured under --ram, at most this many " "(0: none); the recommendation is made from what they measured", .member = &C::measure_shortlist, .range = SettingRange{.min = 0, .max = 64}, .comment = "   # with measure and ram: options measured; 0: none"},
+        {.key = "verify", .flag = "--verify", .help = "Measure the recommendation for real at --ram (its sliced model) and print predicted vs measured", .member = &C::verify},
+    };
+    return settings;
+}
+
+void check_setting(const RunSetting & s, const RunConfig & c, bool named) {
+    std::visit(
+        [&](auto m) {
+            using T = std::remove_cvref_t<decltype(c.*m)>;
+            const T & v = c.*m;
+            if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
+                check_number(s, double(v));
+                if constexpr (std::is_integral_v<T>) {
+                    if (s.check_integer) {
+                        s.check_integer(int64_t(v), named ? s.key : "");
+                    }
+                }
+            } else if constexpr (is_optional<T>) {
+                if (v) {
+                    check_number(s, double(*v));
+                }
+            } else if constexpr (is_number_list<T>) {
+                for (const auto x : v) {
+                    check_number(s, double(x));
+                }
+            } else if constexpr (std::is_same_v<T, std::string>) {
+                if (!s.one_of.empty() && std::find(s.one_of.begin(), s.one_of.end(), v) == s.one_of.end()) {
+                    throw Error(fmt::format("{} is \"{}\", not one of \"{}\"", s.key, v, fmt::join(s.one_of, "\", \"")));
+                }
+            }
+        },
+        s.member);
+}
+
+void check_setting_text(const RunSetting & s, const std::string & text) {
+    RunConfig probe;
+    std::visit(
+        [&](auto m) {
+            using T = std::remove_cvref_t<decltype(probe.*m)>;
+            const auto number = [&](auto & out) {
+                std::istringstream in(text);
+                in >> out;
+                return !in.fail() && in.eof();
+            };
+            if constexpr (std::is_same_v<T, std::string>) {
+                probe.*m = text;
+            } else if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
+                T v{};
+                if (number(v)) {
+                    probe.*m = v;
+                }
+            } else if constexpr (is_optional<T> || is_number_list<T>) {
+                typename T::value_type v{};
+                if (number(v)) {
+                    probe.*m = T{v};
+                }
+            }
+        },
+        s.member);
+    check_setting(s, probe, false);
+}
+
+void merge_flags(RunConfig & into, const RunConfig & flags, const std::function<bool(const RunSetting &)> & given,
+                 const fs::path & cwd) {
+    for (const RunSetting & s : run_settings()) {
+        if (!*s.flag || !given(s)) {
+            continue;
+        }
+        std::visit(
+            [&](auto m) {
+                into.*m = flags.*m;
+                using T = std::remove_cvref_t<decltype(into.*m)>;
+                if constexpr (std::is_same_v<T, fs::path> || std::is_same_v<T, std::string>) {
+                    if (s.paths == SettingPaths::File && !fs::path(into.*m).empty()) {
+                        into.*m = from_base(fs::path(into.*m).string(), cwd);
+                    }
+                } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+                    if (s.paths == SettingPaths::CorpusEntries) {
+                        for (std::string & e : into.*m) {
+                            e = corpus_entry_from(e, cwd);
+                        }
+                    }
+                }
+            },
+            s.member);
+    }
+}
 
 std::string corpus_entry_from(const std::string & entry, const fs::path & base) {
     const auto eq = entry.find('=');
@@ -175,21 +276,23 @@ RunConfig read_run_config(const fs::path & path) {
     for (const auto & [k, n] : t) {
         const std::string key(k.str());
         const std::string where = toml_fields::where(file, k.source());
-        const auto & keys = config_keys();
-        const auto it = std::find_if(keys.begin(), keys.end(), [&](const ConfigKey & ck) { return key == ck.key; });
-        if (it == keys.end()) {
+        const auto & settings = run_settings();
+        const auto it = std::find_if(settings.begin(), settings.end(), [&](const RunSetting & s) { return key == s.key; });
+        if (it == settings.end()) {
             fail_file(where, fmt::format("unknown key \"{}\" (docs/run.md lists the keys of run.toml)", key));
         }
-        it->read(c, n, where, base);
+        const toml::node & node = n;   // a structured binding, which clang 14's lambdas cannot capture
+        std::visit([&](auto m) { c.*m = read_value<std::remove_cvref_t<decltype(c.*m)>>(*it, node, where, base); },
+                   it->member);
     }
     return c;
 }
 
 std::string run_config_toml(const RunConfig & c) {
     std::string s = "# moeprune run: every setting of this run (moeprune run --config run.toml repeats it)\n";
-    for (const ConfigKey & k : config_keys()) {
+    for (const RunSetting & k : run_settings()) {
         s += k.before;
-        if (const auto v = k.write(c)) {
+        if (const auto v = std::visit([&](auto m) { return write_value(c.*m); }, k.member)) {
             s += fmt::format("{} = {}{}\n", k.key, *v, k.comment);
         }
     }
@@ -198,7 +301,7 @@ std::string run_config_toml(const RunConfig & c) {
 
 std::vector<std::string> run_config_keys() {
     std::vector<std::string> out;
-    for (const ConfigKey & k : config_keys()) {
+    for (const RunSetting & k : run_settings()) {
         out.push_back(k.key);
     }
     return out;

@@ -1,13 +1,20 @@
 #pragma once
-// run.toml: every setting of a `moeprune run`, read and written through one table of keys
-// (docs/run.md lists them; a test checks that it lists every one).
+// Every setting of a `moeprune run`, declared once in one table (run_settings()): its
+// run.toml key, its flag and help line, its check, how its paths are read; its default is
+// RunConfig's initializer. run.toml's reader and writer, the command's flags and their
+// merge over run.toml are made from the table (docs/run.md lists the keys; a test checks
+// that it lists every one).
 #include "core/defaults.h"
+#include "formats/plan_option.h"
 #include "sim/throughput.h"
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <limits>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 namespace moeprune {
@@ -31,7 +38,7 @@ struct RunConfig {
     std::vector<double> lambdas{0.0};
     std::optional<double> max_kld;
     std::optional<double> min_accuracy;
-    std::string runs_on = "llama.cpp";    // what the plan recommends among: "llama.cpp" or "any"
+    RunsOn runs_on = RunsOn::LlamaCpp;    // what the plan recommends among
     std::string llama_bin;                 // llama.cpp's tools, for the recommendation's commands; empty: the PATH
     int ctx = kDefaultContext;
     int threads = 0;
@@ -64,6 +71,56 @@ struct RunConfig {
     // --slice is not given) and compare with the plan's tokens/s.
     bool verify = false;
 };
+
+// How a setting's text names files: as given, a file or folder (absolute from run.toml's
+// folder, or from the working directory for a flag; empty stays empty), or corpus
+// entries (a manifest, or DOMAIN=PATH with the path made absolute).
+enum class SettingPaths { AsGiven, File, CorpusEntries };
+
+using RunMember = std::variant<std::filesystem::path RunConfig::*, std::string RunConfig::*, bool RunConfig::*,
+                               int RunConfig::*, int64_t RunConfig::*, double RunConfig::*, RunsOn RunConfig::*,
+                               std::optional<double> RunConfig::*, std::optional<uint64_t> RunConfig::*,
+                               std::optional<uint32_t> RunConfig::*, std::vector<std::string> RunConfig::*,
+                               std::vector<int64_t> RunConfig::*, std::vector<double> RunConfig::*,
+                               std::vector<uint64_t> RunConfig::*>;
+
+// Numbers within [min, max], or (min, max] with `above_min`.
+struct SettingRange {
+    double min = 0, max = std::numeric_limits<double>::infinity();
+    bool above_min = false;
+};
+
+struct RunSetting {
+    const char * key;            // run.toml
+    const char * flag;           // the flag's names as CLI11 takes them ("-c,--ctx-size"); "": run.toml only
+    const char * help;
+    RunMember member;
+    SettingPaths paths = SettingPaths::AsGiven;
+    // Numbers (each of a list) within `range`; strings one of `one_of` when it is not empty.
+    std::optional<SettingRange> range;
+    std::vector<std::string> one_of;
+    const char * comment = "";   // run.toml: after the value, with its padding
+    const char * before = "";    // run.toml: a comment line before the key
+    // An integer's own check beyond a range, throwing with `named` before its message.
+    std::function<void(int64_t, const std::string & named)> check_integer;
+};
+
+// Every setting, in run.toml's order.
+const std::vector<RunSetting> & run_settings();
+
+// Throws an Error naming the setting (its key; the flag's check leaves that to CLI11 with
+// `named` false) where `c`'s value breaks its range, spelling or own check.
+void check_setting(const RunSetting & s, const RunConfig & c, bool named = true);
+
+// The same check on one value of the setting as a flag gives it (one element of a list),
+// leaving the setting's name to CLI11; text that is not a number is left to the option's
+// own conversion.
+void check_setting_text(const RunSetting & s, const std::string & text);
+
+// `into` with each setting `given` says the command line gave taken from `flags`, its paths
+// made absolute from `cwd`.
+void merge_flags(RunConfig & into, const RunConfig & flags, const std::function<bool(const RunSetting &)> & given,
+                 const std::filesystem::path & cwd);
 
 // Reads a run.toml (every key of RunConfig; unknown keys are errors naming file, line, key).
 RunConfig read_run_config(const std::filesystem::path & path);

@@ -107,7 +107,7 @@ void plan_stage(Runner & run, const RunOptions & opt, const RunPaths & at, const
     plan_inputs.insert(plan_inputs.end(), m.replays.begin(), m.replays.end());
     run.stage("plan", {{"k", c.ks}, {"ram", c.ram}, {"reserve", c.reserve}, {"throughput", to_json(throughput_of(c))},
                        {"max_kld", c.max_kld ? json(*c.max_kld) : json(nullptr)},
-                       {"min_accuracy", c.min_accuracy ? json(*c.min_accuracy) : json(nullptr)}, {"runs_on", c.runs_on},
+                       {"min_accuracy", c.min_accuracy ? json(*c.min_accuracy) : json(nullptr)}, {"runs_on", runs_on_name(c.runs_on)},
                        {"llama_bin", c.llama_bin}, {"threads", c.threads}, {"ctx", c.ctx},
                        {"measure_shortlist", shortlisting(c) ? c.measure_shortlist : 0}, {"measure_tokens", c.measure_tokens},
                        {"measure_repeats", c.measure_repeats}},

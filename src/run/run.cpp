@@ -33,22 +33,14 @@ namespace {
 // The settings checked before anything is written; returns the model's geometry.
 InspectReport check_run_options(const RunOptions & opt) {
     const RunConfig & c = opt.config;
+    for (const RunSetting & s : run_settings()) {
+        check_setting(s, c);
+    }
     if (c.model.empty() || c.corpus.empty() || c.ks.empty()) {
         throw Error("moeprune run needs a model (-m), a corpus (--corpus) and expert counts (-k)");
     }
     if (!opt.from.empty() && std::find(run_stages().begin(), run_stages().end(), opt.from) == run_stages().end()) {
         throw Error(fmt::format("--from {}: the stages are {}", opt.from, fmt::join(run_stages(), ", ")));
-    }
-    if (c.runs_on != "llama.cpp" && c.runs_on != "any") {
-        throw Error(fmt::format("runs_on is \"llama.cpp\" or \"any\", not \"{}\"", c.runs_on));
-    }
-    if (c.slice != "" && c.slice != "best" && c.slice != "all") {
-        throw Error(fmt::format("--slice is best or all, not \"{}\"", c.slice));
-    }
-    for (const double s : c.cache_shares) {
-        if (!(s > 0 && s <= 1)) {
-            throw Error(fmt::format("cache share {} is not in (0, 1]", s));
-        }
     }
     InspectReport model = inspect_model(GgufModel::open(c.model), {});
     if (!model.problems.empty()) {
@@ -65,7 +57,6 @@ InspectReport check_run_options(const RunOptions & opt) {
             throw Error(fmt::format("--policies {}: not a cache policy ({})", p, fmt::join(policy_names(), ", ")));
         }
     }
-    check_threads(c.threads, "threads");
     for (const std::string & ram : c.measure) {
         parse_ram_limit(ram, "--measure");
     }
@@ -84,21 +75,9 @@ InspectReport check_run_options(const RunOptions & opt) {
         throw Error("read_ahead_kb: the measure stage measures at each read-ahead of the model's device, which needs "
                     "--measure and root");
     }
-    if (c.measure_shortlist < 0 || c.measure_shortlist > 64) {
-        throw Error(fmt::format("measure_shortlist is {}: 0 (none) to 64 options", c.measure_shortlist));
-    }
 
     if (!c.hellaswag.empty() + !c.winogrande.empty() + !c.multiple_choice.empty() > 1) {
         throw Error("hellaswag, winogrande, multiple_choice: give one task file per run");
-    }
-    if (c.tasks < 0) {
-        throw Error(fmt::format("tasks is {}: at least 1 (0: llama-perplexity's default)", c.tasks));
-    }
-    if (c.measure_tokens < 1) {
-        throw Error(fmt::format("measure_tokens {} must be at least 1", c.measure_tokens));
-    }
-    if (c.measure_repeats < 1 || c.measure_repeats > 100) {
-        throw Error(fmt::format("measure_repeats {} must be from 1 to 100", c.measure_repeats));
     }
     // Without a reserve given, a measured run learns it, and the plan checks the budget then;
     // a --ram under the weights that are not experts is refused whatever that reserve.

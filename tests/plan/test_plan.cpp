@@ -137,7 +137,7 @@ TEST(Plan, ParetoFrontAndRecommendationFromMeasurements) {
     // Recommendation: with --max-kld 0.2 the fastest option within it, the simulated
     // caches included.
     o.max_kld = 0.2;
-    o.runs_on = "any";
+    o.runs_on = RunsOn::Any;
     const json q = make_plan(o);
     const json & r = q["options"][q["recommended"].get<size_t>()];
     EXPECT_LE(r["kld_mean"].get<double>(), 0.2);
@@ -171,7 +171,7 @@ TEST(Plan, MinAccuracyLeavesOutMapsThatLoseTheBasesAnswers) {
     o.reserve_bytes = 2e9;
     o.throughput.ssd_gbps = 6.8;
     o.throughput.compute_ms = 12;
-    o.runs_on = "any";
+    o.runs_on = RunsOn::Any;
     o.replays = {dir / "r224.json", dir / "r320.json"};
     o.evals = {dir / "eval.json"};
     o.max_kld = 0.5;
@@ -284,7 +284,7 @@ TEST(Plan, RecommendsWhatStockLlamaCppRunsUnlessAskedForAnyAndSaysHowToRunIt) {
     }
     EXPECT_EQ(k224_streamed, 2u);
     o.streamed.clear();
-    o.runs_on = "any";
+    o.runs_on = RunsOn::Any;
     const json any = make_plan(o);
     ASSERT_FALSE(any["recommended"].is_null());
     const size_t cached = any["recommended"].get<size_t>();
@@ -295,7 +295,7 @@ TEST(Plan, RecommendsWhatStockLlamaCppRunsUnlessAskedForAnyAndSaysHowToRunIt) {
 
     // 18 GB: K 224 resident fits, and is what llama.cpp runs.
     o.ram_bytes = 20e9;
-    o.runs_on = "llama.cpp";
+    o.runs_on = RunsOn::LlamaCpp;
     const json p = make_plan(o);
     ASSERT_FALSE(p["recommended"].is_null()) << p["why"];
     const size_t r = p["recommended"].get<size_t>();

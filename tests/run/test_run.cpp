@@ -660,7 +660,7 @@ TEST(RunConfigKeys, EveryKeyIsDocumentedAndReadsBackAsWritten) {
     c.lambdas = {0, 0.5};
     c.max_kld = 0.05;
     c.min_accuracy = 0.9;
-    c.runs_on = "any";
+    c.runs_on = RunsOn::Any;
     c.llama_bin = "/opt/llama/bin";
     c.hellaswag = "/t/hellaswag.txt";
     c.winogrande = "/t/winogrande.csv";
