@@ -160,6 +160,7 @@ const std::vector<RunSetting> & run_settings() {
         {.key = "eval_share", .flag = "", .help = "", .member = &C::eval_share},
         {.key = "tokens", .flag = "--tokens", .help = "Calib tokens shared by weighted corpus sources", .member = &C::tokens},
         {.key = "doc_tokens", .flag = "", .help = "", .member = &C::doc_tokens},
+        {.key = "tasks_per_domain", .flag = "--tasks-per-domain", .help = "Choice tasks per domain the corpus stage makes from the held-out side (default: the manifest's; 0: none)", .member = &C::tasks_per_domain, .range = SettingRange{.min = 0, .max = 1 << 24}},
         {.key = "trace_top", .flag = "", .help = "", .member = &C::trace_top},
         {.key = "save_every", .flag = "", .help = "", .member = &C::save_every},
         {.key = "slice", .flag = "--slice", .help = "Write sliced GGUFs at the end: best (the recommendation) or all", .member = &C::slice, .one_of = {"", "best", "all"}, .comment = "                # \"\", \"best\" or \"all\""},

@@ -51,6 +51,7 @@ struct RunConfig {
     std::optional<double> eval_share;
     std::optional<uint64_t> tokens;        // calib tokens for weighted corpus sources
     std::optional<uint32_t> doc_tokens;
+    std::optional<int64_t> tasks_per_domain;   // choice tasks per domain from the held-out side
     int trace_top = kDefaultTraceTop;                  // at most the model's experts
     int save_every = 16;                   // collect checkpoints, in windows
     std::string slice;                     // "", "best" or "all"
@@ -79,7 +80,8 @@ enum class SettingPaths { AsGiven, File, CorpusEntries };
 
 using RunMember = std::variant<std::filesystem::path RunConfig::*, std::string RunConfig::*, bool RunConfig::*,
                                int RunConfig::*, int64_t RunConfig::*, double RunConfig::*, RunsOn RunConfig::*,
-                               std::optional<double> RunConfig::*, std::optional<uint64_t> RunConfig::*,
+                               std::optional<double> RunConfig::*, std::optional<int64_t> RunConfig::*,
+                               std::optional<uint64_t> RunConfig::*,
                                std::optional<uint32_t> RunConfig::*, std::vector<std::string> RunConfig::*,
                                std::vector<int64_t> RunConfig::*, std::vector<double> RunConfig::*,
                                std::vector<uint64_t> RunConfig::*>;

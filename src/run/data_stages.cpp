@@ -31,6 +31,7 @@ CorpusSpec corpus_spec(const RunConfig & c, std::vector<fs::path> & inputs) {
     spec.eval_share = c.eval_share.value_or(spec.eval_share);
     spec.tokens = c.tokens ? c.tokens : spec.tokens;
     spec.doc_tokens = c.doc_tokens.value_or(spec.doc_tokens);
+    spec.tasks_per_domain = c.tasks_per_domain.value_or(spec.tasks_per_domain);
     if (!(spec.eval_share > 0 && spec.eval_share < 1)) {
         throw Error("eval_share must be in (0, 1): the held-out side feeds eval and replay");
     }
@@ -54,7 +55,8 @@ void corpus_stage(Runner & run, const RunConfig & c, const RunPaths & at) {
     const CorpusSpec spec = corpus_spec(c, corpus_inputs);
     const fs::path & dir = at.dir;
     run.stage("corpus", {{"corpus", c.corpus}, {"seed", spec.seed}, {"eval_share", spec.eval_share},
-                         {"tokens", spec.tokens ? json(*spec.tokens) : json(nullptr)}, {"doc_tokens", spec.doc_tokens}},
+                         {"tokens", spec.tokens ? json(*spec.tokens) : json(nullptr)}, {"doc_tokens", spec.doc_tokens},
+                         {"tasks_per_domain", spec.tasks_per_domain}},
               corpus_inputs, [&] {
                   CorpusOptions o;
                   o.model = c.model;

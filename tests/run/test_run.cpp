@@ -347,6 +347,16 @@ TEST_F(RunTest, WithoutATaskFileTheHeldOutChoiceTasksAreScoredPerDomain) {
     if (!plan["recommended"].is_null()) {
         EXPECT_GE(plan["options"][plan["recommended"].get<size_t>()]["task_accuracy"].get<double>(), base_accuracy);
     }
+
+    // --tasks-per-domain overrides the manifest's 6: the corpus is made again, with fewer.
+    r = test::run_command(moeprune_cmd(base_args() + " -k 6,8 --tasks-per-domain 2 -o " + run.string()));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const json fewer = read_json(run / "corpus" / "tasks.json");
+    EXPECT_EQ(fewer["settings"]["tasks_per_domain"], 2);
+    for (const json & d : fewer["domains"]) {
+        EXPECT_EQ(d["tasks"].get<int>(), std::min(2, per_domain[d["domain"].get<std::string>()])) << d;
+    }
+    EXPECT_NE(test::read_bytes(run / "run.toml").find("\ntasks_per_domain = 2\n"), std::string::npos);
 }
 
 TEST_F(RunTest, ReroutingIsMeasuredInTheClosedLoop) {
@@ -637,7 +647,7 @@ TEST_F(RunTest, MeasuredRunCalibratesThePlanAndVerifiesTheRecommendation) {
 TEST(RunConfigKeys, EveryKeyIsDocumentedAndReadsBackAsWritten) {
     const std::string docs = test::read_bytes(fs::path(MOEPRUNE_SOURCE_DIR) / "docs" / "run.md");
     const std::vector<std::string> keys = run_config_keys();
-    ASSERT_EQ(keys.size(), 38u) << "one key per RunConfig member";
+    ASSERT_EQ(keys.size(), 39u) << "one key per RunConfig member";
     for (const std::string & k : keys) {
         EXPECT_NE(docs.find("`" + k + "`"), std::string::npos) << k << " is not in docs/run.md";
     }
@@ -672,6 +682,7 @@ TEST(RunConfigKeys, EveryKeyIsDocumentedAndReadsBackAsWritten) {
     c.eval_share = 0.2;
     c.tokens = 1000;
     c.doc_tokens = 64;
+    c.tasks_per_domain = 200;
     c.trace_top = 16;
     c.save_every = 4;
     c.slice = "best";
