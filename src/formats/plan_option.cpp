@@ -67,7 +67,7 @@ std::optional<double> PlanShortlistFigures::error() const {
 }
 
 const char * runs_on_of(const std::string & policy) {
-    return policy == "resident" || policy == "page-cache" ? kRunsOnLlamaCpp : kRunsOnExpertCache;
+    return policy == kPolicyResident || policy == kPolicyPageCache ? kRunsOnLlamaCpp : kRunsOnExpertCache;
 }
 
 const char * runs_on_name(RunsOn r) { return r == RunsOn::Any ? "any" : kRunsOnLlamaCpp; }
@@ -91,8 +91,8 @@ std::string PlanOption::describe() const {
                            measured->read_ahead_kb ? fmt::format(" at a read-ahead of {} KB", *measured->read_ahead_kb) : "",
                            tok_per_s.value_or(0));
     }
-    const std::string cache = policy == "resident"     ? "all kept experts resident"
-                              : policy == "page-cache" ? "sliced and mapped from disk, the page cache its only expert cache"
+    const std::string cache = policy == kPolicyResident    ? "all kept experts resident"
+                              : policy == kPolicyPageCache ? "sliced and mapped from disk, the page cache its only expert cache"
                               : !cache_experts      ? policy
                                                     : fmt::format("{} cache of {} experts{}, λ {}", policy, *cache_experts,
                                                                   cache_scope == "global" ? " (global)" : " per layer", lambda);

@@ -18,7 +18,10 @@ namespace moeprune {
 // with slots of experts are simulated for a runtime that would implement them.
 inline constexpr const char * kRunsOnLlamaCpp = "llama.cpp";
 inline constexpr const char * kRunsOnExpertCache = "expert-cache runtime";
-// `policy`: "resident", "page-cache" (measured), "given" (misses by hand) or a cache policy.
+// An option's `policy` is what holds its experts: a cache policy of sim's registry, or one
+// of these, which are how stock llama.cpp runs a model (or "given": misses by hand).
+inline constexpr const char * kPolicyResident = "resident";     // every kept expert in RAM
+inline constexpr const char * kPolicyPageCache = "page-cache";  // mapped from disk, the kernel's page cache its cache
 const char * runs_on_of(const std::string & policy);
 
 // What a plan recommends among: what stock llama.cpp runs, or any option (the simulated

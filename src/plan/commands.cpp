@@ -24,7 +24,7 @@ std::vector<std::string> model_flags(const PlanOption & o, const PlanOptions & o
     if (opt.ctx > 0) {
         flags.insert(flags.end(), {"-c", std::to_string(opt.ctx)});
     }
-    const bool streams = o.policy != "resident";
+    const bool streams = o.policy != kPolicyResident;
     if (!g.repacked_expert_types.empty()) {
         const std::string types = fmt::format("{}", fmt::join(g.repacked_expert_types, ", "));
         if (streams) {
@@ -120,7 +120,7 @@ PlanCommands commands_of(const PlanOption & o, const PlanOptions & opt, const Ge
                                       "at{}; it lasts until a reboot, and `blockdev --setra {} /dev/{}` puts it back",
                                       r.storage_device, *at, o.measured || o.shortlist ? "measured" : "priced", compared,
                                       *r.read_ahead_kb * 2, r.storage_device));
-    } else if (measured && measured->report().read_ahead_kb && o.policy != "resident") {
+    } else if (measured && measured->report().read_ahead_kb && o.policy != kPolicyResident) {
         const MeasureReport & r = measured->report();
         c.notes.push_back(fmt::format("the speed streams from {} at its read-ahead when measured, {} KB (blockdev "
                                       "--getra /dev/{} shows it in 512-byte sectors); another setting changes it",

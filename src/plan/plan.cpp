@@ -300,7 +300,7 @@ void Planner::add_given_options() {
         for (const std::string & c : criteria) {
             PlanOption resident = option_of(k, c);
             resident.cache_experts = k;
-            resident.policy = "resident";
+            resident.policy = kPolicyResident;
             resident.resident_bytes = g.other + double(k) * g.sum();
             resident.misses_per_token = 0.0;
             resident.read_bytes_per_token = 0.0;
@@ -355,7 +355,7 @@ void Planner::add_measured_options() {
         const double limit = double(r.limit_bytes);
         PlanOption o = option_of(g.n_expert, "none");
         o.cache_scope = "global";
-        o.policy = "page-cache";
+        o.policy = kPolicyPageCache;
         o.resident_bytes = std::max(0.0, limit - double(report.process_bytes));
         if (r.decode.read_bytes_per_token >= 0) {
             o.read_bytes_per_token = r.decode.read_bytes_per_token;
@@ -385,7 +385,7 @@ void Planner::add_streamed_options() {
         PlanOption o = option_of(s.k, s.criterion);
         o.keep_map = s.keep_map;
         o.cache_scope = "global";
-        o.policy = "page-cache";
+        o.policy = kPolicyPageCache;
         o.resident_bytes = std::min(g.other + double(s.k) * g.sum(), budget > 0 ? budget : s.limit_bytes);
         o.read_bytes_per_token = s.prediction.read_bytes_per_token;
         o.tok_per_s = s.prediction.tokens_per_second;

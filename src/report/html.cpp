@@ -66,6 +66,11 @@ std::string script_json(const json & v) {
     return out;
 }
 
+std::string plan_option_label(const PlanOption & o) {
+    return fmt::format("{} K{} {} {}", o.criterion, o.k, o.policy,
+                       o.cache_experts ? std::to_string(*o.cache_experts) : std::string("-"));
+}
+
 std::string cell(const json & v) {
     return html_escape(v.is_string() ? v.get<std::string>() : v.is_number_float() ? fmt::format("{:.4g}", v.get<double>()) : v.dump());
 }

@@ -1,6 +1,8 @@
 #pragma once
 // What every section of run's report builds its part with: HTML cells and tables, a
 // Vega-Lite chart with its data inside, a chart's place on the page, CSV, keep map names.
+#include "formats/plan_option.h"
+
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -41,6 +43,9 @@ std::pair<std::string, int64_t> map_name(const std::string & path, int64_t n_exp
 
 // "reap-k8", or "unpruned".
 std::string map_label(const std::string & criterion, int64_t k);
+
+// An option as the plan's chart and the draft table name it: "reap K6 lru 4".
+std::string plan_option_label(const PlanOption & o);
 
 template <class T> nlohmann::json or_null(const std::optional<T> & v) { return v ? nlohmann::json(*v) : nlohmann::json(nullptr); }
 

@@ -70,7 +70,7 @@ std::vector<fs::path> measure_shortlist(const RunOptions & opt, const RunPaths &
     std::vector<fs::path> summaries;
     for (const size_t i : shortlist_of(plan, c.measure_shortlist)) {
         const PlanOption & o = plan.options[i];
-        const std::string label = keep_map_label(o.criterion, o.k) + (o.policy == "resident" ? "" : "-" + o.policy) +
+        const std::string label = keep_map_label(o.criterion, o.k) + (o.policy == kPolicyResident ? "" : "-" + o.policy) +
                                   (o.read_ahead_kb ? fmt::format("-ra{}", *o.read_ahead_kb) : "");
         fs::path model = c.model;
         if (o.k < plan.n_expert) {

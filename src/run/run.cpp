@@ -22,10 +22,54 @@ namespace moeprune {
 
 using namespace run_impl;
 
+namespace {
+
+// The slice stage's setting: with --verify and no --slice, the recommendation is sliced.
+std::string slice_of(const RunConfig & c) { return c.verify && c.slice.empty() ? "best" : c.slice; }
+
+// Every stage of a run, in order, and whether a run of `c` has it.
+struct RunStage {
+    const char * name;
+    bool (*runs)(const RunConfig & c);
+};
+
+const std::vector<RunStage> & stage_table() {
+    static const std::vector<RunStage> t = {
+        {"corpus", [](const RunConfig &) { return true; }},
+        {"collect", [](const RunConfig &) { return true; }},
+        {"heldout", [](const RunConfig &) { return true; }},
+        {"measure", [](const RunConfig & c) { return !c.measure.empty(); }},
+        {"select", [](const RunConfig &) { return true; }},
+        {"eval", [](const RunConfig &) { return true; }},
+        {"replay", [](const RunConfig &) { return true; }},
+        {"plan", [](const RunConfig &) { return true; }},
+        {"report", [](const RunConfig &) { return true; }},
+        {"slice", [](const RunConfig & c) { return !slice_of(c).empty(); }},
+        {"verify", [](const RunConfig & c) { return c.verify; }},
+    };
+    return t;
+}
+
+bool stage_runs(const char * name, const RunConfig & c) {
+    for (const RunStage & s : stage_table()) {
+        if (std::string_view(s.name) == name) {
+            return s.runs(c);
+        }
+    }
+    throw Error(fmt::format("internal: no run stage {}", name));
+}
+
+} // namespace
+
 const std::vector<std::string> & run_stages() {
-    static const std::vector<std::string> s = {"corpus", "collect", "heldout", "measure", "select", "eval",
-                                               "replay", "plan", "report", "slice", "verify"};
-    return s;
+    static const std::vector<std::string> names = [] {
+        std::vector<std::string> out;
+        for (const RunStage & s : stage_table()) {
+            out.push_back(s.name);
+        }
+        return out;
+    }();
+    return names;
 }
 
 namespace {
@@ -107,15 +151,15 @@ std::string run_pipeline(const RunOptions & opt) {
     write_file_atomic(dir / "run.toml", run_config_toml(c));
 
     const RunPaths at(dir);
-    const std::string slice = c.verify && c.slice.empty() ? "best" : c.slice;
-    const size_t n_stages = 8 + (c.measure.empty() ? 0 : 1) + (slice.empty() ? 0 : 1) + (c.verify ? 1 : 0);
+    const size_t n_stages = size_t(std::count_if(stage_table().begin(), stage_table().end(),
+                                                 [&](const RunStage & s) { return s.runs(c); }));
     Runner run(dir, opt.from, n_stages);
     corpus_stage(run, c, at);
     collect_stage(run, opt, model, "collect", at.calib, at.stats, {});
     collect_stage(run, opt, model, "heldout", at.eval_text, at.heldout, at.trace);
     // Measured, tokens/s are priced from the measurement from the replay on, as in the plan.
     ThroughputParams throughput = throughput_of(c);
-    if (!c.measure.empty()) {
+    if (stage_runs("measure", c)) {
         measure_stage(run, opt, at);
         throughput = measured_throughput(at.measure_json, throughput, {});
     }
@@ -134,12 +178,12 @@ std::string run_pipeline(const RunOptions & opt) {
             summary += "\n  " + line;
         }
     }
-    if (!slice.empty()) {
+    if (stage_runs("slice", c)) {
         RunConfig sliced = c;
-        sliced.slice = slice;
+        sliced.slice = slice_of(c);
         summary += with_json_errors(at.plan_json.string(), [&] { return slice_stage(run, sliced, at, maps, plan); });
     }
-    if (c.verify) {
+    if (stage_runs("verify", c)) {
         summary += with_json_errors(at.plan_json.string(), [&] { return verify_stage(run, opt, at, plan); });
     }
     return summary + "\nreport: " + (dir / "report.html").string();

@@ -24,13 +24,14 @@ struct PolicyEntry {
     policies::PolicyFactory make;
     policies::StackFactory make_stack;
     bool reads_future;
-    bool credits_candidates;
+    PolicyCredit credit;
+    PolicyDecay decay;
 };
 
 const std::vector<PolicyEntry> & registry() {
     static const std::vector<PolicyEntry> entries = {
-#define MOEPRUNE_POLICY(name, factory, stack_factory, reads_future, credits)                                                   \
-    {name, &policies::factory, &policies::stack_factory, reads_future, credits},
+#define MOEPRUNE_POLICY(name, factory, stack_factory, reads_future, credit, decay)                                             \
+    {name, &policies::factory, &policies::stack_factory, reads_future, PolicyCredit::credit, PolicyDecay::decay},
 #include "sim/policies/registry.def"
 #undef MOEPRUNE_POLICY
     };
@@ -83,10 +84,19 @@ bool policy_reads_future(const std::string & name) {
     return e && e->reads_future;
 }
 
-bool policy_credits_candidates(const std::string & name) {
+bool policy_credits_candidates(const std::string & name) { return policy_credit(name) != PolicyCredit::Chosen; }
+
+PolicyCredit policy_credit(const std::string & name) {
     const PolicyEntry * e = find_policy(name);
-    return e && e->credits_candidates;
+    return e ? e->credit : PolicyCredit::Chosen;
 }
+
+PolicyDecay policy_decay(const std::string & name) {
+    const PolicyEntry * e = find_policy(name);
+    return e ? e->decay : PolicyDecay::None;
+}
+
+bool policy_takes_key_schedule(const std::string & name) { return policy_decay(name) != PolicyDecay::None; }
 
 namespace {
 

@@ -117,8 +117,16 @@ bool policy_is_stack_algorithm(const std::string & name);
 const std::vector<std::string> & policy_names();
 // Reads the future request sequence: an offline bound (belady), not a policy to deploy.
 bool policy_reads_future(const std::string & name);
-// Credits the router's ranked candidates beyond the chosen experts (needs Request::ranked).
+// What a policy credits on a request: the chosen experts only, or the router's ranked
+// candidates beyond them too (needs Request::ranked): the top near_pick with a linear
+// weight, or every candidate by its router probability.
+enum class PolicyCredit { Chosen, NearPick, InverseRouter };
+PolicyCredit policy_credit(const std::string & name);
 bool policy_credits_candidates(const std::string & name);
+// The decay the ema family's scores follow per token: --ema-decay, or lfru's half-life
+// (--lfru-half-life) turned into one; None for a policy without decayed scores.
+enum class PolicyDecay { None, EmaDecay, LfruHalfLife };
+PolicyDecay policy_decay(const std::string & name);
 
 // The ema family's eviction key for an expert whose score is exp(log_score) after
 // request t: ln(score) - t * ln(decay), which orders experts as their decayed scores

@@ -39,7 +39,10 @@ const std::vector<ArchTraits> & arch_table() {
             t.planting_refused = "qwen4exp's hyper-connections mix the residual streams, so the planted coordinates are "
                                  "not guaranteed there";
         }));
-        v.push_back(with(tuned("dots1"), [](ArchTraits & t) { t.min_layers = 2; }));
+        v.push_back(with(tuned("dots1"), [](ArchTraits & t) {
+        t.min_layers = 2;
+        t.dense_leading = 1;
+    }));
         const auto mla = [](ArchTraits & t) {
             t.mla = true;
             t.head_dim = 64;
@@ -155,7 +158,7 @@ void add_tuned_metadata(const Writer & w, const SynthOptions & o, const ArchTrai
         // A dense first layer, then MoE layers with a shared expert and a sigmoid router
         // whose selection is biased by exp_probs_b and whose gates are renormalized and
         // scaled: the DeepSeek-V3 style of gating.
-        w.u32("leading_dense_block_count", 1);
+        w.u32("leading_dense_block_count", uint32_t(t.dense_leading));
         w.u32("expert_shared_count", 1);
         w.f32("expert_weights_scale", 2.5f);
         w.flag("expert_weights_norm", true);

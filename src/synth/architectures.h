@@ -23,6 +23,7 @@ struct ArchTraits {
     bool groups = false;           // llama.cpp reads expert groups for this architecture
     bool gate_up = false;          // llama.cpp loads merged ffn_gate_up_exps
     bool tuned = false;            // one of the first four architectures, with hand-set metadata
+    int dense_leading = 0;         // tuned: the dense layers before the MoE ones its metadata fixes
     std::string planting_refused;  // why --dead / --specialists cannot be guaranteed, if so
     std::string refused;           // why synth refuses the architecture altogether, if so
 };

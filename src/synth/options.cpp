@@ -169,7 +169,7 @@ const ArchTraits & check_options(const SynthOptions & o) {
 SynthOptions resolve_defaults(SynthOptions o) {
     const ArchTraits * traits = find_arch(o.arch);
     if (traits && traits->tuned) {
-        const int fixed = o.arch == "dots1" ? 1 : 0;
+        const int fixed = traits->dense_leading;
         if (o.dense_leading >= 0 && o.dense_leading != fixed) {
             throw Error(fmt::format("synth: --dense-leading: {} always has {} dense leading layers", o.arch, fixed));
         }

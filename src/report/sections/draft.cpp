@@ -2,6 +2,8 @@
 #include "report/html.h"
 #include "report/section.h"
 
+#include <set>
+
 namespace moeprune {
 
 using nlohmann::json;
@@ -10,8 +12,8 @@ namespace {
 
 // A model with an MTP head: each option of the front, and the recommendation, with and
 // without one draft token per step.
-std::string draft_html(const json & plan_rows, const PlanInputFigures & plan) {
-    if (plan.mtp_layers == 0) {
+std::string draft_html(const PlanFile & plan, const PlanInputFigures & inputs) {
+    if (inputs.mtp_layers == 0) {
         return "";
     }
     std::string body = "<h2>With and without the MTP draft</h2>\n<p>Speculative decoding with the model's MTP head "
@@ -20,15 +22,18 @@ std::string draft_html(const json & plan_rows, const PlanInputFigures & plan) {
                        "columns). Acceptance is what eval measured for the keep map; a blank is not measured.</p>\n"
                        "<table><tr><th>option</th><th>tokens/s</th><th>acceptance</th><th>tokens/s with the draft</th>"
                        "<th>source</th></tr>";
-    for (const json & row : plan_rows) {
-        if (!row["pareto"].get<bool>() && !row["recommended"].get<bool>()) {
+    const std::set<size_t> front(plan.pareto.begin(), plan.pareto.end());
+    for (size_t i = 0; i < plan.options.size(); ++i) {
+        const bool recommended = plan.recommended == i;
+        if (!front.count(i) && !recommended) {
             continue;
         }
-        const json draft = row.value("mtp_draft", json::object());
-        body += "<tr><td>" + html_escape(row["label"].get<std::string>()) + (row["recommended"].get<bool>() ? " (recommended)" : "") +
-                "</td><td>" + cell(row.value("tok_per_s", json())) + "</td><td>" + cell(row["mtp_acceptance"]) + "</td><td>" +
-                cell(row["mtp_tok_per_s"]) + "</td><td>" +
-                cell(draft.value("acceptance_source", draft.value("note", json()))) + "</td></tr>";
+        const PlanOption & o = plan.options[i];
+        const std::optional<PlanDraft> & d = o.mtp_draft;
+        body += "<tr><td>" + html_escape(plan_option_label(o)) + (recommended ? " (recommended)" : "") + "</td><td>" +
+                cell(or_null(o.tok_per_s)) + "</td><td>" + cell(d ? or_null(d->acceptance) : json()) + "</td><td>" +
+                cell(d ? or_null(d->tok_per_s) : json()) + "</td><td>" +
+                cell(d ? or_null(d->acceptance_source) : json()) + "</td></tr>";
     }
     return body + "</table>\n";
 }
@@ -36,7 +41,7 @@ std::string draft_html(const json & plan_rows, const PlanInputFigures & plan) {
 } // namespace
 
 ReportSection draft_section() {
-    return {.id = "draft", .html = [](const ReportData & d) { return draft_html(d.rows.at("plan"), d.plan_inputs); }};
+    return {.id = "draft", .html = [](const ReportData & d) { return draft_html(d.plan, d.plan_inputs); }};
 }
 
 } // namespace moeprune

@@ -22,8 +22,7 @@ json plan_rows(const PlanFile & plan) {
         row["resident_gb"] = o.resident_bytes ? json(*o.resident_bytes / 1e9) : json(nullptr);
         row["pareto"] = front.count(i) > 0;
         row["recommended"] = plan.recommended == i;
-        row["label"] = fmt::format("{} K{} {} {}", o.criterion, o.k, o.policy,
-                                   o.cache_experts ? std::to_string(*o.cache_experts) : std::string("-"));
+        row["label"] = plan_option_label(o);
         row["mtp_acceptance"] = o.mtp_draft ? or_null(o.mtp_draft->acceptance) : json();
         row["mtp_tok_per_s"] = o.mtp_draft ? or_null(o.mtp_draft->tok_per_s) : json();
         plan_rows.push_back(row);

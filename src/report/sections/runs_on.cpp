@@ -21,7 +21,7 @@ std::string option_row(const PlanOption & o, const std::string & label, const st
                                        : std::string())
         : o.measured ? "measured under " + o.measured->ram
         : o.runs_on == kRunsOnExpertCache ? "simulated"
-        : o.policy == "resident"          ? "predicted (every kept expert in RAM)"
+        : o.policy == kPolicyResident          ? "predicted (every kept expert in RAM)"
                                           : "predicted (measure's page-cache predictor)";
     const json speedup = base_speed && o.tok_per_s && *base_speed > 0 ? json(*o.tok_per_s / *base_speed) : json();
     return "<tr><td>" + html_escape(label) + "</td><td>" + cell(or_null(o.tok_per_s)) + "</td><td>" +
@@ -35,11 +35,11 @@ std::string label_of(const PlanOption & o) {
         return fmt::format("all {} experts, page cache{}", o.k,
                            o.measured->read_ahead_kb ? fmt::format(", read-ahead {} KB", *o.measured->read_ahead_kb) : "");
     }
-    if (o.policy == "page-cache") {
+    if (o.policy == kPolicyPageCache) {
         return fmt::format("K {} by {}, sliced and mapped from disk{}", o.k, o.criterion,
                            o.read_ahead_kb ? fmt::format(", read-ahead {} KB", *o.read_ahead_kb) : "");
     }
-    return o.policy == "resident" ? fmt::format("K {} by {}, resident", o.k, o.criterion)
+    return o.policy == kPolicyResident ? fmt::format("K {} by {}, resident", o.k, o.criterion)
                                   : fmt::format("K {} by {}, {} of {} experts{}{}", o.k, o.criterion, o.policy,
                                                 o.cache_experts.value_or(0), o.cache_scope == "global" ? " (global)" : "",
                                                 o.lambda > 0 ? fmt::format(", MoCE λ {}", o.lambda) : "");

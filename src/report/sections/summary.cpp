@@ -19,7 +19,7 @@ std::vector<std::string> answer_sentences(const ReportData & d) {
     }
     std::vector<std::string> out;
     const std::string what = o->measured ? fmt::format("the model itself, all {} experts, mapped from disk", o->k)
-                             : o->policy == "resident"
+                             : o->policy == kPolicyResident
                                  ? (o->k < d.plan.n_expert ? fmt::format("the model sliced to {} experts per layer by {}, "
                                                                          "every kept expert in RAM", o->k, o->criterion)
                                                            : "the model itself, every expert in RAM")

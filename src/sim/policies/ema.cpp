@@ -14,8 +14,6 @@ namespace moeprune::policies {
 namespace {
 
 // How a candidate of the request that was not chosen earns credit in the ema family.
-enum class Credit { ChosenOnly, NearPick, InverseRouter };
-
 // exp of a logit difference, remembered by argument (direct-mapped): logits come from
 // fp16 trace values, so the same few thousand differences recur, and a remembered exp
 // is the same number.
@@ -46,24 +44,24 @@ private:
 // The scores of a request sequence do not depend on the cache, only evictions do.
 class DecayedScores {
 public:
-    DecayedScores(int n_expert, double decay, Credit credit, int near_pick)
+    DecayedScores(int n_expert, double decay, PolicyCredit credit, int near_pick)
         : decay_(decay), log_decay_(std::log(decay)), credit_(credit), near_pick_(near_pick),
           scores_(size_t(n_expert)) {}
 
     // The candidates request `now` credits besides its chosen experts, in rank order:
     // f(e, credit) for each, skipping those is_chosen(e) names.
     template <class IsChosen, class F> void for_each_credit(const Request & r, const IsChosen & is_chosen, F && f) {
-        if (credit_ == Credit::ChosenOnly) {
+        if (credit_ == PolicyCredit::Chosen) {
             return;
         }
-        const size_t n = credit_ == Credit::NearPick ? std::min(r.ranked.size(), size_t(near_pick_)) : r.ranked.size();
+        const size_t n = credit_ == PolicyCredit::NearPick ? std::min(r.ranked.size(), size_t(near_pick_)) : r.ranked.size();
         const double z0 = r.logits.empty() ? 0.0 : double(r.logits[0]);
         for (size_t i = 0; i < n; ++i) {
             const int32_t e = r.ranked[i];
             if (is_chosen(e)) {
                 continue;
             }
-            const double c = credit_ == Credit::NearPick ? 1.0 - double(i) / double(near_pick_)
+            const double c = credit_ == PolicyCredit::NearPick ? 1.0 - double(i) / double(near_pick_)
                                                          : exp_memo_(double(r.logits[i]) - z0);
             if (c > 0.0) {
                 f(e, c);
@@ -96,7 +94,7 @@ private:
     }
     static constexpr size_t kDecayTable = size_t(1) << 14;
     double decay_, log_decay_;
-    Credit credit_;
+    PolicyCredit credit_;
     int near_pick_;
     // Score and stamp side by side: a global cache credits thousands of ids per token.
     struct Score {
@@ -160,9 +158,6 @@ private:
     size_t chosen_count_ = 0;
 };
 
-Credit credit_of(const std::string & name) {
-    return name == "near-pick-ema" ? Credit::NearPick : name == "inverse-router-ema" ? Credit::InverseRouter : Credit::ChosenOnly;
-}
 
 } // namespace
 
@@ -183,7 +178,7 @@ void check_params(const PolicyParams & p) {
 std::unique_ptr<DecayedScore> make_decayed(const PolicySpec & s) {
     check_params(s.params);
     return std::make_unique<DecayedScore>(
-        s.n_expert, s.capacity, DecayedScores(s.n_expert, effective_decay(s.name, s.params), credit_of(s.name), s.params.near_pick),
+        s.n_expert, s.capacity, DecayedScores(s.n_expert, effective_decay(s.name, s.params), policy_credit(s.name), s.params.near_pick),
         s.keys);
 }
 
@@ -202,9 +197,6 @@ std::unique_ptr<StackPolicy> make_inverse_router_ema_stack(const PolicySpec & s)
 
 namespace moeprune {
 
-bool policy_takes_key_schedule(const std::string & name) {
-    return name == "ema" || name == "lfru" || name == "near-pick-ema" || name == "inverse-router-ema";
-}
 
 KeySchedule build_key_schedule(const std::string & name, int n_expert, const PolicyParams & p, uint64_t n_requests,
                                const std::function<Request(uint64_t, bool &)> & request_of) {
@@ -213,7 +205,7 @@ KeySchedule build_key_schedule(const std::string & name, int n_expert, const Pol
         throw Error(fmt::format("internal: {} has no key schedule", name));
     }
     check_params(p);
-    DecayedScores scores(n_expert, effective_decay(name, p), credit_of(name), p.near_pick);
+    DecayedScores scores(n_expert, effective_decay(name, p), policy_credit(name), p.near_pick);
     // The same marks and order as a cache's access(): chosen experts are passed over
     // as candidates and updated last.
     std::vector<uint64_t> chosen_at(size_t(n_expert), 0);
@@ -256,7 +248,7 @@ int64_t ema_key(double log_score, uint64_t t, double log_decay) {
 }
 
 double effective_decay(const std::string & name, const PolicyParams & p) {
-    const double per_token = name == "lfru" ? std::exp2(-1.0 / p.lfru_half_life) : p.ema_decay;
+    const double per_token = policy_decay(name) == PolicyDecay::LfruHalfLife ? std::exp2(-1.0 / p.lfru_half_life) : p.ema_decay;
     return std::pow(per_token, 1.0 / double(p.requests_per_token));
 }
 

@@ -21,7 +21,7 @@ using PolicyFactory = std::unique_ptr<CachePolicy> (*)(const PolicySpec &);
 using StackFactory = std::unique_ptr<StackPolicy> (*)(const PolicySpec &);
 std::unique_ptr<StackPolicy> not_a_stack_algorithm(const PolicySpec &);
 
-#define MOEPRUNE_POLICY(name, factory, stack_factory, reads_future, credits)                                                   \
+#define MOEPRUNE_POLICY(name, factory, stack_factory, reads_future, credit, decay)                                                 \
     std::unique_ptr<CachePolicy> factory(const PolicySpec &);                                                          \
     std::unique_ptr<StackPolicy> stack_factory(const PolicySpec &);
 #include "sim/policies/registry.def"
