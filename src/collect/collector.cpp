@@ -1,5 +1,5 @@
-// Collect's graph observer (collect/collector.h): which nodes it watches, the checks on
-// what they hold, and how each token's routing adds to the statistics and the trace.
+// Collect's graph observer (collect/collector.h): the router nodes come from route's
+// capture; how each token's routing adds to the statistics and the trace.
 #include "collect/collector.h"
 #include "engine/arch_quirks.h"
 #include "core/errors.h"
@@ -17,20 +17,19 @@ Collector::Collector(const CollectOptions & opt, std::string arch, std::vector<i
                      int n_expert_used, int n_embd, std::string down_node, const std::vector<std::string> & domains,
                      SaliencyStats & stats, ImatrixAccumulator * imatrix)
     : opt_(opt), imatrix_(imatrix), arch_(std::move(arch)), moe_layers_(std::move(moe_layers)), n_expert_(n_expert),
-      n_expert_used_(n_expert_used), n_embd_(n_embd), down_node_(std::move(down_node)), domains_(domains),
-      stats_(stats), capture_(moe_layers_.size()), done_tokens_(moe_layers_.size(), 0),
+      n_expert_used_(n_expert_used), down_node_(std::move(down_node)), domains_(domains),
+      stats_(stats),
+      capture_({arch_, moe_layers_, n_expert, n_expert_used, n_embd, down_node_, !opt.trace.empty()}),
+      done_tokens_(moe_layers_.size(), 0),
       trace_count_(moe_layers_.size(), std::vector<uint64_t>(size_t(n_expert), 0)),
-      prob_drops_(moe_layers_.size(), 0), routed_this_graph_(moe_layers_.size(), 0) {
-    for (size_t i = 0; i < moe_layers_.size(); ++i) {
-        ordinal_[moe_layers_[i]] = int(i);
-    }
+      prob_drops_(moe_layers_.size(), 0) {
     trace_m_ = std::min(opt.trace_top, n_expert);
 }
 
 void Collector::begin_batch(std::vector<TokenInfo> tokens) {
     batch_ = std::move(tokens);
     std::fill(done_tokens_.begin(), done_tokens_.end(), 0);
-    std::fill(routed_this_graph_.begin(), routed_this_graph_.end(), 0);
+    capture_.new_graph();
     trace_ids_.assign(batch_.size() * moe_layers_.size() * size_t(trace_m_), 0);
     trace_logits_.assign(trace_ids_.size(), 0.0f);
 }
@@ -60,7 +59,7 @@ bool Collector::on_node(ggml_tensor * t, bool ask) {
     // feeds logits nobody reads (nor the imatrix, which leaves the head out).
     if (std::strcmp(t->name, "result_norm") == 0) {
         if (!ask) {
-            std::fill(routed_this_graph_.begin(), routed_this_graph_.end(), 0);
+            capture_.new_graph();
         }
         // The MTP head reads the trunk's outputs, and its own graph routes only output rows.
         if (opt_.generate == 0 && !runs_mtp_) {
@@ -71,129 +70,15 @@ bool Collector::on_node(ggml_tensor * t, bool ask) {
     }
     // llama-imatrix runs no MTP head: the importance matrix stays the trunk's.
     const bool for_imatrix = imatrix_ && !in_mtp_graph_ && ImatrixAccumulator::wants(t);
+    const auto complete = [&](int li, int il, LayerCapture & c) { process(li, c, il); };
     if (ask) {
-        return on_router_node(t, true) || for_imatrix;
+        return capture_.on_node(t, true, complete) || for_imatrix;
     }
     if (for_imatrix) {
         imatrix_->observe(t);
     }
-    on_router_node(t, false);
+    capture_.on_node(t, false, complete);
     return true;
-}
-
-bool Collector::on_router_node(ggml_tensor * t, bool ask) {
-    const char * name = t->name;
-    const RouterNode parsed = parse_router_node(name);
-    if (parsed.layer < 0) {
-        return false;
-    }
-    const std::string & node = parsed.name;
-    // Every watched node splits llama.cpp's graph there, so only what this run uses:
-    // logits and selection scores only for a trace; all gate stages, since the last
-    // one present is the gate the model applies; f only at its final stage, where the
-    // layer is complete.
-    static const std::vector<std::string> kAlways = {"ffn_moe_probs",        "ffn_moe_topk",
-                                                     "ffn_moe_weights",      "ffn_moe_weights_softmax",
-                                                     "ffn_moe_weights_norm", "ffn_moe_weights_scaled"};
-    static const std::vector<std::string> kForTrace = {"ffn_moe_logits", "ffn_moe_logits_biased", "ffn_moe_probs_biased",
-                                                       "ffn_moe_probs_masked"};
-    const bool watched = node == down_node_ || std::find(kAlways.begin(), kAlways.end(), node) != kAlways.end() ||
-                         (!opt_.trace.empty() && std::find(kForTrace.begin(), kForTrace.end(), node) != kForTrace.end());
-    if (!watched) {
-        return false;
-    }
-    if (ask) {
-        return true;
-    }
-    const int il = parsed.layer;
-    const auto it = ordinal_.find(il);
-    if (it == ordinal_.end()) {
-        throw Error(fmt::format("{}: node {} belongs to layer {}, which has no routed experts in the model's tensors",
-                                arch_, name, il));
-    }
-    // A second routing of a layer in one graph (grovemoe's adjugate experts, chosen by the
-    // same router from the same probabilities) adds no routing decision of its own.
-    if (routed_this_graph_[size_t(it->second)]) {
-        repeat_routings_ += node == down_node_;
-        return true;
-    }
-    LayerCapture & c = capture_[size_t(it->second)];
-    if (t->type != GGML_TYPE_F32 && !(node == "ffn_moe_topk" && t->type == GGML_TYPE_I32)) {
-        throw Error(fmt::format("{}: node {} has type {}, expected {}", arch_, name, ggml_type_name(t->type),
-                                node == "ffn_moe_topk" ? "i32" : "f32"));
-    }
-    if (node == "ffn_moe_topk") {
-        expect_shape(t, {n_expert_used_, -1}, name);
-        c.n_tokens = t->ne[1];
-        c.topk = read_node_f32(t, raw_);
-    } else if (node == "ffn_moe_probs") {
-        expect_shape(t, {n_expert_, -1}, name);
-        c.gating = gating_of(t);
-        if (c.gating == Gating::Unknown) {
-            throw Error(fmt::format("{}: node {} comes from op {}, not a gating function moeprune knows", arch_, name,
-                                    ggml_op_desc(t)));
-        }
-        gating_ = c.gating;
-        c.probs = read_node_f32(t, raw_);
-        c.selection = c.probs;
-        if (c.gating == Gating::SoftmaxWeight) {
-            c.logits = c.probs;
-        }
-    } else if (node == "ffn_moe_probs_biased" || node == "ffn_moe_probs_masked") {
-        expect_shape(t, {n_expert_, -1}, name);
-        c.selection = read_node_f32(t, raw_);
-    } else if (node == "ffn_moe_logits" || node == "ffn_moe_logits_biased") {
-        expect_shape(t, {n_expert_, -1}, name);
-        c.logits = read_node_f32(t, raw_);
-    } else if (node.rfind("ffn_moe_weights", 0) == 0) {
-        // [1, k, tokens], or [k, tokens] where build_moe_ffn reshaped to normalize.
-        expect_shape(t, t->ne[0] == 1 ? std::vector<int64_t>{1, n_expert_used_, -1} : std::vector<int64_t>{n_expert_used_, -1},
-                     name);
-        c.weights = read_node_f32(t, raw_);
-        if (node == "ffn_moe_weights_softmax") {
-            c.softmax_weights = c.weights;
-        }
-    } else if (node == down_node_) {
-        expect_shape(t, {n_embd_, n_expert_used_, -1}, name);
-        reduce_down(t, c);
-        process(it->second, c, il);
-        c.clear();
-        routed_this_graph_[size_t(it->second)] = 1;
-    }
-    return true;
-}
-
-void Collector::expect_shape(const ggml_tensor * t, std::vector<int64_t> ne, const char * name) const {
-    bool ok = true;
-    for (size_t i = 0; i < ne.size(); ++i) {
-        ok = ok && (ne[i] < 0 || t->ne[i] == ne[i]);
-    }
-    for (size_t i = ne.size(); i < GGML_MAX_DIMS; ++i) {
-        ok = ok && t->ne[i] == 1;
-    }
-    if (!ok) {
-        throw Error(fmt::format("{}: node {} has shape [{}, {}, {}, {}], expected [{}] (-1: the token count)", arch_, name,
-                                t->ne[0], t->ne[1], t->ne[2], t->ne[3], fmt::join(ne, ", ")));
-    }
-}
-
-void Collector::reduce_down(const ggml_tensor * t, LayerCapture & c) {
-    const std::vector<float> f = read_node_f32(t, raw_);
-    const int64_t slots = t->ne[1] * t->ne[2];
-    c.f_norm.assign(size_t(slots), 0.0);
-    c.f_max.assign(size_t(slots), 0.0);
-    for (int64_t s = 0; s < slots; ++s) {
-        double sq = 0, mx = 0;
-        bool finite = true;
-        for (int64_t i = 0; i < t->ne[0]; ++i) {
-            const double v = f[size_t(s * t->ne[0] + i)];
-            finite = finite && std::isfinite(v);
-            sq += v * v;
-            mx = std::max(mx, std::fabs(v));
-        }
-        c.f_norm[size_t(s)] = finite ? std::sqrt(sq) : std::nan("");
-        c.f_max[size_t(s)] = mx;
-    }
 }
 
 Error Collector::missing_node(int il, const char * what) const {

@@ -1,11 +1,11 @@
 #pragma once
-// Collect's graph observer: reads every MoE layer's router and expert-output nodes as
-// llama.cpp computes them, and adds them to the saliency statistics and the trace.
+// Collect's graph observer: every MoE layer's router and expert-output nodes, as route's
+// capture reads them, added to the saliency statistics and the trace (and the imatrix).
 // Private to collect.
 #include "collect/collect.h"
 #include "collect/imatrix.h"
 #include "core/errors.h"
-#include "route/router_graph.h"
+#include "route/capture.h"
 #include "formats/trace.h"
 
 #include "ggml-backend.h"
@@ -22,17 +22,6 @@ struct TokenInfo {
     TraceTokenMeta meta;
     int domain = -1;   // index into the corpus' domains, -1 for none
     bool traced = false;
-};
-
-// What one MoE layer's nodes gave for the current micro-batch.
-struct LayerCapture {
-    std::vector<float> topk, probs, selection, logits, weights, softmax_weights;
-    Gating gating = Gating::Unknown;
-    // Per (token, slot) of the final expert output f: its L2 norm and largest |value|;
-    // NaN norm when any value is not finite.
-    std::vector<double> f_norm, f_max;
-    int64_t n_tokens = -1;
-    void clear() { *this = LayerCapture(); }
 };
 
 class Collector : public GraphObserverFailure {
@@ -55,10 +44,10 @@ public:
     void runs_mtp() { runs_mtp_ = true; }
     void in_mtp_graph(bool on) { in_mtp_graph_ = on; }
 
-    Gating gating() const { return gating_; }
+    Gating gating() const { return capture_.gating(); }
     // Graph evaluations stopped before the output head.
     uint64_t head_stops() const { return head_stops_; }
-    uint64_t repeat_routings() const { return repeat_routings_; }
+    uint64_t repeat_routings() const { return capture_.repeat_routings(); }
     int trace_m() const { return trace_m_; }
     const std::vector<std::vector<uint64_t>> & trace_count() const { return trace_count_; }
     void set_trace_count(std::vector<std::vector<uint64_t>> c) { trace_count_ = std::move(c); }
@@ -68,9 +57,6 @@ public:
 
 private:
     bool on_node(ggml_tensor * t, bool ask);
-    bool on_router_node(ggml_tensor * t, bool ask);
-    void expect_shape(const ggml_tensor * t, std::vector<int64_t> ne, const char * name) const;
-    void reduce_down(const ggml_tensor * t, LayerCapture & c);
     Error missing_node(int il, const char * what) const;
     void process(int li, LayerCapture & c, int il);
     bool add_probabilities(int li, int il, const LayerCapture & c, int64_t r, const std::vector<int32_t> & chosen,
@@ -86,12 +72,11 @@ private:
     ImatrixAccumulator * imatrix_;
     std::string arch_;
     std::vector<int> moe_layers_;
-    std::map<int, int> ordinal_;
-    int n_expert_, n_expert_used_, n_embd_;
+    int n_expert_, n_expert_used_;
     std::string down_node_;
     const std::vector<std::string> & domains_;
     SaliencyStats & stats_;
-    std::vector<LayerCapture> capture_;
+    RouterCapture capture_;
     std::vector<size_t> done_tokens_;
     std::vector<TokenInfo> batch_;
     std::vector<uint16_t> trace_ids_;
@@ -100,13 +85,9 @@ private:
     std::vector<uint64_t> prob_drops_;
     std::vector<int32_t> order_;
     std::vector<char> is_chosen_;
-    std::vector<uint8_t> raw_;
     int trace_m_ = 0;
     uint64_t head_stops_ = 0;
     bool runs_mtp_ = false, in_mtp_graph_ = false;
-    std::vector<char> routed_this_graph_;  // per MoE layer, until the graph's result_norm
-    uint64_t repeat_routings_ = 0;
-    Gating gating_ = Gating::Unknown;
 };
 
 } // namespace moeprune::collect_impl
