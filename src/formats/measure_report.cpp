@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <limits>
+#include <numeric>
 
 namespace moeprune {
 
@@ -49,7 +50,7 @@ json to_json(const MeasuredRun & r) {
             {"residency", r.residency},
             {"llama_bench", r.llama_bench},
             {"repeats_tokens_per_second", r.repeats_tokens_per_second},
-            {"detail", r.detail}};
+            {"detail", r.detail ? to_json(*r.detail) : json(nullptr)}};
 }
 
 json to_json(const ProbeFigures & p) {
@@ -104,34 +105,108 @@ uint64_t optional_bytes(const JsonFields & f, const char * key) {
 
 // A speed must be what its own times make, so that a report edited by hand (or forged)
 // with figures each in range but impossible together is refused by name instead of priced.
-void check_speed(const JsonFields & run, const DecodeFigures & d) {
+void check_speed(const JsonFields & run, const DecodeFigures & d, const std::optional<DecodeDetail> & detail) {
     const JsonFields decode = run.object("decode");
     if (std::abs(d.tokens_per_second * d.ms_mean / 1000 - 1) > 1e-3) {
         decode.fail("tokens_per_second", fmt::format("is {}, but the mean of {} ms per token makes {:.6g}: the report "
                                                      "was edited", d.tokens_per_second, d.ms_mean, 1000 / d.ms_mean));
     }
-    if (!run.has("detail") || !run.any("detail").is_object()) {
+    if (!detail || detail->wall_us.empty()) {
         return;
     }
-    const json & detail = run.any("detail");
-    if (!detail.contains("per_token") || !detail.at("per_token").is_object() ||
-        !detail.at("per_token").contains("wall_us")) {
-        return;
-    }
-    const json & wall_us = detail.at("per_token").at("wall_us");
-    if (wall_us.is_array() && !wall_us.empty()) {
-        double total = 0;
-        for (const json & t : wall_us) {
-            total += t.is_number() ? t.get<double>() : 0;
-        }
-        const double from_wall = double(wall_us.size()) * 1e6 / total;
-        if (!(total > 0) || std::abs(d.tokens_per_second / from_wall - 1) > 1e-3) {
-            decode.fail("tokens_per_second", fmt::format("is {}, but its {} tokens took {} us in all ({:.6g} tokens/s): "
-                                                         "the report was edited", d.tokens_per_second, wall_us.size(),
-                                                         total, from_wall));
-        }
+    const double total = std::accumulate(detail->wall_us.begin(), detail->wall_us.end(), 0.0);
+    const double from_wall = double(detail->wall_us.size()) * 1e6 / total;
+    if (!(total > 0) || std::abs(d.tokens_per_second / from_wall - 1) > 1e-3) {
+        decode.fail("tokens_per_second", fmt::format("is {}, but its {} tokens took {} us in all ({:.6g} tokens/s): the "
+                                                     "report was edited",
+                                                     d.tokens_per_second, detail->wall_us.size(), total, from_wall));
     }
 }
+
+} // namespace
+
+uint64_t DecodeDetail::process_value(const std::string & key) const {
+    for (const auto & [k, v] : process) {
+        if (k == key) {
+            return v;
+        }
+    }
+    return 0;
+}
+
+json to_json(const DecodeDetail & d) {
+    json out = {{"load_seconds", d.load_seconds},
+                {"load_read_bytes", d.load_read_bytes ? json(*d.load_read_bytes) : json(nullptr)},
+                {"load_major_faults", d.load_major_faults},
+                {"passes", d.passes},
+                {"timed_seconds", d.timed_seconds},
+                {"per_token",
+                 {{"wall_us", d.wall_us},
+                  {"read_bytes", d.read_bytes},
+                  {"major_faults", d.major_faults},
+                  {"minor_faults", d.minor_faults}}},
+                {"read_bytes_counted", d.read_bytes_counted}};
+    if (d.residency) {
+        json samples = json::array();
+        for (const ResidencySample & r : *d.residency) {
+            samples.push_back({{"token", r.token}, {"resident", r.resident}});
+        }
+        out["residency"] = std::move(samples);
+    }
+    json process = json::object();
+    for (const auto & [k, v] : d.process) {
+        process[k] = v;
+    }
+    out["process"] = std::move(process);
+    return out;
+}
+
+DecodeDetail read_decode_detail(const JsonFields & f) {
+    DecodeDetail d;
+    d.load_seconds = optional_number(f, "load_seconds", 0, 1e9, 0);
+    if (f.has("load_read_bytes") && !f.any("load_read_bytes").is_null()) {
+        d.load_read_bytes = f.integer("load_read_bytes", 0, int64_t(kMostBytes));
+    }
+    d.load_major_faults = int64_t(optional_number(f, "load_major_faults", 0, 1e15, 0));
+    d.passes = int64_t(optional_number(f, "passes", 1, 1e6, 1));
+    d.timed_seconds = optional_number(f, "timed_seconds", 0, 1e9, 0);
+    const JsonFields per_token = f.object("per_token");
+    d.wall_us = per_token.numbers("wall_us", 0, 1e12);
+    const auto series = [&](const char * key, int64_t lo, std::vector<int64_t> & out) {
+        if (per_token.has(key)) {
+            out = per_token.integers(key, lo, int64_t(kMostBytes));
+            if (out.size() != d.wall_us.size()) {
+                per_token.fail(key, fmt::format("has {} tokens, wall_us {}", out.size(), d.wall_us.size()));
+            }
+        }
+    };
+    series("read_bytes", -1, d.read_bytes);
+    series("major_faults", 0, d.major_faults);
+    series("minor_faults", 0, d.minor_faults);
+    d.read_bytes_counted = f.has("read_bytes_counted") && f.boolean("read_bytes_counted");
+    if (f.has("residency")) {
+        d.residency.emplace();
+        for (const JsonFields & r : f.objects("residency")) {
+            ResidencySample sample;
+            sample.token = uint64_t(r.integer("token", 0, int64_t(d.wall_us.size())));
+            for (const int64_t e : r.integers("resident", 0, int64_t(UINT32_MAX))) {
+                sample.resident.push_back(uint32_t(e));
+            }
+            d.residency->push_back(std::move(sample));
+        }
+    }
+    if (f.has("process")) {
+        const JsonFields process = f.object("process");
+        for (const char * key : {"RssAnon", "RssFile", "VmHWM", "VmPTE"}) {
+            if (process.has(key)) {
+                d.process.emplace_back(key, uint64_t(process.integer(key, 0, int64_t(kMostBytes))));
+            }
+        }
+    }
+    return d;
+}
+
+namespace {
 
 DecodeFigures read_decode(const JsonFields & run, double least_tok_per_s) {
     const JsonFields decode = run.object("decode");
@@ -144,7 +219,6 @@ DecodeFigures read_decode(const JsonFields & run, double least_tok_per_s) {
     d.ms_p90 = optional_number(ms, "p90", 0, 1e6, 0);
     d.major_faults_per_token = optional_number(decode, "major_faults_per_token", 0, 1e12, 0);
     d.read_bytes_per_token = optional_number(decode, "read_bytes_per_token", 0, kMostBytes, -1);
-    check_speed(run, d);
     return d;
 }
 
@@ -161,7 +235,10 @@ MeasuredRun read_run(const JsonFields & run, bool limited) {
     r.cache_bytes = optional_bytes(run, "cache_bytes");
     r.peak_bytes = optional_bytes(run, "peak_bytes");
     r.decode = read_decode(run, 1e-3);
-    r.detail = optional_json(run, "detail");
+    if (run.has("detail") && !run.any("detail").is_null()) {
+        r.detail = read_decode_detail(run.object("detail"));
+    }
+    check_speed(run, r.decode, r.detail);
     r.llama_bench = optional_json(run, "llama_bench");
     r.read_ahead_kb = optional_read_ahead(run);
     r.residency = optional_json(run, "residency");

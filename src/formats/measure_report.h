@@ -62,6 +62,36 @@ struct DecodeFigures {
     double read_bytes_per_token = -1;   // -1: the kernel keeps no per-process I/O counts
 };
 
+// After a sampled timed token, the experts (routed_expert_slabs order) every page of
+// which the kernel's page cache held, by mincore().
+struct ResidencySample {
+    uint64_t token = 0;
+    std::vector<uint32_t> resident;
+};
+
+// One decode of the measure worker: its result, and each run's "detail" in the report.
+struct DecodeDetail {
+    double load_seconds = 0;
+    std::optional<int64_t> load_read_bytes;    // none: the kernel keeps no per-process I/O counts
+    int64_t load_major_faults = 0;
+    int64_t passes = 1;                        // the timed tokens were decoded this many times
+    double timed_seconds = 0;
+    // Per timed token: its wall time (the median over the passes), and the first pass's
+    // bytes read (-1 uncounted), major and minor faults.
+    std::vector<double> wall_us;
+    std::vector<int64_t> read_bytes, major_faults, minor_faults;
+    bool read_bytes_counted = false;
+    std::optional<std::vector<ResidencySample>> residency;   // when sampled
+    // The worker's own memory after the decode, from /proc/self/status: RssAnon, RssFile,
+    // VmHWM, VmPTE (bytes), the ones the kernel reported.
+    std::vector<std::pair<std::string, uint64_t>> process;
+    uint64_t process_value(const std::string & key) const;   // 0 where not reported
+};
+
+nlohmann::json to_json(const DecodeDetail & d);
+// Refuses impossible values by field (`f` names the file and the place).
+DecodeDetail read_decode_detail(const JsonFields & f);
+
 struct MeasuredRun {
     std::string ram;                 // as given; "resident" for the run without a limit
     uint64_t limit_bytes = 0;        // 0: no limit
@@ -69,7 +99,7 @@ struct MeasuredRun {
     uint64_t peak_bytes = 0;         // the cgroup's most memory charged at once
     std::optional<uint64_t> read_ahead_kb;   // the model's device's read-ahead during the run, where sysfs says
     DecodeFigures decode;
-    nlohmann::json detail;           // load, per-token series, the process's resident set
+    std::optional<DecodeDetail> detail;   // none in a report written without it
     bool predicted = false;          // a limited run, with a storage probe to calibrate reads
     StreamPrediction prediction;     // from the resident run, the trace and the other limits' read rate (or the probe's)
     double error = 0;                // |predicted - measured| / measured tokens/s

@@ -24,10 +24,9 @@ double quantile(std::vector<double> v, double q) {
     return v[lo] + (at - double(lo)) * (v[hi] - v[lo]);
 }
 
-DecodeFigures decode_figures(const json & detail) {
-    const auto wall = detail.at("per_token").at("wall_us").get<std::vector<double>>();
-    const auto faults = detail.at("per_token").at("major_faults").get<std::vector<double>>();
-    const auto reads = detail.at("per_token").at("read_bytes").get<std::vector<double>>();
+DecodeFigures decode_figures(const DecodeDetail & detail) {
+    const std::vector<double> & wall = detail.wall_us;
+    const std::vector<int64_t> & faults = detail.major_faults, & reads = detail.read_bytes;
     DecodeFigures f;
     f.tokens = wall.size();
     const double total_us = std::accumulate(wall.begin(), wall.end(), 0.0);
@@ -37,7 +36,7 @@ DecodeFigures decode_figures(const json & detail) {
     f.ms_median = quantile(wall, 0.5) / 1e3;
     f.ms_p90 = quantile(wall, 0.9) / 1e3;
     f.major_faults_per_token = std::accumulate(faults.begin(), faults.end(), 0.0) / n;
-    if (detail.at("read_bytes_counted").get<bool>()) {
+    if (detail.read_bytes_counted) {
         f.read_bytes_per_token = std::accumulate(reads.begin(), reads.end(), 0.0) / n;
     }
     return f;
@@ -77,13 +76,14 @@ ProbeFigures probe_figures(const json & r, uint64_t limit) {
 // How far the simulated page cache holds the experts the kernel held, sample by sample
 // (mincore() in the run, the simulation after the same tokens): the share of experts on
 // which both agree, and the Jaccard index of the two resident sets (1 when both are empty).
-json residency_agreement(const json & measured, const std::vector<std::vector<uint32_t>> & predicted, size_t n_experts) {
+json residency_agreement(const std::vector<ResidencySample> & measured, const std::vector<std::vector<uint32_t>> & predicted,
+                         size_t n_experts) {
     if (measured.empty() || measured.size() != predicted.size() || n_experts == 0) {
         return nullptr;
     }
     double agree = 0, jaccard = 0, measured_mean = 0, predicted_mean = 0;
     for (size_t i = 0; i < predicted.size(); ++i) {
-        std::vector<uint32_t> m = measured[i].at("resident").get<std::vector<uint32_t>>();
+        std::vector<uint32_t> m = measured[i].resident;
         const std::vector<uint32_t> & p = predicted[i];
         std::sort(m.begin(), m.end());
         std::vector<uint32_t> both;

@@ -14,13 +14,13 @@ namespace moeprune {
 // Linear between the order statistics.
 double quantile(std::vector<double> v, double q);
 
-DecodeFigures decode_figures(const nlohmann::json & detail);
+DecodeFigures decode_figures(const DecodeDetail & detail);
 
 ProbeFigures probe_figures(const nlohmann::json & result, uint64_t limit);
 
 // How far the simulated page cache holds the experts the kernel held, sample by sample
 // (mincore() in the run, the simulation after the same tokens); null without samples.
-nlohmann::json residency_agreement(const nlohmann::json & measured,
+nlohmann::json residency_agreement(const std::vector<ResidencySample> & measured,
                                    const std::vector<std::vector<uint32_t>> & predicted, size_t n_experts);
 
 } // namespace moeprune

@@ -297,12 +297,11 @@ void Measurement::resident_run() {
         MemoryCgroup cgroup(cgroups_, 0, scratch_);
         const WorkerExit w = run_worker_in(spec, cgroup, "resident", "the resident run");
         r.peak_bytes = cgroup.peak_bytes();
-        r.detail = w.result;
-        r.decode = with_json_errors("the resident run's result", [&] { return decode_figures(w.result); });
+        r.detail = read_decode_detail(JsonFields(w.result, "the resident run's result"));
+        r.decode = decode_figures(*r.detail);
         // The page tables count: mapping a 2 GB model in 4 KiB pages takes 4 MiB of them,
         // and a limit of exactly RssAnon and the model then streamed under reclaim.
-        const json & process = w.result.at("process");
-        rep_.process_bytes = process.value("RssAnon", uint64_t(0)) + process.value("VmPTE", uint64_t(0));
+        rep_.process_bytes = r.detail->process_value("RssAnon") + r.detail->process_value("VmPTE");
     });
     rep_.resident_need_bytes = rep_.resident_weight_bytes + rep_.process_bytes;
     all_tokens_trace_ = spec.trace_all;
@@ -458,7 +457,7 @@ double Measurement::resident_compute_ms(size_t n) {
     drop_model_pages(gguf_->shard_paths());
     MemoryCgroup cgroup(cgroups_, 0, scratch_);
     const WorkerExit w = run_worker_in(spec, cgroup, fmt::format("resident{}", n), "the resident run");
-    return with_json_errors("the resident run's result", [&] { return decode_figures(w.result); }).ms_mean;
+    return decode_figures(read_decode_detail(JsonFields(w.result, "the resident run's result"))).ms_mean;
 }
 
 // The run of the median tokens/s among a limit's repeats (the lower of the two middle ones
@@ -549,8 +548,8 @@ MeasuredRun Measurement::limited_run(size_t i, size_t n, std::optional<uint64_t>
         spec.shards = gguf_->shard_paths();
         const WorkerExit w = run_worker_in(spec, cgroup, fmt::format("run{}", n), fmt::format("--ram {}", ram));
         r.peak_bytes = cgroup.peak_bytes();
-        r.detail = w.result;
-        r.decode = with_json_errors(fmt::format("the result of --ram {}", ram), [&] { return decode_figures(w.result); });
+        r.detail = read_decode_detail(JsonFields(w.result, fmt::format("the result of --ram {}", ram)));
+        r.decode = decode_figures(*r.detail);
     });
     return r;
 }
@@ -582,10 +581,11 @@ void Measurement::predict() {
                             [&](const StreamCalibration & c) { return c.read_ahead_kb == r.read_ahead_kb; });
     };
     for (MeasuredRun & r : rep_.runs) {
-        const json samples = r.detail.value("residency", json::array());
+        const std::vector<ResidencySample> samples = r.detail && r.detail->residency ? *r.detail->residency
+                                                                                       : std::vector<ResidencySample>{};
         std::vector<uint64_t> after;
-        for (const json & sample : samples) {
-            after.push_back(sample.at("token").get<uint64_t>());
+        for (const ResidencySample & sample : samples) {
+            after.push_back(sample.token);
         }
         r.prediction = predict_stream(*gguf_, trace, uint64_t(opt_.warmup), r.limit_bytes, *calibration_of(r), after);
         r.predicted = true;

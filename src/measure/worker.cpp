@@ -5,6 +5,7 @@
 #include "core/progress.h"
 #include "engine/batch.h"
 #include "engine/session.h"
+#include "formats/measure_report.h"
 #include "formats/trace.h"
 #include "model/inspect.h"
 #include "model/model_file.h"
@@ -65,13 +66,13 @@ Usage usage_now() {
 
 // RssAnon, RssFile, VmHWM and VmPTE (the page tables, charged to the memory cgroup too) of
 // /proc/self/status, in bytes.
-json resident_set() {
-    json out = json::object();
+std::vector<std::pair<std::string, uint64_t>> resident_set() {
+    std::vector<std::pair<std::string, uint64_t>> out;
     std::ifstream in("/proc/self/status");
     for (std::string line; std::getline(in, line);) {
         for (const char * key : {"RssAnon", "RssFile", "VmHWM", "VmPTE"}) {
             if (line.rfind(std::string(key) + ":", 0) == 0) {
-                out[key] = std::stoll(line.substr(line.find(':') + 1)) * 1024;
+                out.emplace_back(key, uint64_t(std::stoll(line.substr(line.find(':') + 1))) * 1024);
             }
         }
     }
@@ -201,7 +202,7 @@ private:
     std::vector<std::vector<unsigned char>> pages_;
 };
 
-json decode_run(const WorkerSpec & s) {
+DecodeDetail decode_run(const WorkerSpec & s) {
     init_llama({});
     const Usage before_load = usage_now();
     const auto t_load = Clock::now();
@@ -212,17 +213,18 @@ json decode_run(const WorkerSpec & s) {
     if (!model) {
         fail_file(s.model.string(), "llama.cpp could not load it");
     }
-    json out;
-    out["load_seconds"] = seconds_since(t_load);
+    DecodeDetail out;
+    out.load_seconds = seconds_since(t_load);
     const Usage after_load = usage_now();
-    out["load_read_bytes"] = before_load.read_bytes < 0 ? json() : json(after_load.read_bytes - before_load.read_bytes);
-    out["load_major_faults"] = after_load.major_faults - before_load.major_faults;
+    if (before_load.read_bytes >= 0) {
+        out.load_read_bytes = after_load.read_bytes - before_load.read_bytes;
+    }
+    out.load_major_faults = after_load.major_faults - before_load.major_faults;
     ContextPtr ctx = decode_context(model.get(), s, nullptr, nullptr);
-    std::vector<int64_t> read_bytes, major_faults, minor_faults;
     std::optional<ResidencySampler> sampler;
-    json residency = json::array();
     if (s.residency_every > 0) {
         sampler.emplace(s.residency_experts, s.shards);
+        out.residency.emplace();
     }
     // A pass shorter than min_seconds is too short to time (scheduling and clock changes
     // alone move it by more than 10%): the tokens are decoded again from an empty context
@@ -249,12 +251,12 @@ json decode_run(const WorkerSpec & s) {
                 timed_s += us / 1e6;
             }
             if (first && int(i) >= s.warmup) {   // what the trace routes
-                read_bytes.push_back(u0.read_bytes < 0 ? -1 : u1.read_bytes - u0.read_bytes);
-                major_faults.push_back(u1.major_faults - u0.major_faults);
-                minor_faults.push_back(u1.minor_faults - u0.minor_faults);
+                out.read_bytes.push_back(u0.read_bytes < 0 ? -1 : u1.read_bytes - u0.read_bytes);
+                out.major_faults.push_back(u1.major_faults - u0.major_faults);
+                out.minor_faults.push_back(u1.minor_faults - u0.minor_faults);
                 const int timed = int(i) - s.warmup;
                 if (sampler && (timed + 1) % s.residency_every == 0) {
-                    residency.push_back({{"token", timed}, {"resident", sampler->resident_experts()}});
+                    out.residency->push_back({uint64_t(timed), sampler->resident_experts()});
                 }
             }
             if (progress) {
@@ -266,7 +268,8 @@ json decode_run(const WorkerSpec & s) {
             progress.reset();
         }
     } while (timed_s < s.min_seconds && passes.size() < kMostPasses);
-    std::vector<double> wall_us(passes.front().size());
+    std::vector<double> & wall_us = out.wall_us;
+    wall_us.resize(passes.front().size());
     for (size_t t = 0; t < wall_us.size(); ++t) {
         std::vector<double> at;
         for (const std::vector<double> & pass : passes) {
@@ -275,18 +278,11 @@ json decode_run(const WorkerSpec & s) {
         std::nth_element(at.begin(), at.begin() + std::ptrdiff_t(at.size() / 2), at.end());
         wall_us[t] = at[at.size() / 2];
     }
-    out["passes"] = passes.size();
-    out["timed_seconds"] = timed_s;
-    out["per_token"] = {{"wall_us", wall_us},
-                        {"read_bytes", read_bytes},
-                        {"major_faults", major_faults},
-                        {"minor_faults", minor_faults}};
-    out["read_bytes_counted"] = before_load.read_bytes >= 0;
-    if (sampler) {
-        out["residency"] = residency;
-    }
+    out.passes = int64_t(passes.size());
+    out.timed_seconds = timed_s;
+    out.read_bytes_counted = before_load.read_bytes >= 0;
     // Before the traced pass, whose tap and writer are not llama.cpp's memory.
-    out["process"] = resident_set();
+    out.process = resident_set();
     ctx.reset();
     if (!s.trace_all.empty()) {
         trace_pass(model.get(), s);
@@ -583,7 +579,7 @@ WorkerSpec worker_spec_from_json(const json & j, const std::string & origin) {
 
 json run_worker(const WorkerSpec & spec) {
     if (spec.mode == "decode") {
-        return decode_run(spec);
+        return to_json(decode_run(spec));
     }
     if (spec.mode == "probe") {
         return probe_run(spec);

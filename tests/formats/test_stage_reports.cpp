@@ -353,7 +353,20 @@ MeasureReport full_measure_report() {
     r.resident.cache_bytes = r.routed_expert_bytes;
     r.resident.peak_bytes = 90 << 20;
     r.resident.decode = decode(4);
-    r.resident.detail = {{"per_token", {{"wall_us", {4000, 4000, 4000, 4000}}}}};
+    DecodeDetail detail;
+    detail.load_seconds = 0.5;
+    detail.load_read_bytes = 1 << 20;
+    detail.load_major_faults = 12;
+    detail.passes = 2;
+    detail.timed_seconds = 0.016;
+    detail.wall_us = {4000, 4000, 4000, 4000};
+    detail.read_bytes = {4096, 0, 8192, 0};
+    detail.major_faults = {1, 0, 2, 0};
+    detail.minor_faults = {3, 3, 3, 3};
+    detail.read_bytes_counted = true;
+    detail.residency = std::vector<ResidencySample>{{1, {0, 3}}, {3, {}}};
+    detail.process = {{"RssAnon", 1 << 20}, {"VmPTE", 4096}};
+    r.resident.detail = detail;
     r.resident.llama_bench = {{"tokens_per_second", 250.0}, {"difference", 0.0}};
     r.probed = true;
     r.probe = {.limit_bytes = 40 << 20, .experts = 8, .bytes_needed = 1 << 20, .bytes_read = 2 << 20,
@@ -415,6 +428,22 @@ TEST(StageReports, AMeasureReportReadsBackAsWrittenAndItsFiguresMustAgree) {
     bad = doc;
     bad["version"] = 2;
     test::expect_read_refused(read_measure_report, write(dir, "version.json", bad), "version: is not 1");
+    // The worker's detail is a record too: its speed must be its tokens' times, its series
+    // one value per timed token, its residency samples after a timed token.
+    bad = doc;
+    bad["resident"]["detail"]["per_token"]["wall_us"] = {2000, 2000, 2000, 2000};
+    test::expect_read_refused(read_measure_report, write(dir, "wall.json", bad),
+                              "resident.decode.tokens_per_second: is 250, but its 4 tokens took 8000 us");
+    bad = doc;
+    bad["resident"]["detail"]["per_token"]["major_faults"] = {1, 0};
+    test::expect_read_refused(read_measure_report, write(dir, "series.json", bad),
+                              "resident.detail.per_token.major_faults: has 2 tokens, wall_us 4");
+    bad = doc;
+    bad["resident"]["detail"]["residency"][0]["token"] = 9;
+    test::expect_read_refused(read_measure_report, write(dir, "sample.json", bad), "resident.detail.residency[0].token");
+    bad = doc;
+    bad["resident"]["detail"]["process"]["RssAnon"] = -1;
+    test::expect_read_refused(read_measure_report, write(dir, "process.json", bad), "resident.detail.process.RssAnon");
 }
 
 TEST(StageReports, AVerifySummaryReadsBackAsWritten) {
