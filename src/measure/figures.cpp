@@ -42,16 +42,16 @@ DecodeFigures decode_figures(const DecodeDetail & detail) {
     return f;
 }
 
-ProbeFigures probe_figures(const json & r, uint64_t limit) {
+ProbeFigures probe_figures(const ProbeResult & r, uint64_t limit) {
     ProbeFigures p;
     p.limit_bytes = limit;
-    p.experts = r.at("experts").get<uint64_t>();
-    p.bytes_needed = r.at("bytes_needed").get<uint64_t>();
-    p.bytes_read = r.at("bytes_read").is_null() ? -1 : r.at("bytes_read").get<int64_t>();
-    p.major_faults = r.at("major_faults").get<uint64_t>();
-    p.threads = r.at("threads").get<int>();
-    p.seconds = r.at("seconds").get<double>();
-    const auto expert_ms = r.at("expert_ms").get<std::vector<double>>();
+    p.experts = r.experts;
+    p.bytes_needed = r.bytes_needed;
+    p.bytes_read = r.bytes_read.value_or(-1);
+    p.major_faults = r.major_faults;
+    p.threads = r.threads;
+    p.seconds = r.seconds;
+    const std::vector<double> & expert_ms = r.expert_ms;
     p.effective_gbps = p.seconds > 0 ? double(p.bytes_needed) / p.seconds / 1e9 : 0;
     if (p.bytes_read >= 0) {
         p.read_gbps = p.seconds > 0 ? double(p.bytes_read) / p.seconds / 1e9 : 0;
@@ -59,10 +59,9 @@ ProbeFigures probe_figures(const json & r, uint64_t limit) {
     }
     const double reader_ms = std::accumulate(expert_ms.begin(), expert_ms.end(), 0.0);
     p.fault_latency_us = p.major_faults ? reader_ms * 1e3 / double(p.major_faults) : 0;
-    const json & sequential = r.value("sequential", json());
-    if (!sequential.is_null() && sequential.at("seconds").get<double>() > 0) {
-        p.sequential_gbps = sequential.at("bytes").get<double>() / sequential.at("seconds").get<double>() / 1e9;
-        p.simulated_faults = r.at("simulated_faults").get<uint64_t>();
+    if (r.sequential && r.sequential->seconds > 0) {
+        p.sequential_gbps = double(r.sequential->bytes) / r.sequential->seconds / 1e9;
+        p.simulated_faults = r.simulated_faults;
         if (p.bytes_read >= 0 && p.simulated_faults > 0) {
             const double transfer_s = double(p.bytes_read) / (p.sequential_gbps * 1e9);
             p.fault_ms = std::max(0.0, p.seconds - transfer_s) * 1e3 / double(p.simulated_faults);

@@ -3,6 +3,7 @@
 // per-token series, the storage probe's reads, and the experts the kernel held against
 // the simulation's.
 #include "formats/measure_report.h"
+#include "measure/worker.h"
 
 #include <nlohmann/json.hpp>
 
@@ -16,7 +17,7 @@ double quantile(std::vector<double> v, double q);
 
 DecodeFigures decode_figures(const DecodeDetail & detail);
 
-ProbeFigures probe_figures(const nlohmann::json & result, uint64_t limit);
+ProbeFigures probe_figures(const ProbeResult & r, uint64_t limit);
 
 // How far the simulated page cache holds the experts the kernel held, sample by sample
 // (mincore() in the run, the simulation after the same tokens); null without samples.

@@ -439,7 +439,7 @@ void Measurement::probe_storage(std::optional<uint64_t> read_ahead_kb) {
     const std::string name = fmt::format("probe{}", rep_.probes.size());
     const WorkerExit w = run_worker_in(spec, cgroup, name, "the storage probe");
     ProbeFigures & p = rep_.probes.emplace_back(
-        with_json_errors("the storage probe's result", [&] { return probe_figures(w.result, limit); }));
+        probe_figures(probe_result_from_json(w.result, "the storage probe's result"), limit));
     p.read_ahead_kb = read_ahead_kb;
     if (p.bytes_read == 0 || p.major_faults == 0) {
         throw Error(fmt::format("the storage probe{} read nothing from the device ({} major faults, {} bytes): the "

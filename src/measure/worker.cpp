@@ -293,7 +293,7 @@ DecodeDetail decode_run(const WorkerSpec & s) {
 // The device's sequential rate: `bytes` of routed experts from the largest expert tensor's
 // start, in 4 MiB direct reads (buffered where the filesystem refuses O_DIRECT, the pages
 // dropped after), so that the rate is the storage's and not the page cache's.
-json sequential_read(const GgufModel & gguf, uint64_t bytes) {
+std::optional<ProbeResult::Sequential> sequential_read(const GgufModel & gguf, uint64_t bytes) {
     const TensorEntry * largest = nullptr;
     for (const TensorEntry & t : gguf.tensors()) {
         if (t.cls.role == TensorRole::Expert && (!largest || t.nbytes > largest->nbytes)) {
@@ -301,7 +301,7 @@ json sequential_read(const GgufModel & gguf, uint64_t bytes) {
         }
     }
     if (!largest || bytes == 0) {
-        return nullptr;
+        return std::nullopt;
     }
     constexpr uint64_t kBlock = 4 << 20, kAlign = 4096;
     const fs::path & shard = gguf.shard_paths()[size_t(largest->shard)];
@@ -334,7 +334,7 @@ json sequential_read(const GgufModel & gguf, uint64_t bytes) {
         ::posix_fadvise(fd, off_t(from), off_t(to - from), POSIX_FADV_DONTNEED);
     }
     ::close(fd);
-    return {{"bytes", done}, {"seconds", seconds}, {"direct", direct}};
+    return ProbeResult::Sequential{done, seconds, direct};
 }
 
 // The probe: the device's sequential rate, then experts in a seeded random order, every
@@ -472,7 +472,7 @@ MappedFileCache::Touch simulate_probe(const GgufModel & gguf, const std::vector<
     return simulated;
 }
 
-json probe_run(const WorkerSpec & s) {
+ProbeResult probe_run(const WorkerSpec & s) {
     const GgufModel gguf = GgufModel::open(s.model);
     std::vector<std::vector<ExpertSlab>> experts = routed_expert_slabs(gguf, inspect_model(gguf, {}));
     std::erase_if(experts, [](const std::vector<ExpertSlab> & e) { return e.empty(); });
@@ -486,7 +486,8 @@ json probe_run(const WorkerSpec & s) {
         }
         ++n;
     }
-    const json sequential = sequential_read(gguf, std::min<uint64_t>(asked, uint64_t(64) << 20));
+    ProbeResult out;
+    out.sequential = sequential_read(gguf, std::min<uint64_t>(asked, uint64_t(64) << 20));
     const int threads = std::max(1, s.threads);
     ProbeReads reads;
     double seconds = 0;
@@ -501,20 +502,62 @@ json probe_run(const WorkerSpec & s) {
         u1 = usage_now();
     }
     const MappedFileCache::Touch simulated = simulate_probe(gguf, experts, n, s);
-    return {{"experts", n},
-            {"bytes_needed", asked},
-            {"bytes_read", u0.read_bytes < 0 ? json() : json(u1.read_bytes - u0.read_bytes)},
-            {"major_faults", u1.major_faults - u0.major_faults},
-            {"seconds", seconds},
-            {"expert_ms", reads.expert_ms},
-            {"threads", threads},
-            {"sequential", sequential},
-            {"simulated_faults", simulated.faults},
-            {"simulated_read_bytes", simulated.read_bytes},
-            {"checksum", reads.checksum & 0xff}};
+    out.experts = n;
+    out.bytes_needed = asked;
+    if (u0.read_bytes >= 0) {
+        out.bytes_read = u1.read_bytes - u0.read_bytes;
+    }
+    out.major_faults = uint64_t(u1.major_faults - u0.major_faults);
+    out.seconds = seconds;
+    out.expert_ms = reads.expert_ms;
+    out.threads = threads;
+    out.simulated_faults = simulated.faults;
+    out.simulated_read_bytes = simulated.read_bytes;
+    out.checksum = reads.checksum & 0xff;
+    return out;
 }
 
 } // namespace
+
+json to_json(const ProbeResult & r) {
+    return {{"experts", r.experts},
+            {"bytes_needed", r.bytes_needed},
+            {"bytes_read", r.bytes_read ? json(*r.bytes_read) : json(nullptr)},
+            {"major_faults", r.major_faults},
+            {"seconds", r.seconds},
+            {"expert_ms", r.expert_ms},
+            {"threads", r.threads},
+            {"sequential", r.sequential ? json{{"bytes", r.sequential->bytes},
+                                                {"seconds", r.sequential->seconds},
+                                                {"direct", r.sequential->direct}}
+                                         : json(nullptr)},
+            {"simulated_faults", r.simulated_faults},
+            {"simulated_read_bytes", r.simulated_read_bytes},
+            {"checksum", r.checksum}};
+}
+
+ProbeResult probe_result_from_json(const json & j, const std::string & origin) {
+    const JsonFields f(j, origin);
+    ProbeResult r;
+    r.experts = uint64_t(f.integer("experts", 0, INT64_MAX));
+    r.bytes_needed = uint64_t(f.integer("bytes_needed", 0, INT64_MAX));
+    if (!f.any("bytes_read").is_null()) {
+        r.bytes_read = f.integer("bytes_read", 0, INT64_MAX);
+    }
+    r.major_faults = uint64_t(f.integer("major_faults", 0, INT64_MAX));
+    r.seconds = f.number("seconds", 0, 1e9);
+    r.expert_ms = f.numbers("expert_ms", 0, 1e12);
+    r.threads = int(f.integer("threads", 1, 1 << 16));
+    if (!f.any("sequential").is_null()) {
+        const JsonFields q = f.object("sequential");
+        r.sequential = ProbeResult::Sequential{uint64_t(q.integer("bytes", 0, INT64_MAX)), q.number("seconds", 0, 1e9),
+                                               q.boolean("direct")};
+    }
+    r.simulated_faults = uint64_t(f.integer("simulated_faults", 0, INT64_MAX));
+    r.simulated_read_bytes = uint64_t(f.integer("simulated_read_bytes", 0, INT64_MAX));
+    r.checksum = uint64_t(f.integer("checksum", 0, INT64_MAX));
+    return r;
+}
 
 json to_json(const WorkerSpec & s) {
     return {{"mode", s.mode},         {"label", s.label},     {"model", s.model.string()}, {"threads", s.threads},
@@ -582,7 +625,7 @@ json run_worker(const WorkerSpec & spec) {
         return to_json(decode_run(spec));
     }
     if (spec.mode == "probe") {
-        return probe_run(spec);
+        return to_json(probe_run(spec));
     }
     throw Error(fmt::format("measure worker: unknown mode \"{}\"", spec.mode));
 }

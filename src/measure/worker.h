@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,30 @@ struct WorkerSpec {
     uint64_t seed = 0;
     uint64_t probe_cache_bytes = 0, readaround_bytes = 0;
 };
+
+// What a probe run measured (the worker's result in probe mode; measure turns it into
+// ProbeFigures).
+struct ProbeResult {
+    uint64_t experts = 0, bytes_needed = 0;
+    std::optional<int64_t> bytes_read;      // none: the kernel keeps no per-process I/O counts
+    uint64_t major_faults = 0;
+    double seconds = 0;
+    std::vector<double> expert_ms;          // each expert's read time, summed over its readers
+    int threads = 1;
+    // The device's sequential rate before it: bytes read directly (or buffered and dropped)
+    // in `seconds`; none where the model has no expert tensor to read.
+    struct Sequential {
+        uint64_t bytes = 0;
+        double seconds = 0;
+        bool direct = true;
+    };
+    std::optional<Sequential> sequential;
+    uint64_t simulated_faults = 0, simulated_read_bytes = 0;   // the same reads through sim/page_cache.h
+    uint64_t checksum = 0;                  // of the bytes read, so that no read is optimized away
+};
+
+nlohmann::json to_json(const ProbeResult & r);
+ProbeResult probe_result_from_json(const nlohmann::json & j, const std::string & origin);
 
 nlohmann::json to_json(const WorkerSpec & s);
 WorkerSpec worker_spec_from_json(const nlohmann::json & j, const std::string & origin);
