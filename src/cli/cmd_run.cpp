@@ -43,8 +43,11 @@ CLI::Option * add_setting_flag(CLI::App * sub, const RunSetting & s, RunConfig &
                     o->transform(runs_on_names())->type_name("TEXT");
                 } else if constexpr (requires { typename T::value_type; } && !std::is_same_v<T, std::string> &&
                                      !std::is_same_v<T, std::filesystem::path>) {
+                    // A list takes commas, but for corpus entries: a path may hold one.
                     if constexpr (requires { (flags.*m).push_back(typename T::value_type{}); }) {
-                        o->delimiter(',');
+                        if (s.paths != SettingPaths::CorpusEntries) {
+                            o->delimiter(',');
+                        }
                     }
                 }
                 if (s.range || !s.one_of.empty() || s.check_integer) {

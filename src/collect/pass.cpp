@@ -136,7 +136,7 @@ void CollectPass::decode(std::vector<TokenInfo> infos) {
     const size_t n = infos.size();
     const int32_t pos0 = infos.front().meta.pos;
     collector.begin_batch(std::move(infos));
-    batch.decode(ctx, fmt::format("a batch of {} tokens", n), [&] { collector.rethrow_failure(); });
+    batch.decode(ctx, [&] { return fmt::format("a batch of {} tokens", n); }, [&] { collector.rethrow_failure(); });
     if (mtp) {
         collector.in_mtp_graph(true);
         try {

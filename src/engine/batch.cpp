@@ -36,7 +36,7 @@ void DecodeBatch::output_last() {
     batch_.logits[batch_.n_tokens - 1] = true;
 }
 
-void DecodeBatch::decode(llama_context * ctx, const std::string & what, const std::function<void()> & after,
+void DecodeBatch::decode(llama_context * ctx, const std::function<std::string()> & what, const std::function<void()> & after,
                          const std::function<void(int32_t, int32_t, int32_t)> & on_piece) const {
     const int32_t n_batch = int32_t(llama_n_batch(ctx));
     for (int32_t i = 0; i < batch_.n_tokens; i += n_batch) {
@@ -53,7 +53,7 @@ void DecodeBatch::decode(llama_context * ctx, const std::string & what, const st
             after();
         }
         if (rc != 0) {
-            throw Error(fmt::format("llama_decode failed ({}) on {}", rc, what));
+            throw Error(fmt::format("llama_decode failed ({}) on {}", rc, what()));
         }
         if (on_piece) {
             on_piece(i, n, int32_t(std::count_if(piece.logits, piece.logits + n, [](int8_t o) { return o != 0; })));

@@ -38,9 +38,10 @@ public:
 
     // llama_decode over every row, in pieces of at most llama_n_batch(ctx) rows. After
     // each piece, `after` runs (a graph observer's rethrow_failure) before a failed
-    // decode is reported, naming `what`; `on_piece(first_row, rows, outputs)` then reads
-    // the piece's outputs (llama_get_logits holds `outputs` rows).
-    void decode(llama_context * ctx, const std::string & what, const std::function<void()> & after = {},
+    // decode is reported, naming `what()` (made only then: a timed decode pays nothing for
+    // it); `on_piece(first_row, rows, outputs)` then reads the piece's outputs
+    // (llama_get_logits holds `outputs` rows).
+    void decode(llama_context * ctx, const std::function<std::string()> & what, const std::function<void()> & after = {},
                 const std::function<void(int32_t, int32_t, int32_t)> & on_piece = {}) const;
 
 private:

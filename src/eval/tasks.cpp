@@ -72,7 +72,7 @@ void decode_tasks(llama_context * ctx, const DecodeBatch & batch, std::vector<fl
     logits.resize(batch.outputs() * size_t(n_vocab));
     llama_memory_clear(llama_get_memory(ctx), true);
     size_t outputs = 0;
-    batch.decode(ctx, fmt::format("a batch of choice tasks of {} tokens", batch.size()), rethrow,
+    batch.decode(ctx, [&] { return fmt::format("a batch of choice tasks of {} tokens", batch.size()); }, rethrow,
                  [&](int32_t, int32_t, int32_t n_out) {
                      std::memcpy(logits.data() + outputs * size_t(n_vocab), llama_get_logits(ctx),
                                  size_t(n_out) * size_t(n_vocab) * sizeof(float));

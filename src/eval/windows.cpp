@@ -20,7 +20,7 @@ void decode_tokens(llama_context * ctx, const llama_token * tokens, int n, int p
     for (int i = 0; i < n; ++i) {
         batch.add(tokens[i], pos0 + i, i >= first && i <= last);
     }
-    batch.decode(ctx, fmt::format("{} tokens at position {}", n, pos0), rethrow);
+    batch.decode(ctx, [&] { return fmt::format("{} tokens at position {}", n, pos0); }, rethrow);
 }
 
 namespace {

@@ -85,11 +85,12 @@ ContextPtr decode_context(llama_model * model, const WorkerSpec & s, ggml_backen
     return new_context(model, {s.ctx, 1, 1, s.threads, cb, ud});
 }
 
-// One token at position `pos`, its logits requested as a generation step requests them.
-void decode_one(llama_context * ctx, int32_t token, int pos) {
-    DecodeBatch b(1);
-    b.add(token, pos, true);
-    b.decode(ctx, fmt::format("position {}", pos));
+// One token at position `pos`, its logits requested as a generation step requests them,
+// through `one`, a batch of one row made before the timing.
+void decode_one(llama_context * ctx, DecodeBatch & one, int32_t token, int pos) {
+    one.clear();
+    one.add(token, pos, true);
+    one.decode(ctx, [&] { return fmt::format("position {}", pos); });
     llama_synchronize(ctx);
 }
 
@@ -116,12 +117,13 @@ void trace_pass(llama_model * model, const WorkerSpec & s) {
         timed.emplace(s.trace, h);
     }
     TraceWriter all(s.trace_all, h);
+    DecodeBatch one(1);
     Progress progress(s.label + " (traced)", s.tokens.size(), "tokens");
     for (size_t i = 0; i < s.tokens.size(); ++i) {
         tap.begin_window(uint32_t(i), 1);
-        DecodeBatch b(1);
-        b.add(s.tokens[i], int32_t(i), true);
-        b.decode(ctx.get(), fmt::format("position {}", i), [&] { tap.rethrow_failure(); });
+        one.clear();
+        one.add(s.tokens[i], int32_t(i), true);
+        one.decode(ctx.get(), [&] { return fmt::format("position {}", i); }, [&] { tap.rethrow_failure(); });
         tap.end_window();
         TraceTokenMeta meta;
         meta.token = s.tokens[i];
@@ -221,6 +223,7 @@ DecodeDetail decode_run(const WorkerSpec & s) {
     }
     out.load_major_faults = after_load.major_faults - before_load.major_faults;
     ContextPtr ctx = decode_context(model.get(), s, nullptr, nullptr);
+    DecodeBatch one(1);
     std::optional<ResidencySampler> sampler;
     if (s.residency_every > 0) {
         sampler.emplace(s.residency_experts, s.shards);
@@ -243,7 +246,7 @@ DecodeDetail decode_run(const WorkerSpec & s) {
         for (size_t i = 0; i < s.tokens.size(); ++i) {
             const Usage u0 = usage_now();
             const auto t0 = Clock::now();
-            decode_one(ctx.get(), s.tokens[i], int(i));
+            decode_one(ctx.get(), one, s.tokens[i], int(i));
             const double us = seconds_since(t0) * 1e6;
             const Usage u1 = usage_now();
             if (int(i) >= s.warmup) {

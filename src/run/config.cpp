@@ -120,9 +120,10 @@ std::string range_words(const SettingRange & r) {
     return no_max ? fmt::format("at least {}", r.min) : fmt::format("from {} to {}", r.min, r.max);
 }
 
-void check_number(const RunSetting & s, double v) {
+// `named`: the message starts with the key (a flag's leaves its name to CLI11).
+void check_number(const RunSetting & s, double v, bool named) {
     if (s.range && !((s.range->above_min ? v > s.range->min : v >= s.range->min) && v <= s.range->max)) {
-        throw Error(fmt::format("{} {} must be {}", s.key, v, range_words(*s.range)));
+        throw Error(fmt::format("{}{} must be {}", named ? std::string(s.key) + " " : "", v, range_words(*s.range)));
     }
 }
 
@@ -235,7 +236,7 @@ void check_setting(const RunSetting & s, const RunConfig & c, bool named) {
             using T = std::remove_cvref_t<decltype(c.*m)>;
             const T & v = c.*m;
             if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
-                check_number(s, double(v));
+                check_number(s, double(v), named);
                 if constexpr (std::is_integral_v<T>) {
                     if (s.check_integer) {
                         s.check_integer(int64_t(v), named ? s.key : "");
@@ -243,15 +244,16 @@ void check_setting(const RunSetting & s, const RunConfig & c, bool named) {
                 }
             } else if constexpr (is_optional<T>) {
                 if (v) {
-                    check_number(s, double(*v));
+                    check_number(s, double(*v), named);
                 }
             } else if constexpr (is_number_list<T>) {
                 for (const auto x : v) {
-                    check_number(s, double(x));
+                    check_number(s, double(x), named);
                 }
             } else if constexpr (std::is_same_v<T, std::string>) {
                 if (!s.one_of.empty() && std::find(s.one_of.begin(), s.one_of.end(), v) == s.one_of.end()) {
-                    throw Error(fmt::format("{} is \"{}\", not one of \"{}\"", s.key, v, fmt::join(s.one_of, "\", \"")));
+                    throw Error(fmt::format("{}is \"{}\", not one of \"{}\"", named ? std::string(s.key) + " " : "", v,
+                                            fmt::join(s.one_of, "\", \"")));
                 }
             }
         },

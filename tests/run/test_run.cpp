@@ -469,6 +469,16 @@ TEST_F(RunTest, BadConfigIsNamedByFileAndKey) {
                                                    (d() / "corpus.toml").string(), (tmp_ / "o").string())));
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.output.find("measure_repeats 0 must be from 1 to 100"), std::string::npos) << r.output;
+    // A flag says the same of its value; --corpus entries are not split at a comma, which a
+    // path may hold.
+    r = test::run_command(moeprune_cmd(fmt::format("run -m {} --corpus prose=/nonexistent/a,b.jsonl -k 6 --measure-repeats 0 "
+                                                   "-o {}", (d() / "m.gguf").string(), (tmp_ / "o").string())));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find("--measure-repeats: 0 must be from 1 to 100"), std::string::npos) << r.output;
+    r = test::run_command(moeprune_cmd(fmt::format("run -m {} --corpus prose=/nonexistent/a,b.jsonl -k 6 -o {}",
+                                                   (d() / "m.gguf").string(), (tmp_ / "o").string())));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find("source \"/nonexistent/a,b.jsonl\" matches no file"), std::string::npos) << r.output;
 
     // A media source without the projector is refused by name before any stage runs.
     test::write_text(tmp_ / "media.toml", "[[source]]\npath = \"" + (d() / "src" / "prose").string() +
