@@ -174,7 +174,7 @@ const std::vector<RunSetting> & run_settings() {
          .comment = "        # llama.cpp's tools for the printed commands; empty: the PATH"},
         {.key = "hellaswag", .flag = "--hellaswag",
          .help = "Task accuracy beside KLD: llama.cpp's HellaSwag file, scored by eval for the base and every "
-                  "keep map as " "llama-perplexity scores it",
+                  "keep map as llama-perplexity scores it",
          .member = &C::hellaswag, .paths = SettingPaths::File,
          .comment = "   # llama.cpp's HellaSwag file: task accuracy beside KLD"},
         {.key = "winogrande", .flag = "--winogrande", .help = "Task accuracy: llama.cpp's WinoGrande CSV",
@@ -205,22 +205,22 @@ const std::vector<RunSetting> & run_settings() {
          .member = &C::slice, .one_of = {"", "best", "all"}, .comment = "                # \"\", \"best\" or \"all\""},
         {.key = "measure", .flag = "--measure",
          .help = "Measure llama.cpp's decode under these RAM limits (as measure --ram: 25%,50% or sizes) on the "
-                  "held-out text; " "the plan's timing then comes from the measurement",
+                  "held-out text; the plan's timing then comes from the measurement",
          .member = &C::measure, .comment = "      # RAM limits llama.cpp's decode is measured under; empty: none"},
         {.key = "measure_tokens", .flag = "--measure-tokens", .help = "Timed tokens per measured run",
          .member = &C::measure_tokens, .range = SettingRange{.min = 1}},
         {.key = "measure_repeats", .flag = "--measure-repeats",
          .help = "Every measured run (limits, shortlist, verify) this many times, interleaved, each kept at its "
-                  "median " "(measure --repeats)",
+                  "median (measure --repeats)",
          .member = &C::measure_repeats, .range = SettingRange{.min = 1, .max = 100},
          .comment = "     # each measured run's repeats, kept at the median"},
         {.key = "read_ahead_kb", .flag = "--read-ahead-kb",
          .help = "With --measure: every limit at each of these read-aheads of the model's device, in KB (root); "
-                  "the plan then " "recommends the fastest",
+                  "the plan then recommends the fastest",
          .member = &C::read_ahead_kb, .comment = "      # measure at each device read-ahead (KB, root)"},
         {.key = "measure_shortlist", .flag = "--measure-shortlist",
          .help = "With --measure and --ram: the plan's most promising llama.cpp options measured under --ram, at "
-                  "most this many " "(0: none); the recommendation is made from what they measured",
+                  "most this many (0: none); the recommendation is made from what they measured",
          .member = &C::measure_shortlist, .range = SettingRange{.min = 0, .max = 64},
          .comment = "   # with measure and ram: options measured; 0: none"},
         {.key = "verify", .flag = "--verify",

@@ -33,17 +33,19 @@ struct RunStage {
     bool (*runs)(const RunConfig & c);
 };
 
+bool always(const RunConfig &) { return true; }
+
 const std::vector<RunStage> & stage_table() {
     static const std::vector<RunStage> t = {
-        {"corpus", [](const RunConfig &) { return true; }},
-        {"collect", [](const RunConfig &) { return true; }},
-        {"heldout", [](const RunConfig &) { return true; }},
+        {"corpus", always},
+        {"collect", always},
+        {"heldout", always},
         {"measure", [](const RunConfig & c) { return !c.measure.empty(); }},
-        {"select", [](const RunConfig &) { return true; }},
-        {"eval", [](const RunConfig &) { return true; }},
-        {"replay", [](const RunConfig &) { return true; }},
-        {"plan", [](const RunConfig &) { return true; }},
-        {"report", [](const RunConfig &) { return true; }},
+        {"select", always},
+        {"eval", always},
+        {"replay", always},
+        {"plan", always},
+        {"report", always},
         {"slice", [](const RunConfig & c) { return !slice_of(c).empty(); }},
         {"verify", [](const RunConfig & c) { return c.verify; }},
     };
